@@ -1,0 +1,404 @@
+//! The filter's configuration: one GIE `EndpointPickerConfig` document plus our `pool` section.
+//! Loading either yields a complete, validated configuration or one error naming the key;
+//! there is no half-configured state.
+
+mod pool;
+
+pub use pool::{EndpointConfig, PoolConfig};
+
+use crate::metrics::MetricSelector;
+use crate::scheduling::plugins::{self, max_score_picker, single_profile_handler};
+use crate::scheduling::{Plugin, PluginInstance, Profile, Scheduler, WeightedScorer};
+use serde::Deserialize;
+use serde_yaml::Value;
+
+const API_VERSIONS: &[&str] = &[
+    "inference.networking.x-k8s.io/v1alpha1",
+    "inference.networking.k8s.io/v1alpha1",
+    "llm-d.ai/v1alpha1",
+];
+const KIND: &str = "EndpointPickerConfig";
+const FEATURE_GATES: &[&str] = &["dataLayer", "flowControl", "enableLegacyMetrics"];
+
+/// Why a configuration was rejected. Every variant names where the problem is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ConfigError {
+    /// Not YAML/JSON, or the document does not have the expected shape (unknown key, wrong type).
+    Syntax(String),
+    /// A value is present and well-typed but not acceptable.
+    Invalid { key: String, reason: String },
+}
+
+impl ConfigError {
+    fn invalid(key: impl Into<String>, reason: impl Into<String>) -> Self {
+        ConfigError::Invalid {
+            key: key.into(),
+            reason: reason.into(),
+        }
+    }
+}
+
+impl std::fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ConfigError::Syntax(message) => write!(f, "invalid configuration: {message}"),
+            ConfigError::Invalid { key, reason } => write!(f, "invalid configuration at `{key}`: {reason}"),
+        }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct RawConfig {
+    api_version: Option<String>,
+    kind: Option<String>,
+    #[serde(default)]
+    feature_gates: Vec<String>,
+    #[serde(default)]
+    plugins: Vec<RawPlugin>,
+    #[serde(default)]
+    scheduling_profiles: Vec<RawProfile>,
+    saturation_detector: Option<RawRef>,
+    #[serde(alias = "data")]
+    data_layer: Option<RawDataLayer>,
+    pool: Option<PoolConfig>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawPlugin {
+    name: Option<String>,
+    #[serde(rename = "type")]
+    type_name: String,
+    #[serde(default)]
+    parameters: Value,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawProfile {
+    name: String,
+    #[serde(default)]
+    plugins: Vec<RawProfilePlugin>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct RawProfilePlugin {
+    plugin_ref: String,
+    weight: Option<f64>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct RawRef {
+    plugin_ref: String,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawDataLayer {
+    #[serde(default)]
+    sources: Vec<RawSource>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+#[allow(dead_code)] // wired up by the data-layer plugins
+struct RawSource {
+    plugin_ref: String,
+    #[serde(default)]
+    extractors: Vec<RawRef>,
+}
+
+/// A loaded configuration, ready to schedule.
+pub struct FilterConfig {
+    pub scheduler: Scheduler,
+    pub pool: PoolConfig,
+    /// Custom series the scrape must extract, in `EndpointMetrics::custom` order.
+    pub metric_selectors: Vec<MetricSelector>,
+    pub feature_gates: Vec<String>,
+    /// Not fatal, but worth a log line (e.g. a plugin no profile uses).
+    pub warnings: Vec<String>,
+}
+
+/// Parses and validates a YAML or JSON document.
+pub fn load(text: &str, seed: u64) -> Result<FilterConfig, ConfigError> {
+    if text.trim().is_empty() {
+        return Err(ConfigError::Syntax("the configuration is empty".into()));
+    }
+    let raw: RawConfig = serde_yaml::from_str(text).map_err(|error| ConfigError::Syntax(error.to_string()))?;
+    check_header(&raw)?;
+    let pool = raw
+        .pool
+        .clone()
+        .ok_or_else(|| ConfigError::invalid("pool", "the pool section is required"))?;
+    pool.validate()?;
+    let mut warnings = Vec::new();
+    let (raw_plugins, raw_profiles) = with_defaults(&raw);
+    let mut instances = build_plugins(&raw_plugins)?;
+    let profiles = build_profiles(&raw_profiles, &mut instances, &mut warnings)?;
+    let handler = profile_handler(&mut instances, &profiles)?;
+    warn_unused(&instances, &profiles, handler, &mut warnings);
+    if let Some(detector) = &raw.saturation_detector {
+        return Err(ConfigError::invalid(
+            "saturationDetector.pluginRef",
+            format!("{:?} is not a saturation detector plugin", detector.plugin_ref),
+        ));
+    }
+    if raw.data_layer.as_ref().is_some_and(|d| !d.sources.is_empty()) {
+        return Err(ConfigError::invalid("dataLayer.sources", "no data source plugin types are available"));
+    }
+    Ok(FilterConfig {
+        scheduler: Scheduler::new(instances, profiles, handler, seed),
+        pool,
+        metric_selectors: Vec::new(),
+        feature_gates: raw.feature_gates,
+        warnings,
+    })
+}
+
+fn check_header(raw: &RawConfig) -> Result<(), ConfigError> {
+    if let Some(api_version) = &raw.api_version {
+        if !API_VERSIONS.contains(&api_version.as_str()) {
+            return Err(ConfigError::invalid(
+                "apiVersion",
+                format!("{api_version:?} is not one of {API_VERSIONS:?}"),
+            ));
+        }
+    }
+    if let Some(kind) = &raw.kind {
+        if kind != KIND {
+            return Err(ConfigError::invalid("kind", format!("{kind:?} must be {KIND:?}")));
+        }
+    }
+    for (i, gate) in raw.feature_gates.iter().enumerate() {
+        if !FEATURE_GATES.contains(&gate.as_str()) {
+            return Err(ConfigError::invalid(
+                format!("featureGates[{i}]"),
+                format!("unknown feature gate {gate:?} (known: {FEATURE_GATES:?})"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// GIE's defaults: no plugins at all means queue (2), KV cache (2) and prefix (3) scorers; no
+/// profiles means one `default` profile using every declared filter, scorer and picker.
+fn with_defaults(raw: &RawConfig) -> (Vec<RawPlugin>, Vec<RawProfile>) {
+    if raw.plugins.is_empty() && raw.scheduling_profiles.is_empty() {
+        let plugin = |type_name: &str| RawPlugin {
+            name: None,
+            type_name: type_name.into(),
+            parameters: Value::Null,
+        };
+        let reference = |name: &str, weight| RawProfilePlugin {
+            plugin_ref: name.into(),
+            weight,
+        };
+        let plugins = vec![
+            plugin("queue-scorer"),
+            plugin("kv-cache-utilization-scorer"),
+            plugin("prefix-cache-scorer"),
+            plugin(max_score_picker::TYPE),
+            plugin(single_profile_handler::TYPE),
+        ];
+        let profile = RawProfile {
+            name: "default".into(),
+            plugins: vec![
+                reference("queue-scorer", Some(2.0)),
+                reference("kv-cache-utilization-scorer", Some(2.0)),
+                reference("prefix-cache-scorer", Some(3.0)),
+                reference(max_score_picker::TYPE, None),
+            ],
+        };
+        return (plugins, vec![profile]);
+    }
+    (raw.plugins.clone(), raw.scheduling_profiles.clone())
+}
+
+fn build_plugins(raw: &[RawPlugin]) -> Result<Vec<PluginInstance>, ConfigError> {
+    let mut instances: Vec<PluginInstance> = Vec::with_capacity(raw.len() + 2);
+    for (i, spec) in raw.iter().enumerate() {
+        let type_name = plugins::known_type(&spec.type_name).ok_or_else(|| {
+            ConfigError::invalid(
+                format!("plugins[{i}].type"),
+                format!(
+                    "unknown plugin type {:?}; known types: {}",
+                    spec.type_name,
+                    plugins::all_types().collect::<Vec<_>>().join(", ")
+                ),
+            )
+        })?;
+        let name = spec.name.clone().unwrap_or_else(|| spec.type_name.clone());
+        if name.is_empty() {
+            return Err(ConfigError::invalid(format!("plugins[{i}].name"), "must not be empty"));
+        }
+        if instances.iter().any(|p| p.name == name) {
+            return Err(ConfigError::invalid(
+                format!("plugins[{i}].name"),
+                format!("plugin name {name:?} is declared twice"),
+            ));
+        }
+        let plugin = plugins::build(type_name, &spec.parameters)
+            .map_err(|reason| ConfigError::invalid(format!("plugins[{i}].parameters ({name})"), reason))?;
+        instances.push(PluginInstance {
+            name,
+            type_name,
+            plugin,
+        });
+    }
+    Ok(instances)
+}
+
+fn implicit_profile(instances: &[PluginInstance]) -> RawProfile {
+    RawProfile {
+        name: "default".into(),
+        plugins: instances
+            .iter()
+            .filter(|p| matches!(p.plugin, Plugin::Filter(_) | Plugin::Scorer(_) | Plugin::Picker(_)))
+            .map(|p| RawProfilePlugin {
+                plugin_ref: p.name.clone(),
+                weight: None,
+            })
+            .collect(),
+    }
+}
+
+fn build_profiles(
+    raw: &[RawProfile],
+    instances: &mut Vec<PluginInstance>,
+    warnings: &mut Vec<String>,
+) -> Result<Vec<Profile>, ConfigError> {
+    let implicit;
+    let raw = if raw.is_empty() {
+        implicit = [implicit_profile(instances)];
+        &implicit[..]
+    } else {
+        raw
+    };
+    let mut profiles: Vec<Profile> = Vec::with_capacity(raw.len());
+    for (p, spec) in raw.iter().enumerate() {
+        let key = format!("schedulingProfiles[{p}]");
+        if spec.name.is_empty() || profiles.iter().any(|existing| existing.name == spec.name) {
+            return Err(ConfigError::invalid(
+                format!("{key}.name"),
+                format!("profile name {:?} is empty or declared twice", spec.name),
+            ));
+        }
+        let mut filters = Vec::new();
+        let mut scorers = Vec::new();
+        let mut picker = None;
+        for (r, reference) in spec.plugins.iter().enumerate() {
+            let key = format!("{key}.plugins[{r}].pluginRef");
+            let index = instances
+                .iter()
+                .position(|instance| instance.name == reference.plugin_ref)
+                .ok_or_else(|| {
+                    ConfigError::invalid(&key, format!("no plugin named {:?} is declared", reference.plugin_ref))
+                })?;
+            match instances.get(index).map(|i| &i.plugin) {
+                Some(Plugin::Filter(_)) => filters.push(index),
+                Some(Plugin::Scorer(_)) => scorers.push(WeightedScorer {
+                    plugin: index,
+                    weight: weight(reference.weight, &key)?,
+                }),
+                Some(Plugin::Picker(_)) if picker.is_none() => picker = Some(index),
+                Some(Plugin::Picker(_)) => {
+                    return Err(ConfigError::invalid(&key, "a profile takes exactly one picker"))
+                }
+                Some(other) => {
+                    return Err(ConfigError::invalid(
+                        &key,
+                        format!("{:?} is a {}, not a filter, scorer or picker", reference.plugin_ref, other.kind()),
+                    ))
+                }
+                None => return Err(ConfigError::invalid(&key, "unresolvable plugin")),
+            }
+        }
+        let picker = match picker {
+            Some(picker) => picker,
+            None => {
+                warnings.push(format!("profile {:?} names no picker; using max-score-picker", spec.name));
+                default_picker(instances)
+            }
+        };
+        profiles.push(Profile {
+            name: spec.name.clone(),
+            filters,
+            scorers,
+            picker,
+        });
+    }
+    Ok(profiles)
+}
+
+fn weight(weight: Option<f64>, key: &str) -> Result<f64, ConfigError> {
+    match weight {
+        None => Ok(1.0),
+        Some(w) if w.is_finite() && w >= 0.0 => Ok(w),
+        Some(w) => Err(ConfigError::invalid(key, format!("weight {w} must be a finite number >= 0"))),
+    }
+}
+
+/// The shared implicit `max-score-picker` for profiles that name none.
+fn default_picker(instances: &mut Vec<PluginInstance>) -> usize {
+    const NAME: &str = "max-score-picker (default)";
+    if let Some(index) = instances.iter().position(|p| p.name == NAME) {
+        return index;
+    }
+    instances.push(PluginInstance {
+        name: NAME.into(),
+        type_name: max_score_picker::TYPE,
+        plugin: Plugin::Picker(Box::new(max_score_picker::MaxScorePicker::new(
+            plugins::PickerParameters::default(),
+        ))),
+    });
+    instances.len() - 1
+}
+
+fn profile_handler(instances: &mut Vec<PluginInstance>, profiles: &[Profile]) -> Result<usize, ConfigError> {
+    let handlers: Vec<usize> = instances
+        .iter()
+        .enumerate()
+        .filter(|(_, p)| matches!(p.plugin, Plugin::ProfileHandler(_)))
+        .map(|(i, _)| i)
+        .collect();
+    let handler = match handlers.as_slice() {
+        [] => {
+            instances.push(PluginInstance {
+                name: single_profile_handler::TYPE.into(),
+                type_name: single_profile_handler::TYPE,
+                plugin: Plugin::ProfileHandler(Box::new(single_profile_handler::SingleProfileHandler)),
+            });
+            instances.len() - 1
+        }
+        [one] => *one,
+        _ => return Err(ConfigError::invalid("plugins", "more than one profile handler is declared")),
+    };
+    let is_single = instances
+        .get(handler)
+        .is_some_and(|p| p.type_name == single_profile_handler::TYPE || p.type_name == single_profile_handler::LEGACY_TYPE);
+    if is_single && profiles.len() != 1 {
+        return Err(ConfigError::invalid(
+            "schedulingProfiles",
+            format!("single-profile-handler needs exactly one profile, found {}", profiles.len()),
+        ));
+    }
+    Ok(handler)
+}
+
+fn warn_unused(instances: &[PluginInstance], profiles: &[Profile], handler: usize, warnings: &mut Vec<String>) {
+    for (index, instance) in instances.iter().enumerate() {
+        let used = index == handler
+            || profiles.iter().any(|p| {
+                p.picker == index || p.filters.contains(&index) || p.scorers.iter().any(|s| s.plugin == index)
+            });
+        if !used {
+            warnings.push(format!("plugin {:?} is declared but no profile uses it", instance.name));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

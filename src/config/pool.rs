@@ -1,0 +1,100 @@
+//! Our `pool` section: the endpoints and how their metrics are scraped.
+
+use super::ConfigError;
+use crate::duration::serde_go;
+use crate::endpoint::canonical_address;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct EndpointConfig {
+    /// `ip:port`, IPv6 as `[addr]:port`; canonicalised by `validate`.
+    pub address: String,
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase", default)]
+pub struct PoolConfig {
+    pub endpoints: Vec<EndpointConfig>,
+    /// Envoy cluster the `/metrics` callouts go through (ORIGINAL_DST keyed on the header).
+    pub metrics_cluster: String,
+    pub metrics_path: String,
+    #[serde(with = "serde_go")]
+    pub refresh_metrics_interval: Duration,
+    #[serde(with = "serde_go")]
+    pub metrics_staleness_threshold: Duration,
+    /// A `/metrics` callout that takes longer counts as a failed scrape.
+    #[serde(with = "serde_go")]
+    pub metrics_timeout: Duration,
+    /// Request bodies above this get a 413 before any parsing.
+    pub max_request_body_bytes: usize,
+}
+
+impl Default for PoolConfig {
+    fn default() -> Self {
+        PoolConfig {
+            endpoints: Vec::new(),
+            metrics_cluster: "original_destination_cluster".into(),
+            metrics_path: "/metrics".into(),
+            refresh_metrics_interval: Duration::from_millis(50),
+            metrics_staleness_threshold: Duration::from_secs(2),
+            metrics_timeout: Duration::from_secs(1),
+            max_request_body_bytes: 4 << 20,
+        }
+    }
+}
+
+impl PoolConfig {
+    /// Checks every field and canonicalises endpoint addresses in place.
+    pub(super) fn validate(&self) -> Result<(), ConfigError> {
+        if self.endpoints.is_empty() {
+            return Err(ConfigError::invalid("pool.endpoints", "the endpoint list is empty"));
+        }
+        let mut seen = Vec::with_capacity(self.endpoints.len());
+        for (i, endpoint) in self.endpoints.iter().enumerate() {
+            let address = canonical_address(&endpoint.address)
+                .map_err(|reason| ConfigError::invalid(format!("pool.endpoints[{i}].address"), reason))?;
+            if seen.contains(&address) {
+                return Err(ConfigError::invalid(
+                    format!("pool.endpoints[{i}].address"),
+                    format!("{address} is listed twice"),
+                ));
+            }
+            seen.push(address);
+        }
+        if self.metrics_cluster.trim().is_empty() {
+            return Err(ConfigError::invalid("pool.metricsCluster", "must name an Envoy cluster"));
+        }
+        if !self.metrics_path.starts_with('/') {
+            return Err(ConfigError::invalid("pool.metricsPath", "must start with '/'"));
+        }
+        for (key, value) in [
+            ("pool.refreshMetricsInterval", self.refresh_metrics_interval),
+            ("pool.metricsStalenessThreshold", self.metrics_staleness_threshold),
+            ("pool.metricsTimeout", self.metrics_timeout),
+        ] {
+            if value < Duration::from_millis(1) {
+                return Err(ConfigError::invalid(key, "must be at least 1ms"));
+            }
+        }
+        if self.max_request_body_bytes == 0 {
+            return Err(ConfigError::invalid("pool.maxRequestBodyBytes", "must be at least 1"));
+        }
+        Ok(())
+    }
+
+    /// Endpoint addresses in canonical form, in configuration order.
+    pub fn canonical_endpoints(&self) -> Vec<(String, BTreeMap<String, String>)> {
+        self.endpoints
+            .iter()
+            .map(|e| {
+                let address = canonical_address(&e.address).unwrap_or_else(|_| e.address.clone());
+                (address, e.labels.clone())
+            })
+            .collect()
+    }
+}

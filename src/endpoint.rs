@@ -1,0 +1,206 @@
+//! Pool members: their identity, labels, latest metrics, health and the filter's own load.
+
+use crate::metrics::{Engine, EndpointMetrics};
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+
+/// Label naming a pod's role in P/D disaggregation.
+pub const ROLE_LABEL: &str = "llm-d.ai/role";
+/// Label naming the engine whose metric names a pod exposes.
+pub const ENGINE_TYPE_LABEL: &str = "inference.networking.k8s.io/engine-type";
+
+/// Parses `ip:port` (IPv6 as `[addr]:port`) into the canonical text form used everywhere:
+/// in the destination header, in logs and as the pool's key.
+pub fn canonical_address(text: &str) -> Result<String, String> {
+    text.trim()
+        .parse::<SocketAddr>()
+        .map(|address| address.to_string())
+        .map_err(|_| format!("{text:?} is not an ip:port address (IPv6 as [addr]:port)"))
+}
+
+/// How fresh an endpoint's metrics are, recomputed on every tick.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Health {
+    /// Never scraped yet.
+    Unknown,
+    /// Last successful scrape within the staleness threshold.
+    Fresh,
+    /// The scrape answers, but the last good metrics are older than the threshold.
+    Stale,
+    /// The last scrape failed (connection refused, 5xx, timeout, not a model server).
+    Unreachable,
+}
+
+#[derive(Debug, Clone)]
+pub struct EndpointState {
+    pub address: String,
+    pub labels: BTreeMap<String, String>,
+    pub engine: Engine,
+    pub metrics: EndpointMetrics,
+    pub health: Health,
+    /// Host time (ms) of the last scrape that produced metrics.
+    pub last_scrape_ok_ms: Option<u64>,
+    pub last_scrape_failed: bool,
+    /// Requests this filter routed there that have not ended yet.
+    pub in_flight: u32,
+}
+
+impl EndpointState {
+    pub fn new(address: String, labels: BTreeMap<String, String>) -> Self {
+        let engine = Engine::from_label(labels.get(ENGINE_TYPE_LABEL).map(String::as_str));
+        EndpointState {
+            address,
+            labels,
+            engine,
+            metrics: EndpointMetrics::default(),
+            health: Health::Unknown,
+            last_scrape_ok_ms: None,
+            last_scrape_failed: false,
+            in_flight: 0,
+        }
+    }
+
+    pub fn label(&self, key: &str) -> Option<&str> {
+        self.labels.get(key).map(String::as_str)
+    }
+
+    fn health_at(&self, now_ms: u64, staleness_ms: u64) -> Health {
+        if self.last_scrape_failed {
+            return Health::Unreachable;
+        }
+        match self.last_scrape_ok_ms {
+            None => Health::Unknown,
+            Some(at) if now_ms.saturating_sub(at) <= staleness_ms => Health::Fresh,
+            Some(_) => Health::Stale,
+        }
+    }
+}
+
+/// A health change worth a log line.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HealthTransition {
+    pub address: String,
+    pub from: Health,
+    pub to: Health,
+}
+
+/// The endpoints the filter may route to, in configuration order.
+#[derive(Debug, Clone, Default)]
+pub struct Pool {
+    pub endpoints: Vec<EndpointState>,
+}
+
+impl Pool {
+    pub fn new(endpoints: Vec<EndpointState>) -> Self {
+        Pool { endpoints }
+    }
+
+    pub fn len(&self) -> usize {
+        self.endpoints.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.endpoints.is_empty()
+    }
+
+    pub fn get(&self, index: usize) -> Option<&EndpointState> {
+        self.endpoints.get(index)
+    }
+
+    pub fn index_of(&self, address: &str) -> Option<usize> {
+        self.endpoints.iter().position(|e| e.address == address)
+    }
+
+    pub fn record_scrape_ok(&mut self, index: usize, now_ms: u64, metrics: EndpointMetrics) {
+        if let Some(endpoint) = self.endpoints.get_mut(index) {
+            endpoint.metrics = metrics;
+            endpoint.last_scrape_ok_ms = Some(now_ms);
+            endpoint.last_scrape_failed = false;
+        }
+    }
+
+    pub fn record_scrape_failure(&mut self, index: usize) {
+        if let Some(endpoint) = self.endpoints.get_mut(index) {
+            endpoint.last_scrape_failed = true;
+        }
+    }
+
+    /// Recomputes every endpoint's health so the request path only reads a flag.
+    pub fn refresh_health(&mut self, now_ms: u64, staleness_ms: u64) -> Vec<HealthTransition> {
+        let mut transitions = Vec::new();
+        for endpoint in &mut self.endpoints {
+            let health = endpoint.health_at(now_ms, staleness_ms);
+            if health != endpoint.health {
+                transitions.push(HealthTransition {
+                    address: endpoint.address.clone(),
+                    from: endpoint.health,
+                    to: health,
+                });
+                endpoint.health = health;
+            }
+        }
+        transitions
+    }
+
+    pub fn add_in_flight(&mut self, index: usize) {
+        if let Some(endpoint) = self.endpoints.get_mut(index) {
+            endpoint.in_flight = endpoint.in_flight.saturating_add(1);
+        }
+    }
+
+    pub fn release_in_flight(&mut self, index: usize) {
+        if let Some(endpoint) = self.endpoints.get_mut(index) {
+            endpoint.in_flight = endpoint.in_flight.saturating_sub(1);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pool(n: usize) -> Pool {
+        Pool::new(
+            (0..n)
+                .map(|i| EndpointState::new(format!("10.0.0.{i}:8000"), BTreeMap::new()))
+                .collect(),
+        )
+    }
+
+    #[test]
+    fn canonical_addresses() {
+        assert_eq!(canonical_address("10.0.0.7:8000").as_deref(), Ok("10.0.0.7:8000"));
+        assert_eq!(canonical_address("[::1]:8000").as_deref(), Ok("[::1]:8000"));
+        assert_eq!(canonical_address("[0:0::1]:80").as_deref(), Ok("[::1]:80"));
+        assert!(canonical_address("::1:8000").is_err());
+        assert!(canonical_address("pod-a:8000").is_err());
+        assert!(canonical_address("10.0.0.7").is_err());
+    }
+
+    #[test]
+    fn health_follows_scrapes_and_age() {
+        let mut pool = pool(2);
+        assert!(pool.refresh_health(0, 2000).is_empty());
+        pool.record_scrape_ok(0, 1000, EndpointMetrics::default());
+        pool.record_scrape_failure(1);
+        let transitions = pool.refresh_health(1500, 2000);
+        assert_eq!(transitions.len(), 2);
+        assert_eq!(pool.endpoints[0].health, Health::Fresh);
+        assert_eq!(pool.endpoints[1].health, Health::Unreachable);
+        pool.refresh_health(3001, 2000);
+        assert_eq!(pool.endpoints[0].health, Health::Stale);
+        pool.record_scrape_ok(1, 3001, EndpointMetrics::default());
+        pool.refresh_health(3001, 2000);
+        assert_eq!(pool.endpoints[1].health, Health::Fresh);
+    }
+
+    #[test]
+    fn in_flight_never_underflows() {
+        let mut pool = pool(1);
+        pool.add_in_flight(0);
+        pool.release_in_flight(0);
+        pool.release_in_flight(0);
+        pool.release_in_flight(7);
+        assert_eq!(pool.endpoints[0].in_flight, 0);
+    }
+}

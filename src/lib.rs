@@ -1,0 +1,19 @@
+//! inference-picker: the Gateway API Inference Extension endpoint picker, as a proxy-wasm filter.
+//!
+//! Everything except [`filter`] is a pure core: it takes plain data, returns plain data and is
+//! tested natively. [`filter`] is the only module that talks to the proxy-wasm host.
+#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used, clippy::panic))]
+#![deny(clippy::indexing_slicing)]
+
+pub mod config;
+pub mod duration;
+pub mod endpoint;
+pub mod error_response;
+pub mod hash;
+pub mod metrics;
+pub mod prometheus;
+pub mod request;
+pub mod scheduling;
+
+#[cfg(target_arch = "wasm32")]
+pub mod filter;

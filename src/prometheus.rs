@@ -1,0 +1,277 @@
+//! Prometheus text exposition format (version 0.0.4) parser.
+//!
+//! Streams samples to a visitor without building a tree: a scrape is parsed once per tick per
+//! pod, so it allocates nothing unless a label value carries escapes. Malformed lines are
+//! skipped and counted, never fatal: a model server that prints garbage cannot break the picker.
+
+use std::borrow::Cow;
+
+/// One sample line: `name{labels} value [timestamp]`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Sample<'a> {
+    pub name: &'a str,
+    /// The raw text between the braces, already validated.
+    raw_labels: &'a str,
+    pub value: f64,
+    pub timestamp_ms: Option<i64>,
+}
+
+impl<'a> Sample<'a> {
+    /// The value of one label, unescaped.
+    pub fn label(&self, key: &str) -> Option<Cow<'a, str>> {
+        self.labels().find(|(name, _)| *name == key).map(|(_, value)| value)
+    }
+
+    /// All labels in order, values unescaped.
+    pub fn labels(&self) -> Labels<'a> {
+        Labels {
+            rest: self.raw_labels,
+        }
+    }
+
+    /// True when every `(key, value)` pair is present with that exact value.
+    pub fn matches_labels<'k>(&self, wanted: impl IntoIterator<Item = (&'k str, &'k str)>) -> bool {
+        wanted
+            .into_iter()
+            .all(|(key, value)| self.label(key).is_some_and(|found| found == value))
+    }
+}
+
+/// What a parse saw, for logs and stats.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct ParseSummary {
+    pub samples: usize,
+    pub malformed_lines: usize,
+}
+
+/// Calls `visit` for every well-formed sample in `text`.
+pub fn for_each_sample<'a>(text: &'a str, mut visit: impl FnMut(&Sample<'a>)) -> ParseSummary {
+    let mut summary = ParseSummary::default();
+    for line in text.lines() {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        match parse_sample_line(line) {
+            Some(sample) => {
+                summary.samples += 1;
+                visit(&sample);
+            }
+            None => summary.malformed_lines += 1,
+        }
+    }
+    summary
+}
+
+fn parse_sample_line(line: &str) -> Option<Sample<'_>> {
+    let name_len = line
+        .char_indices()
+        .find(|&(index, c)| !is_name_char(c, index == 0))
+        .map_or(line.len(), |(index, _)| index);
+    if name_len == 0 {
+        return None;
+    }
+    let (name, rest) = line.split_at(name_len);
+    let (raw_labels, rest) = match rest.strip_prefix('{') {
+        Some(inner) => split_labels(inner)?,
+        None => ("", rest),
+    };
+    let mut fields = rest.split_ascii_whitespace();
+    let value = parse_value(fields.next()?)?;
+    let timestamp_ms = match fields.next() {
+        Some(text) => Some(text.parse::<i64>().ok()?),
+        None => None,
+    };
+    if fields.next().is_some() {
+        return None;
+    }
+    Some(Sample {
+        name,
+        raw_labels,
+        value,
+        timestamp_ms,
+    })
+}
+
+/// Splits `a="1",b="2"} rest` into the label text and what follows the closing brace,
+/// validating every pair on the way.
+fn split_labels(inner: &str) -> Option<(&str, &str)> {
+    let mut labels = Labels { rest: inner };
+    loop {
+        let trimmed = labels.rest.trim_start().trim_start_matches(',').trim_start();
+        if let Some(after) = trimmed.strip_prefix('}') {
+            let consumed = inner.len() - trimmed.len();
+            return Some((inner.get(..consumed)?, after));
+        }
+        labels.next_pair()??;
+    }
+}
+
+fn is_name_char(c: char, first: bool) -> bool {
+    c.is_ascii_alphabetic() || c == '_' || c == ':' || (!first && c.is_ascii_digit())
+}
+
+fn parse_value(text: &str) -> Option<f64> {
+    match text {
+        "NaN" => Some(f64::NAN),
+        "+Inf" | "Inf" => Some(f64::INFINITY),
+        "-Inf" => Some(f64::NEG_INFINITY),
+        _ if text.bytes().all(|b| b.is_ascii_digit() || b"+-.eE".contains(&b)) => text.parse().ok(),
+        _ => None,
+    }
+}
+
+/// Iterator over `(name, value)` label pairs.
+pub struct Labels<'a> {
+    rest: &'a str,
+}
+
+impl<'a> Labels<'a> {
+    /// `None` at the end; `Some(None)` on a malformed pair.
+    fn next_pair(&mut self) -> Option<Option<(&'a str, Cow<'a, str>)>> {
+        let text = self.rest.trim_start().trim_start_matches(',').trim_start();
+        if text.is_empty() || text.starts_with('}') {
+            return None;
+        }
+        Some(self.parse_pair(text))
+    }
+
+    fn parse_pair(&mut self, text: &'a str) -> Option<(&'a str, Cow<'a, str>)> {
+        let eq = text.find('=')?;
+        let name = text.get(..eq)?.trim();
+        if name.is_empty() || !name.chars().enumerate().all(|(i, c)| is_name_char(c, i == 0) && c != ':') {
+            return None;
+        }
+        let quoted = text.get(eq + 1..)?.trim_start().strip_prefix('"')?;
+        let (value, after) = read_quoted(quoted)?;
+        let after = after.trim_start();
+        if !(after.is_empty() || after.starts_with(',') || after.starts_with('}')) {
+            return None;
+        }
+        self.rest = after;
+        Some((name, value))
+    }
+}
+
+impl<'a> Iterator for Labels<'a> {
+    type Item = (&'a str, Cow<'a, str>);
+
+    fn next(&mut self) -> Option<Self::Item> {
+        self.next_pair().flatten()
+    }
+}
+
+/// Reads a quoted label value (opening quote already consumed); returns it and the text after
+/// the closing quote. Escapes `\\`, `\"` and `\n` are decoded.
+fn read_quoted(text: &str) -> Option<(Cow<'_, str>, &str)> {
+    let mut decoded: Option<String> = None;
+    let mut chars = text.char_indices();
+    while let Some((index, c)) = chars.next() {
+        match c {
+            '"' => {
+                let value = match decoded {
+                    Some(owned) => Cow::Owned(owned),
+                    None => Cow::Borrowed(text.get(..index)?),
+                };
+                return Some((value, text.get(index + 1..)?));
+            }
+            '\\' => {
+                let (_, escaped) = chars.next()?;
+                let owned = decoded.get_or_insert_with(|| text.get(..index).unwrap_or("").to_owned());
+                owned.push(match escaped {
+                    'n' => '\n',
+                    other => other,
+                });
+            }
+            _ => {
+                if let Some(owned) = decoded.as_mut() {
+                    owned.push(c);
+                }
+            }
+        }
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn samples(text: &str) -> (Vec<(String, Vec<(String, String)>, f64, Option<i64>)>, ParseSummary) {
+        let mut out = Vec::new();
+        let summary = for_each_sample(text, |s| {
+            let labels = s.labels().map(|(k, v)| (k.to_string(), v.into_owned())).collect();
+            out.push((s.name.to_string(), labels, s.value, s.timestamp_ms));
+        });
+        (out, summary)
+    }
+
+    #[test]
+    fn parses_vllm_exposition() {
+        let text = "# HELP vllm:num_requests_waiting Number of requests waiting.\n\
+                    # TYPE vllm:num_requests_waiting gauge\n\
+                    vllm:num_requests_waiting{model_name=\"llama\"} 3.0\n\
+                    vllm:kv_cache_usage_perc{model_name=\"llama\"} 0.25\n\
+                    process_start_time_seconds 1.7e9\n";
+        let (out, summary) = samples(text);
+        assert_eq!(summary, ParseSummary { samples: 3, malformed_lines: 0 });
+        assert_eq!(out[0].0, "vllm:num_requests_waiting");
+        assert_eq!(out[0].1, vec![("model_name".to_string(), "llama".to_string())]);
+        assert_eq!(out[0].2, 3.0);
+        assert_eq!(out[2].2, 1.7e9);
+        assert!(out[2].1.is_empty());
+    }
+
+    #[test]
+    fn special_values_and_timestamps() {
+        let (out, _) = samples("a NaN\nb +Inf 1700000000000\nc -Inf\nd{x=\"1\",} 2 -5\n");
+        assert!(out[0].2.is_nan());
+        assert_eq!(out[1].2, f64::INFINITY);
+        assert_eq!(out[1].3, Some(1_700_000_000_000));
+        assert_eq!(out[2].2, f64::NEG_INFINITY);
+        assert_eq!(out[3].1, vec![("x".to_string(), "1".to_string())]);
+        assert_eq!(out[3].3, Some(-5));
+    }
+
+    #[test]
+    fn escaped_label_values() {
+        let (out, _) = samples("m{path=\"C:\\\\dir\",msg=\"say \\\"hi\\\"\\nbye\"} 1\n");
+        assert_eq!(out[0].1[0].1, "C:\\dir");
+        assert_eq!(out[0].1[1].1, "say \"hi\"\nbye");
+    }
+
+    #[test]
+    fn braces_and_commas_inside_values() {
+        let (out, _) = samples("vllm:lora_requests_info{running_lora_adapters=\"a, b\",max_lora=\"8\",x=\"}\"} 17\n");
+        assert_eq!(out[0].1[0].1, "a, b");
+        assert_eq!(out[0].1[2].1, "}");
+        assert_eq!(out[0].2, 17.0);
+    }
+
+    #[test]
+    fn malformed_lines_are_skipped_not_fatal() {
+        let text = "good 1\n{x=\"1\"} 2\nbad{x=1} 3\nunterminated{x=\"1} 4\nno_value\nv 1 2 3\nw abc\n9bad 1\nok{a=\"b\"} 5\n";
+        let (out, summary) = samples(text);
+        let names: Vec<_> = out.iter().map(|s| s.0.as_str()).collect();
+        assert_eq!(names, ["good", "ok"]);
+        assert_eq!(summary.malformed_lines, 7);
+    }
+
+    #[test]
+    fn label_lookup_and_matching() {
+        for_each_sample("m{model_name=\"llama-3-8b\",gpu=\"0\"} 4\n", |s| {
+            assert_eq!(s.label("gpu").as_deref(), Some("0"));
+            assert_eq!(s.label("missing"), None);
+            assert!(s.matches_labels([("model_name", "llama-3-8b")]));
+            assert!(!s.matches_labels([("model_name", "other")]));
+        });
+    }
+
+    #[test]
+    fn never_panics_on_arbitrary_bytes() {
+        let inputs = ["{", "}", "a{", "a{b", "a{b=", "a{b=\"", "a{b=\"\\", "a{=\"x\"} 1", "a{b=\"x\"", "\u{1F600}{} 1", "a{b=\"x\"}} 1"];
+        for input in inputs {
+            for_each_sample(input, |_| {});
+        }
+    }
+}

@@ -1,0 +1,353 @@
+//! OpenAI-compatible request bodies: which API a path is, and the model and prompt text a
+//! request carries. The body is parsed exactly once per request.
+
+use crate::error_response::RequestError;
+use serde::Deserialize;
+
+/// Characters per token used for estimates; the usual figure for English BPE tokenizers.
+pub const CHARS_PER_TOKEN: usize = 4;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ApiKind {
+    Completions,
+    ChatCompletions,
+    Embeddings,
+    Responses,
+    /// Any other path (`/v1/models`, health checks): routed without reading a body.
+    Other,
+}
+
+impl ApiKind {
+    pub fn from_path(path: &str) -> ApiKind {
+        let path = path.split(['?', '#']).next().unwrap_or("");
+        let path = path.trim_end_matches('/');
+        match path {
+            "/v1/completions" => ApiKind::Completions,
+            "/v1/chat/completions" => ApiKind::ChatCompletions,
+            "/v1/embeddings" => ApiKind::Embeddings,
+            "/v1/responses" => ApiKind::Responses,
+            _ => ApiKind::Other,
+        }
+    }
+
+    pub fn is_inference(self) -> bool {
+        self != ApiKind::Other
+    }
+
+    /// The body field that carries the prompt.
+    fn prompt_field(self) -> &'static str {
+        match self {
+            ApiKind::Completions => "prompt",
+            ApiKind::ChatCompletions => "messages",
+            ApiKind::Embeddings | ApiKind::Responses => "input",
+            ApiKind::Other => "",
+        }
+    }
+}
+
+/// What scheduling needs to know about one request.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct InferenceRequest {
+    pub model: String,
+    /// The text prefix-cache hashing runs over (chat messages rendered as `role: content` lines).
+    pub prompt: String,
+    pub prompt_chars: usize,
+    pub prompt_tokens: u32,
+    pub max_tokens: Option<u32>,
+    pub stream: bool,
+}
+
+impl InferenceRequest {
+    /// A request with no body (e.g. `GET /v1/models`).
+    pub fn empty() -> Self {
+        InferenceRequest::default()
+    }
+}
+
+#[derive(Deserialize)]
+struct Body {
+    model: Option<String>,
+    prompt: Option<TextOrTokens>,
+    messages: Option<Vec<Message>>,
+    input: Option<ResponsesInput>,
+    instructions: Option<String>,
+    max_tokens: Option<u32>,
+    max_completion_tokens: Option<u32>,
+    max_output_tokens: Option<u32>,
+    stream: Option<bool>,
+}
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum TextOrTokens {
+    Text(String),
+    Texts(Vec<String>),
+    Tokens(Vec<u32>),
+    TokenBatches(Vec<Vec<u32>>),
+}
+
+#[derive(Deserialize)]
+struct Message {
+    role: String,
+    #[serde(default)]
+    content: Option<Content>,
+}
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum Content {
+    Text(String),
+    Parts(Vec<ContentPart>),
+}
+
+#[derive(Deserialize)]
+struct ContentPart {
+    #[serde(default)]
+    text: Option<String>,
+}
+
+/// `/v1/responses` and `/v1/embeddings` `input`: text, token ids, or (responses) message items.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum ResponsesInput {
+    Plain(TextOrTokens),
+    Items(Vec<Message>),
+}
+
+/// Parses a body for `kind`. Errors are the client's: they become 400 replies.
+pub fn parse_body(kind: ApiKind, body: &[u8]) -> Result<InferenceRequest, RequestError> {
+    if body.is_empty() {
+        return Err(RequestError::BadRequest(
+            "request body is empty; expected a JSON object".into(),
+        ));
+    }
+    check_nesting(body)?;
+    let mut parsed: Body = serde_json::from_slice(body)
+        .map_err(|error| RequestError::BadRequest(format!("request body is not valid: {error}")))?;
+    let model = match parsed.model.take() {
+        Some(model) if !model.trim().is_empty() => model,
+        Some(_) => return Err(RequestError::BadRequest("\"model\" must not be empty".into())),
+        None => return Err(RequestError::BadRequest("missing required field \"model\"".into())),
+    };
+    let (prompt, token_ids) = prompt_text(kind, &parsed)?;
+    let prompt_chars = prompt.chars().count();
+    let estimated = prompt_chars.div_ceil(CHARS_PER_TOKEN);
+    let prompt_tokens = u32::try_from(token_ids.unwrap_or(estimated)).unwrap_or(u32::MAX);
+    Ok(InferenceRequest {
+        model,
+        prompt,
+        prompt_chars,
+        prompt_tokens,
+        max_tokens: parsed
+            .max_completion_tokens
+            .or(parsed.max_tokens)
+            .or(parsed.max_output_tokens),
+        stream: parsed.stream.unwrap_or(false),
+    })
+}
+
+/// Deepest JSON nesting accepted; real requests stay in single digits.
+pub const MAX_NESTING_DEPTH: usize = 64;
+
+/// Rejects absurdly nested documents before parsing, in one pass over the bytes.
+fn check_nesting(body: &[u8]) -> Result<(), RequestError> {
+    let mut depth = 0usize;
+    let mut in_string = false;
+    let mut escaped = false;
+    for &byte in body {
+        if in_string {
+            match (escaped, byte) {
+                (true, _) => escaped = false,
+                (false, b'\\') => escaped = true,
+                (false, b'"') => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match byte {
+            b'"' => in_string = true,
+            b'[' | b'{' => {
+                depth += 1;
+                if depth > MAX_NESTING_DEPTH {
+                    return Err(RequestError::BadRequest(format!(
+                        "request body is nested deeper than {MAX_NESTING_DEPTH} levels"
+                    )));
+                }
+            }
+            b']' | b'}' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+/// The prompt text, and the exact token count when the client sent token ids.
+fn prompt_text(kind: ApiKind, body: &Body) -> Result<(String, Option<usize>), RequestError> {
+    let missing = || {
+        RequestError::BadRequest(format!(
+            "missing required field \"{}\"",
+            kind.prompt_field()
+        ))
+    };
+    let mut text = String::new();
+    let token_ids = match kind {
+        ApiKind::Completions => append_text_or_tokens(&mut text, body.prompt.as_ref().ok_or_else(missing)?),
+        ApiKind::ChatCompletions => {
+            append_messages(&mut text, body.messages.as_deref().ok_or_else(missing)?);
+            None
+        }
+        ApiKind::Embeddings => match body.input.as_ref().ok_or_else(missing)? {
+            ResponsesInput::Plain(input) => append_text_or_tokens(&mut text, input),
+            ResponsesInput::Items(_) => {
+                return Err(RequestError::BadRequest(
+                    "\"input\" must be a string, a list of strings or token ids".into(),
+                ))
+            }
+        },
+        ApiKind::Responses => {
+            if let Some(instructions) = &body.instructions {
+                push_line(&mut text, "system", instructions);
+            }
+            match body.input.as_ref().ok_or_else(missing)? {
+                ResponsesInput::Plain(input) => append_text_or_tokens(&mut text, input),
+                ResponsesInput::Items(items) => {
+                    append_messages(&mut text, items);
+                    None
+                }
+            }
+        }
+        ApiKind::Other => None,
+    };
+    Ok((text, token_ids))
+}
+
+fn append_text_or_tokens(text: &mut String, value: &TextOrTokens) -> Option<usize> {
+    match value {
+        TextOrTokens::Text(prompt) => {
+            text.push_str(prompt);
+            None
+        }
+        TextOrTokens::Texts(prompts) => {
+            for prompt in prompts {
+                text.push_str(prompt);
+            }
+            None
+        }
+        TextOrTokens::Tokens(ids) => Some(append_token_ids(text, ids)),
+        TextOrTokens::TokenBatches(batches) => Some(batches.iter().map(|ids| append_token_ids(text, ids)).sum()),
+    }
+}
+
+/// Token ids are hashed as their decimal text so a repeated token prefix still matches.
+fn append_token_ids(text: &mut String, ids: &[u32]) -> usize {
+    use std::fmt::Write;
+    for id in ids {
+        let _ = write!(text, "{id} ");
+    }
+    ids.len()
+}
+
+fn append_messages(text: &mut String, messages: &[Message]) {
+    for message in messages {
+        match &message.content {
+            Some(Content::Text(content)) => push_line(text, &message.role, content),
+            Some(Content::Parts(parts)) => {
+                text.push_str(&message.role);
+                text.push_str(": ");
+                for part in parts {
+                    text.push_str(part.text.as_deref().unwrap_or(""));
+                }
+                text.push('\n');
+            }
+            None => push_line(text, &message.role, ""),
+        }
+    }
+}
+
+fn push_line(text: &mut String, role: &str, content: &str) {
+    text.push_str(role);
+    text.push_str(": ");
+    text.push_str(content);
+    text.push('\n');
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(kind: ApiKind, body: &str) -> Result<InferenceRequest, RequestError> {
+        parse_body(kind, body.as_bytes())
+    }
+
+    #[test]
+    fn paths() {
+        assert_eq!(ApiKind::from_path("/v1/completions"), ApiKind::Completions);
+        assert_eq!(ApiKind::from_path("/v1/chat/completions?x=1"), ApiKind::ChatCompletions);
+        assert_eq!(ApiKind::from_path("/v1/embeddings/"), ApiKind::Embeddings);
+        assert_eq!(ApiKind::from_path("/v1/responses"), ApiKind::Responses);
+        assert_eq!(ApiKind::from_path("/v1/models"), ApiKind::Other);
+    }
+
+    #[test]
+    fn completions_prompt_string_and_list() {
+        let request = parse(ApiKind::Completions, r#"{"model":"m","prompt":"Hello world!","max_tokens":8}"#).unwrap();
+        assert_eq!(request.model, "m");
+        assert_eq!(request.prompt, "Hello world!");
+        assert_eq!((request.prompt_chars, request.prompt_tokens), (12, 3));
+        assert_eq!(request.max_tokens, Some(8));
+        let request = parse(ApiKind::Completions, r#"{"model":"m","prompt":["ab","cd"]}"#).unwrap();
+        assert_eq!(request.prompt, "abcd");
+        let request = parse(ApiKind::Completions, r#"{"model":"m","prompt":[1,2,3]}"#).unwrap();
+        assert_eq!(request.prompt_tokens, 3);
+    }
+
+    #[test]
+    fn chat_messages_string_and_parts() {
+        let body = r#"{"model":"m","stream":true,"max_completion_tokens":5,"messages":[
+            {"role":"system","content":"Be brief."},
+            {"role":"user","content":[{"type":"text","text":"Hi "},{"type":"image_url","image_url":{"url":"x"}},{"type":"text","text":"there"}]},
+            {"role":"assistant","content":null}]}"#;
+        let request = parse(ApiKind::ChatCompletions, body).unwrap();
+        assert_eq!(request.prompt, "system: Be brief.\nuser: Hi there\nassistant: \n");
+        assert!(request.stream);
+        assert_eq!(request.max_tokens, Some(5));
+    }
+
+    #[test]
+    fn embeddings_and_responses() {
+        let request = parse(ApiKind::Embeddings, r#"{"model":"e","input":["a","b"]}"#).unwrap();
+        assert_eq!(request.prompt, "ab");
+        let body = r#"{"model":"r","instructions":"Be kind.","input":[{"role":"user","content":[{"type":"input_text","text":"Hey"}]}],"max_output_tokens":9}"#;
+        let request = parse(ApiKind::Responses, body).unwrap();
+        assert_eq!(request.prompt, "system: Be kind.\nuser: Hey\n");
+        assert_eq!(request.max_tokens, Some(9));
+        let request = parse(ApiKind::Responses, r#"{"model":"r","input":"plain"}"#).unwrap();
+        assert_eq!(request.prompt, "plain");
+    }
+
+    #[test]
+    fn client_errors_are_400_with_a_reason() {
+        let cases = [
+            (ApiKind::Completions, "{not json", "not valid"),
+            (ApiKind::Completions, r#"{"prompt":"x"}"#, "\"model\""),
+            (ApiKind::Completions, r#"{"model":"","prompt":"x"}"#, "empty"),
+            (ApiKind::Completions, r#"{"model":5,"prompt":"x"}"#, "invalid type"),
+            (ApiKind::ChatCompletions, r#"{"model":"m","messages":{}}"#, "not valid"),
+            (ApiKind::ChatCompletions, r#"{"model":"m"}"#, "\"messages\""),
+            (ApiKind::Embeddings, r#"{"model":"m"}"#, "\"input\""),
+            (ApiKind::Completions, "", "empty"),
+            (ApiKind::Completions, "[1,2]", "not valid"),
+        ];
+        for (kind, body, needle) in cases {
+            let error = parse(kind, body).unwrap_err();
+            assert_eq!(error.status(), 400, "{body}");
+            assert!(error.message().contains(needle), "{body}: {}", error.message());
+        }
+    }
+
+    #[test]
+    fn deep_nesting_is_an_error_not_a_crash() {
+        let body = format!(r#"{{"model":"m","prompt":"x","extra":{}{}}}"#, "[".repeat(10_000), "]".repeat(10_000));
+        assert_eq!(parse(ApiKind::Completions, &body).unwrap_err().status(), 400);
+    }
+}

@@ -1,0 +1,49 @@
+//! `kv-cache-utilization-scorer`: `1 - kv`, preferring endpoints with free KV cache.
+
+use crate::scheduling::{Plugin, Scorer, SchedulingContext};
+use serde_yaml::Value;
+
+pub const TYPE: &str = "kv-cache-utilization-scorer";
+/// The name older GIE configs use.
+pub const LEGACY_TYPE: &str = "kv-cache-scorer";
+
+#[derive(Debug, Default, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Parameters {}
+
+pub struct KvCacheUtilizationScorer;
+
+pub fn build(parameters: &Value) -> Result<Plugin, String> {
+    let _: Parameters = super::parameters(parameters)?;
+    Ok(Plugin::Scorer(Box::new(KvCacheUtilizationScorer)))
+}
+
+impl Scorer for KvCacheUtilizationScorer {
+    fn score(&mut self, ctx: &SchedulingContext<'_>, candidates: &[usize], scores: &mut [f64]) {
+        for (score, &i) in scores.iter_mut().zip(candidates) {
+            *score = 1.0 - ctx.pool.get(i).map_or(1.0, |e| e.metrics.kv_cache_usage);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::metrics::EndpointMetrics;
+    use crate::request::InferenceRequest;
+    use crate::scheduling::test_support::pool_with;
+
+    #[test]
+    fn free_cache_scores_higher() {
+        let kv = |k| EndpointMetrics {
+            kv_cache_usage: k,
+            ..EndpointMetrics::default()
+        };
+        let pool = pool_with(vec![kv(0.25), kv(0.0), kv(1.0)]);
+        let request = InferenceRequest::empty();
+        let ctx = SchedulingContext { request: &request, pool: &pool };
+        let mut scores = [0.0; 3];
+        KvCacheUtilizationScorer.score(&ctx, &[0, 1, 2], &mut scores);
+        assert_eq!(scores, [0.75, 1.0, 0.0]);
+    }
+}

@@ -1,0 +1,70 @@
+//! `lora-affinity-scorer`: prefers endpoints that already run the requested LoRA adapter, then
+//! those with a free adapter slot, then those that have it queued.
+
+use crate::metrics::LoraInfo;
+use crate::scheduling::{Plugin, Scorer, SchedulingContext};
+use serde_yaml::Value;
+
+pub const TYPE: &str = "lora-affinity-scorer";
+
+const RUNNING: f64 = 1.0;
+const FREE_SLOT: f64 = 0.8;
+const WAITING: f64 = 0.6;
+
+#[derive(Debug, Default, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Parameters {}
+
+pub struct LoraAffinityScorer;
+
+pub fn build(parameters: &Value) -> Result<Plugin, String> {
+    let _: Parameters = super::parameters(parameters)?;
+    Ok(Plugin::Scorer(Box::new(LoraAffinityScorer)))
+}
+
+fn affinity(lora: Option<&LoraInfo>, adapter: &str) -> f64 {
+    let Some(lora) = lora else {
+        return 0.0;
+    };
+    let listed = |list: &[String]| list.iter().any(|name| name == adapter);
+    if listed(&lora.running) {
+        RUNNING
+    } else if lora.running.len() + lora.waiting.len() < lora.max_lora as usize {
+        FREE_SLOT
+    } else if listed(&lora.waiting) {
+        WAITING
+    } else {
+        0.0
+    }
+}
+
+impl Scorer for LoraAffinityScorer {
+    fn score(&mut self, ctx: &SchedulingContext<'_>, candidates: &[usize], scores: &mut [f64]) {
+        let adapter = ctx.request.model.as_str();
+        for (score, &i) in scores.iter_mut().zip(candidates) {
+            *score = affinity(ctx.pool.get(i).and_then(|e| e.metrics.lora.as_ref()), adapter);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn info(max: u32, running: &[&str], waiting: &[&str]) -> LoraInfo {
+        LoraInfo {
+            max_lora: max,
+            running: running.iter().map(|s| s.to_string()).collect(),
+            waiting: waiting.iter().map(|s| s.to_string()).collect(),
+        }
+    }
+
+    #[test]
+    fn tiers() {
+        assert_eq!(affinity(Some(&info(2, &["a", "b"], &[])), "a"), 1.0);
+        assert_eq!(affinity(Some(&info(2, &["b"], &[])), "a"), 0.8);
+        assert_eq!(affinity(Some(&info(2, &["b"], &["a"])), "a"), 0.6);
+        assert_eq!(affinity(Some(&info(2, &["b", "c"], &[])), "a"), 0.0);
+        assert_eq!(affinity(None, "a"), 0.0);
+    }
+}

@@ -1,0 +1,227 @@
+//! `prefix-cache-scorer` (approximate): the share of the prompt's leading blocks an endpoint
+//! probably holds in its KV cache, learned from the filter's own past picks.
+//!
+//! Blocks are `blockSizeTokens * 4` characters; block hashes chain from the model name, so a
+//! block only matches when everything before it matched too.
+
+use crate::hash::hash_bytes;
+use crate::request::CHARS_PER_TOKEN;
+use crate::scheduling::prefix_index::PrefixIndex;
+use crate::scheduling::{Plugin, Scorer, SchedulingContext};
+use serde_yaml::Value;
+
+pub const TYPE: &str = "prefix-cache-scorer";
+/// The name older llm-d configs use.
+pub const LEGACY_TYPE: &str = "prefix-cache";
+
+#[derive(Debug, Clone, PartialEq, serde::Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase", default)]
+pub struct Parameters {
+    pub block_size_tokens: usize,
+    /// Older configs give the block size in characters instead.
+    pub hash_block_size: Option<usize>,
+    pub max_prefix_blocks_to_match: usize,
+    pub lru_capacity_per_server: usize,
+    /// Size each pod's LRU from its `vllm:cache_config_info` when it reports one.
+    pub auto_tune: bool,
+}
+
+impl Default for Parameters {
+    fn default() -> Self {
+        Parameters {
+            block_size_tokens: 16,
+            hash_block_size: None,
+            max_prefix_blocks_to_match: 256,
+            lru_capacity_per_server: 31_250,
+            auto_tune: true,
+        }
+    }
+}
+
+impl Parameters {
+    fn block_chars(&self) -> usize {
+        self.hash_block_size
+            .unwrap_or(self.block_size_tokens * CHARS_PER_TOKEN)
+    }
+}
+
+pub struct PrefixCacheScorer {
+    parameters: Parameters,
+    index: PrefixIndex,
+    /// Hashes of the request being scheduled, reused by `on_picked`.
+    hashes: Vec<u64>,
+    matched: Vec<usize>,
+}
+
+pub fn build(parameters: &Value) -> Result<Plugin, String> {
+    Ok(Plugin::Scorer(Box::new(PrefixCacheScorer::new(super::parameters(parameters)?)?)))
+}
+
+impl PrefixCacheScorer {
+    pub fn new(parameters: Parameters) -> Result<Self, String> {
+        if parameters.block_chars() == 0 {
+            return Err("blockSizeTokens must be at least 1".into());
+        }
+        if parameters.max_prefix_blocks_to_match == 0 || parameters.lru_capacity_per_server == 0 {
+            return Err("maxPrefixBlocksToMatch and lruCapacityPerServer must be at least 1".into());
+        }
+        Ok(PrefixCacheScorer {
+            index: PrefixIndex::new(parameters.lru_capacity_per_server),
+            parameters,
+            hashes: Vec::new(),
+            matched: Vec::new(),
+        })
+    }
+
+    pub fn parameters(&self) -> &Parameters {
+        &self.parameters
+    }
+
+    pub fn index(&self) -> &PrefixIndex {
+        &self.index
+    }
+}
+
+/// Chained hashes of the full blocks of `prompt`, at most `max_blocks` of them.
+pub fn block_hashes(model: &str, prompt: &str, block_chars: usize, max_blocks: usize, out: &mut Vec<u64>) {
+    out.clear();
+    let mut previous = hash_bytes(0, model.as_bytes());
+    let bytes = prompt.as_bytes();
+    // Blocks are cut on byte offsets at char boundaries near block_chars ASCII characters, so
+    // multi-byte text still hashes deterministically.
+    let mut start = 0;
+    while out.len() < max_blocks {
+        let Some(end) = block_end(prompt, start, block_chars) else {
+            break;
+        };
+        let Some(block) = bytes.get(start..end) else {
+            break;
+        };
+        previous = hash_bytes(previous, block);
+        out.push(previous);
+        start = end;
+    }
+}
+
+/// End of the full block starting at `start`, or `None` if fewer than `block_chars` remain.
+fn block_end(text: &str, start: usize, block_chars: usize) -> Option<usize> {
+    let rest = text.get(start..)?;
+    match rest.char_indices().nth(block_chars) {
+        Some((offset, _)) => Some(start + offset),
+        None if rest.chars().count() == block_chars => Some(text.len()),
+        None => None,
+    }
+}
+
+impl Scorer for PrefixCacheScorer {
+    fn score(&mut self, ctx: &SchedulingContext<'_>, candidates: &[usize], scores: &mut [f64]) {
+        block_hashes(
+            &ctx.request.model,
+            &ctx.request.prompt,
+            self.parameters.block_chars(),
+            self.parameters.max_prefix_blocks_to_match,
+            &mut self.hashes,
+        );
+        if self.hashes.is_empty() {
+            return;
+        }
+        self.matched.clear();
+        self.matched.resize(candidates.len(), 0);
+        self.index.match_lengths(&self.hashes, candidates, &mut self.matched);
+        let total = self.hashes.len() as f64;
+        for (score, &matched) in scores.iter_mut().zip(&self.matched) {
+            *score = matched as f64 / total;
+        }
+    }
+
+    fn on_picked(&mut self, ctx: &SchedulingContext<'_>, endpoint: usize) {
+        if self.parameters.auto_tune {
+            if let Some(cache) = ctx.pool.get(endpoint).and_then(|e| e.metrics.cache_config) {
+                let tokens = cache.num_gpu_blocks.saturating_mul(u64::from(cache.block_size));
+                let blocks = tokens / self.parameters.block_size_tokens.max(1) as u64;
+                let blocks = usize::try_from(blocks).unwrap_or(usize::MAX);
+                if blocks > 0 && blocks != self.index.capacity(endpoint) {
+                    self.index.set_capacity(endpoint, blocks);
+                }
+            }
+        }
+        self.index.insert(endpoint, &self.hashes);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::metrics::{CacheConfig, EndpointMetrics};
+    use crate::request::InferenceRequest;
+    use crate::scheduling::test_support::pool_with;
+
+    fn request(prompt: &str) -> InferenceRequest {
+        InferenceRequest {
+            model: "m".into(),
+            prompt: prompt.into(),
+            ..InferenceRequest::default()
+        }
+    }
+
+    #[test]
+    fn blocks_chain_and_ignore_the_partial_tail() {
+        let mut a = Vec::new();
+        let mut b = Vec::new();
+        block_hashes("m", "aaaabbbbcc", 4, 256, &mut a);
+        block_hashes("m", "aaaabbbbdd", 4, 256, &mut b);
+        assert_eq!(a.len(), 2);
+        assert_eq!(a, b);
+        block_hashes("m", "xaaabbbb", 4, 256, &mut b);
+        assert_ne!(a[1], b[1], "a different first block changes every later hash");
+        block_hashes("other", "aaaabbbb", 4, 256, &mut b);
+        assert_ne!(a[0], b[0], "the model seeds the chain");
+        block_hashes("m", "aaaabbbbcccc", 4, 2, &mut b);
+        assert_eq!(b.len(), 2, "capped at maxPrefixBlocksToMatch");
+        block_hashes("m", "ééééüüüü", 4, 256, &mut b);
+        assert_eq!(b.len(), 2, "blocks count characters, not bytes");
+    }
+
+    #[test]
+    fn score_is_matched_share_and_learns_from_picks() {
+        let pool = pool_with(vec![EndpointMetrics::default(), EndpointMetrics::default()]);
+        let mut scorer = PrefixCacheScorer::new(Parameters {
+            block_size_tokens: 1,
+            ..Parameters::default()
+        })
+        .unwrap();
+        let first = request("aaaabbbbcccc");
+        let ctx = SchedulingContext { request: &first, pool: &pool };
+        let mut scores = [0.0; 2];
+        scorer.score(&ctx, &[0, 1], &mut scores);
+        assert_eq!(scores, [0.0, 0.0]);
+        scorer.on_picked(&ctx, 1);
+        let second = request("aaaabbbbdddd");
+        let ctx = SchedulingContext { request: &second, pool: &pool };
+        scorer.score(&ctx, &[0, 1], &mut scores);
+        assert_eq!(scores, [0.0, 2.0 / 3.0]);
+    }
+
+    #[test]
+    fn legacy_hash_block_size_is_in_characters() {
+        let parameters: Parameters = serde_yaml::from_str("hashBlockSize: 5").unwrap();
+        assert_eq!(parameters.block_chars(), 5);
+        assert_eq!(Parameters::default().block_chars(), 64);
+    }
+
+    #[test]
+    fn auto_tune_sizes_the_lru_from_cache_config() {
+        let pool = pool_with(vec![EndpointMetrics {
+            cache_config: Some(CacheConfig {
+                block_size: 16,
+                num_gpu_blocks: 100,
+            }),
+            ..EndpointMetrics::default()
+        }]);
+        let mut scorer = PrefixCacheScorer::new(Parameters::default()).unwrap();
+        let req = request("hello");
+        let ctx = SchedulingContext { request: &req, pool: &pool };
+        scorer.on_picked(&ctx, 0);
+        assert_eq!(scorer.index().capacity(0), 100);
+    }
+}

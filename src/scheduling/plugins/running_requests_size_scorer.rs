@@ -1,0 +1,47 @@
+//! `running-requests-size-scorer`: prefers endpoints running fewer requests, min-max
+//! normalised over the candidates.
+
+use crate::scheduling::{score_lower_is_better, Plugin, Scorer, SchedulingContext};
+use serde_yaml::Value;
+
+pub const TYPE: &str = "running-requests-size-scorer";
+
+#[derive(Debug, Default, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Parameters {}
+
+pub struct RunningRequestsSizeScorer;
+
+pub fn build(parameters: &Value) -> Result<Plugin, String> {
+    let _: Parameters = super::parameters(parameters)?;
+    Ok(Plugin::Scorer(Box::new(RunningRequestsSizeScorer)))
+}
+
+impl Scorer for RunningRequestsSizeScorer {
+    fn score(&mut self, ctx: &SchedulingContext<'_>, candidates: &[usize], scores: &mut [f64]) {
+        let running = |&i: &usize| ctx.pool.get(i).map_or(0.0, |e| e.metrics.running_requests);
+        score_lower_is_better(candidates.iter().map(running), scores);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::metrics::EndpointMetrics;
+    use crate::request::InferenceRequest;
+    use crate::scheduling::test_support::pool_with;
+
+    #[test]
+    fn fewest_running_scores_one() {
+        let running = |r| EndpointMetrics {
+            running_requests: r,
+            ..EndpointMetrics::default()
+        };
+        let pool = pool_with(vec![running(10.0), running(2.0), running(6.0)]);
+        let request = InferenceRequest::empty();
+        let ctx = SchedulingContext { request: &request, pool: &pool };
+        let mut scores = [0.0; 3];
+        RunningRequestsSizeScorer.score(&ctx, &[0, 1, 2], &mut scores);
+        assert_eq!(scores, [0.0, 1.0, 0.5]);
+    }
+}

@@ -1,0 +1,189 @@
+//! Approximate prefix-cache index: which pod probably holds which prompt blocks.
+//!
+//! Each pod has an LRU of block hashes bounded by its capacity; a reverse map from hash to the
+//! pods holding it answers "how many leading blocks of this prompt does each pod hold".
+
+use hashbrown::HashMap;
+use std::collections::VecDeque;
+
+#[derive(Debug, Default, Clone)]
+struct PodLru {
+    capacity: usize,
+    /// hash -> stamp of its latest use.
+    stamps: HashMap<u64, u64>,
+    /// Use order, oldest first; entries whose stamp no longer matches are stale and skipped.
+    order: VecDeque<(u64, u64)>,
+}
+
+#[derive(Debug, Default, Clone)]
+pub struct PrefixIndex {
+    pods: Vec<PodLru>,
+    holders: HashMap<u64, Vec<u32>>,
+    clock: u64,
+    default_capacity: usize,
+}
+
+impl PrefixIndex {
+    pub fn new(default_capacity: usize) -> Self {
+        PrefixIndex {
+            default_capacity: default_capacity.max(1),
+            ..PrefixIndex::default()
+        }
+    }
+
+    /// Sets one pod's capacity (e.g. from its `num_gpu_blocks`); shrinking evicts at once.
+    pub fn set_capacity(&mut self, pod: usize, capacity: usize) {
+        self.ensure_pod(pod);
+        if let Some(lru) = self.pods.get_mut(pod) {
+            lru.capacity = capacity.max(1);
+        }
+        self.evict_over_capacity(pod);
+    }
+
+    pub fn capacity(&self, pod: usize) -> usize {
+        self.pods.get(pod).map_or(self.default_capacity, |lru| lru.capacity)
+    }
+
+    /// Blocks held by one pod.
+    pub fn len(&self, pod: usize) -> usize {
+        self.pods.get(pod).map_or(0, |lru| lru.stamps.len())
+    }
+
+    fn ensure_pod(&mut self, pod: usize) {
+        while self.pods.len() <= pod {
+            self.pods.push(PodLru {
+                capacity: self.default_capacity,
+                ..PodLru::default()
+            });
+        }
+    }
+
+    /// Records that `pod` now holds every block in `hashes` (most recently used).
+    pub fn insert(&mut self, pod: usize, hashes: &[u64]) {
+        self.ensure_pod(pod);
+        let Ok(pod_id) = u32::try_from(pod) else {
+            return;
+        };
+        for &hash in hashes {
+            self.clock += 1;
+            let Some(lru) = self.pods.get_mut(pod) else {
+                return;
+            };
+            if lru.stamps.insert(hash, self.clock).is_none() {
+                self.holders.entry(hash).or_default().push(pod_id);
+            }
+            lru.order.push_back((hash, self.clock));
+        }
+        self.evict_over_capacity(pod);
+        self.compact(pod);
+    }
+
+    fn evict_over_capacity(&mut self, pod: usize) {
+        let Some(lru) = self.pods.get_mut(pod) else {
+            return;
+        };
+        while lru.stamps.len() > lru.capacity {
+            let Some((hash, stamp)) = lru.order.pop_front() else {
+                break;
+            };
+            if lru.stamps.get(&hash) == Some(&stamp) {
+                lru.stamps.remove(&hash);
+                remove_holder(&mut self.holders, hash, pod);
+            }
+        }
+    }
+
+    /// Drops stale order entries once they outnumber live ones, bounding memory.
+    fn compact(&mut self, pod: usize) {
+        let Some(lru) = self.pods.get_mut(pod) else {
+            return;
+        };
+        if lru.order.len() > 2 * lru.stamps.len() + 64 {
+            let stamps = &lru.stamps;
+            lru.order.retain(|(hash, stamp)| stamps.get(hash) == Some(stamp));
+        }
+    }
+
+    /// For each candidate, the number of leading `hashes` it holds. Matching stops at the first
+    /// block no candidate holds.
+    pub fn match_lengths(&self, hashes: &[u64], candidates: &[usize], matched: &mut [usize]) {
+        matched.iter_mut().for_each(|m| *m = 0);
+        for (depth, hash) in hashes.iter().enumerate() {
+            let Some(holders) = self.holders.get(hash) else {
+                return;
+            };
+            let mut extended = false;
+            for (slot, &candidate) in matched.iter_mut().zip(candidates) {
+                if *slot == depth && holders.iter().any(|&h| h as usize == candidate) {
+                    *slot += 1;
+                    extended = true;
+                }
+            }
+            if !extended {
+                return;
+            }
+        }
+    }
+}
+
+fn remove_holder(holders: &mut HashMap<u64, Vec<u32>>, hash: u64, pod: usize) {
+    if let Some(pods) = holders.get_mut(&hash) {
+        pods.retain(|&p| p as usize != pod);
+        if pods.is_empty() {
+            holders.remove(&hash);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn longest_prefix_per_candidate() {
+        let mut index = PrefixIndex::new(100);
+        index.insert(0, &[1, 2, 3]);
+        index.insert(1, &[1, 2]);
+        index.insert(2, &[2, 3]);
+        let mut matched = [0; 3];
+        index.match_lengths(&[1, 2, 3, 4], &[0, 1, 2], &mut matched);
+        assert_eq!(matched, [3, 2, 0]);
+        index.match_lengths(&[9, 1], &[0, 1, 2], &mut matched);
+        assert_eq!(matched, [0, 0, 0]);
+    }
+
+    #[test]
+    fn lru_evicts_oldest_and_forgets_holders() {
+        let mut index = PrefixIndex::new(2);
+        index.insert(0, &[1, 2]);
+        index.insert(0, &[1]);
+        index.insert(0, &[3]);
+        assert_eq!(index.len(0), 2);
+        let mut matched = [0];
+        index.match_lengths(&[2], &[0], &mut matched);
+        assert_eq!(matched, [0], "block 2 was least recently used");
+        index.match_lengths(&[1], &[0], &mut matched);
+        assert_eq!(matched, [1]);
+        assert!(!index.holders.contains_key(&2));
+    }
+
+    #[test]
+    fn memory_stays_bounded_under_repeated_touches() {
+        let mut index = PrefixIndex::new(8);
+        for round in 0..10_000u64 {
+            index.insert(0, &[round % 8]);
+        }
+        assert_eq!(index.len(0), 8);
+        assert!(index.pods[0].order.len() <= 2 * 8 + 64 + 1);
+    }
+
+    #[test]
+    fn shrinking_capacity_evicts() {
+        let mut index = PrefixIndex::new(10);
+        index.insert(3, &[1, 2, 3, 4]);
+        index.set_capacity(3, 2);
+        assert_eq!(index.len(3), 2);
+        assert_eq!(index.capacity(3), 2);
+        assert_eq!(index.capacity(9), 10);
+    }
+}
