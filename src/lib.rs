@@ -11,8 +11,10 @@ pub mod endpoint;
 pub mod error_response;
 pub mod hash;
 pub mod metrics;
+pub mod picker;
 pub mod prometheus;
 pub mod request;
+pub mod request_flow;
 pub mod scheduling;
 
 #[cfg(target_arch = "wasm32")]

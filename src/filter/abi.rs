@@ -1,0 +1,240 @@
+//! The proxy-wasm host calls the filter makes, declared here so that every status the host
+//! returns is handled: the SDK's wrappers panic on statuses they do not expect, and a panic
+//! kills the VM. Statuses come back as raw `u32`, never as an enum the host could overflow.
+
+use crate::request_flow::HostError;
+use proxy_wasm::types::{BufferType, MapType};
+use std::ptr::{null, null_mut};
+
+const OK: u32 = 0;
+const NOT_FOUND: u32 = 1;
+const EMPTY: u32 = 7;
+
+#[allow(clashing_extern_declarations)]
+extern "C" {
+    fn proxy_log(level: u32, message_data: *const u8, message_size: usize) -> u32;
+    fn proxy_get_log_level(return_level: *mut u32) -> u32;
+    fn proxy_get_current_time_nanoseconds(return_time: *mut u64) -> u32;
+    fn proxy_set_tick_period_milliseconds(period: u32) -> u32;
+    fn proxy_get_buffer_bytes(
+        buffer_type: u32,
+        start: usize,
+        max_size: usize,
+        return_data: *mut *mut u8,
+        return_size: *mut usize,
+    ) -> u32;
+    fn proxy_get_header_map_value(
+        map_type: u32,
+        key_data: *const u8,
+        key_size: usize,
+        return_data: *mut *mut u8,
+        return_size: *mut usize,
+    ) -> u32;
+    fn proxy_replace_header_map_value(
+        map_type: u32,
+        key_data: *const u8,
+        key_size: usize,
+        value_data: *const u8,
+        value_size: usize,
+    ) -> u32;
+    fn proxy_send_local_response(
+        status_code: u32,
+        details_data: *const u8,
+        details_size: usize,
+        body_data: *const u8,
+        body_size: usize,
+        headers_data: *const u8,
+        headers_size: usize,
+        grpc_status: i32,
+    ) -> u32;
+    fn proxy_http_call(
+        upstream_data: *const u8,
+        upstream_size: usize,
+        headers_data: *const u8,
+        headers_size: usize,
+        body_data: *const u8,
+        body_size: usize,
+        trailers_data: *const u8,
+        trailers_size: usize,
+        timeout_milliseconds: u32,
+        return_token: *mut u32,
+    ) -> u32;
+}
+
+fn check(call: &'static str, status: u32) -> Result<(), HostError> {
+    if status == OK {
+        Ok(())
+    } else {
+        Err(HostError { call, status })
+    }
+}
+
+/// Takes ownership of a buffer the host allocated through the module's allocator.
+///
+/// # Safety
+/// `data` must be null or come from `proxy_on_memory_allocate` with exactly `size` bytes.
+unsafe fn take_host_buffer(data: *mut u8, size: usize) -> Vec<u8> {
+    if data.is_null() || size == 0 {
+        return Vec::new();
+    }
+    Vec::from_raw_parts(data, size, size)
+}
+
+pub fn log(level: u32, message: &str) {
+    // Nothing sensible to do if logging itself fails.
+    let _ = unsafe { proxy_log(level, message.as_ptr(), message.len()) };
+}
+
+/// The host's log level (0 trace .. 5 critical).
+pub fn log_level() -> Result<u32, HostError> {
+    let mut level = 0u32;
+    check("proxy_get_log_level", unsafe { proxy_get_log_level(&mut level) })?;
+    Ok(level)
+}
+
+pub fn current_time_ms() -> Result<u64, HostError> {
+    let mut nanos = 0u64;
+    check("proxy_get_current_time_nanoseconds", unsafe {
+        proxy_get_current_time_nanoseconds(&mut nanos)
+    })?;
+    Ok(nanos / 1_000_000)
+}
+
+pub fn set_tick_period_ms(period: u32) -> Result<(), HostError> {
+    check("proxy_set_tick_period_milliseconds", unsafe {
+        proxy_set_tick_period_milliseconds(period)
+    })
+}
+
+/// Bytes `[start, start + max_size)` of a buffer; an absent or empty buffer is empty.
+pub fn buffer(buffer_type: BufferType, start: usize, max_size: usize) -> Result<Vec<u8>, HostError> {
+    let mut data = null_mut();
+    let mut size = 0usize;
+    let status = unsafe { proxy_get_buffer_bytes(buffer_type as u32, start, max_size, &mut data, &mut size) };
+    match status {
+        OK => Ok(unsafe { take_host_buffer(data, size) }),
+        NOT_FOUND | EMPTY => Ok(Vec::new()),
+        status => Err(HostError {
+            call: "proxy_get_buffer_bytes",
+            status,
+        }),
+    }
+}
+
+pub fn header(map_type: MapType, name: &str) -> Result<Option<Vec<u8>>, HostError> {
+    let mut data = null_mut();
+    let mut size = 0usize;
+    let status = unsafe { proxy_get_header_map_value(map_type as u32, name.as_ptr(), name.len(), &mut data, &mut size) };
+    match status {
+        OK => Ok(Some(unsafe { take_host_buffer(data, size) })),
+        NOT_FOUND => Ok(None),
+        status => Err(HostError {
+            call: "proxy_get_header_map_value",
+            status,
+        }),
+    }
+}
+
+pub fn replace_header(map_type: MapType, name: &str, value: &str) -> Result<(), HostError> {
+    check("proxy_replace_header_map_value", unsafe {
+        proxy_replace_header_map_value(map_type as u32, name.as_ptr(), name.len(), value.as_ptr(), value.len())
+    })
+}
+
+pub fn send_local_response(status: u16, headers: &[(&str, &str)], body: &[u8]) -> Result<(), HostError> {
+    let headers = serialize_pairs(headers);
+    let details = "inference_picker";
+    check("proxy_send_local_response", unsafe {
+        proxy_send_local_response(
+            u32::from(status),
+            details.as_ptr(),
+            details.len(),
+            body.as_ptr(),
+            body.len(),
+            headers.as_ptr(),
+            headers.len(),
+            -1,
+        )
+    })
+}
+
+/// Starts an HTTP callout; the answer arrives in `on_http_call_response` with the token.
+pub fn http_call(cluster: &str, headers: &[(&str, &str)], timeout_ms: u32) -> Result<u32, HostError> {
+    let headers = serialize_pairs(headers);
+    let trailers = serialize_pairs(&[]);
+    let mut token = 0u32;
+    check("proxy_http_call", unsafe {
+        proxy_http_call(
+            cluster.as_ptr(),
+            cluster.len(),
+            headers.as_ptr(),
+            headers.len(),
+            null(),
+            0,
+            trailers.as_ptr(),
+            trailers.len(),
+            timeout_ms,
+            &mut token,
+        )
+    })?;
+    Ok(token)
+}
+
+/// The proxy-wasm map encoding: count, then (key length, value length) pairs, then the
+/// NUL-terminated keys and values.
+fn serialize_pairs(pairs: &[(&str, &str)]) -> Vec<u8> {
+    let text_len: usize = pairs.iter().map(|(k, v)| k.len() + v.len() + 2).sum();
+    let mut bytes = Vec::with_capacity(4 + pairs.len() * 8 + text_len);
+    bytes.extend_from_slice(&(pairs.len() as u32).to_le_bytes());
+    for (key, value) in pairs {
+        bytes.extend_from_slice(&(key.len() as u32).to_le_bytes());
+        bytes.extend_from_slice(&(value.len() as u32).to_le_bytes());
+    }
+    for (key, value) in pairs {
+        bytes.extend_from_slice(key.as_bytes());
+        bytes.push(0);
+        bytes.extend_from_slice(value.as_bytes());
+        bytes.push(0);
+    }
+    bytes
+}
+
+/// A `log` backend over `proxy_log` that never fails.
+pub struct HostLogger;
+
+pub static LOGGER: HostLogger = HostLogger;
+
+impl log::Log for HostLogger {
+    fn enabled(&self, metadata: &log::Metadata) -> bool {
+        metadata.level() <= log::max_level()
+    }
+
+    fn log(&self, record: &log::Record) {
+        if self.enabled(record.metadata()) {
+            let level = match record.level() {
+                log::Level::Trace => 0,
+                log::Level::Debug => 1,
+                log::Level::Info => 2,
+                log::Level::Warn => 3,
+                log::Level::Error => 4,
+            };
+            log(level, &record.args().to_string());
+        }
+    }
+
+    fn flush(&self) {}
+}
+
+/// Mirrors the host's log level so disabled debug lines cost nothing to skip.
+pub fn sync_log_level() {
+    let filter = match log_level() {
+        Ok(0) => log::LevelFilter::Trace,
+        Ok(1) => log::LevelFilter::Debug,
+        Ok(2) => log::LevelFilter::Info,
+        Ok(3) => log::LevelFilter::Warn,
+        Ok(4) => log::LevelFilter::Error,
+        Ok(_) => log::LevelFilter::Off,
+        Err(_) => log::LevelFilter::Info,
+    };
+    log::set_max_level(filter);
+}

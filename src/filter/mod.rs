@@ -1,0 +1,288 @@
+//! The host edge: proxy-wasm root and HTTP contexts that feed the pure [`Picker`] and
+//! [`RequestFlow`] with ticks, scrape results and request events. Nothing here decides.
+
+mod abi;
+
+use crate::config;
+use crate::picker::{duration_ms, Picker};
+use crate::request_flow::{Flow, HostError, HttpHost, Outcome, RequestFlow, DESTINATION_HEADER};
+use hashbrown::HashMap;
+use proxy_wasm::traits::{Context, HttpContext, RootContext};
+use proxy_wasm::types::{Action, BufferType, ContextType, MapType};
+use std::cell::RefCell;
+use std::rc::Rc;
+
+proxy_wasm::main! {{
+    let _ = log::set_logger(&abi::LOGGER);
+    log::set_max_level(log::LevelFilter::Info);
+    proxy_wasm::set_root_context(|context_id| -> Box<dyn RootContext> { Box::new(PickerRoot::new(context_id)) });
+}}
+
+type SharedPicker = Rc<RefCell<Picker>>;
+
+struct PickerRoot {
+    context_id: u32,
+    picker: Option<SharedPicker>,
+    /// Callout token -> endpoint index being scraped.
+    scrapes: HashMap<u32, usize>,
+    targets: Vec<usize>,
+    last_tick_ms: u64,
+}
+
+impl PickerRoot {
+    fn new(context_id: u32) -> Self {
+        PickerRoot {
+            context_id,
+            picker: None,
+            scrapes: HashMap::new(),
+            targets: Vec::new(),
+            last_tick_ms: 0,
+        }
+    }
+
+    fn dispatch_scrapes(&mut self, picker: &mut Picker) {
+        picker.take_scrape_targets(&mut self.targets);
+        let settings = picker.settings();
+        let timeout = u32::try_from(duration_ms(settings.metrics_timeout)).unwrap_or(u32::MAX);
+        let mut unsent = Vec::new();
+        for &index in &self.targets {
+            let Some(address) = picker.address(index) else {
+                continue;
+            };
+            let headers = [
+                (":method", "GET"),
+                (":path", settings.metrics_path.as_str()),
+                (":authority", address),
+                (DESTINATION_HEADER, address),
+                ("accept", "text/plain"),
+            ];
+            match abi::http_call(&settings.metrics_cluster, &headers, timeout) {
+                Ok(token) => {
+                    self.scrapes.insert(token, index);
+                }
+                Err(error) => {
+                    log::warn!("inference-picker: scrape of {address} not sent: {error}");
+                    unsent.push(index);
+                }
+            }
+        }
+        for index in unsent {
+            picker.on_scrape_failed(index);
+        }
+    }
+}
+
+impl Context for PickerRoot {
+    fn on_http_call_response(&mut self, token: u32, num_headers: usize, body_size: usize, _trailers: usize) {
+        let Some(index) = self.scrapes.remove(&token) else {
+            return;
+        };
+        let Some(picker) = &self.picker else {
+            return;
+        };
+        let Ok(mut picker) = picker.try_borrow_mut() else {
+            return;
+        };
+        let status = if num_headers == 0 {
+            None
+        } else {
+            abi::header(MapType::HttpCallResponseHeaders, ":status").ok().flatten()
+        };
+        let address = picker.address(index).unwrap_or("?").to_owned();
+        if status.as_deref() != Some(b"200".as_slice()) {
+            let shown = status.map_or("no response (timeout or reset)".to_owned(), |s| {
+                format!("status {}", String::from_utf8_lossy(&s))
+            });
+            log::debug!("inference-picker: scrape of {address} failed: {shown}");
+            picker.on_scrape_failed(index);
+            return;
+        }
+        match abi::buffer(BufferType::HttpCallResponseBody, 0, body_size) {
+            Ok(body) => {
+                let text = String::from_utf8_lossy(&body);
+                if let Err(error) = picker.on_scrape_ok(index, self.last_tick_ms, &text) {
+                    log::debug!("inference-picker: scrape of {address}: {error}");
+                }
+            }
+            Err(error) => {
+                log::warn!("inference-picker: reading scrape of {address}: {error}");
+                picker.on_scrape_failed(index);
+            }
+        }
+    }
+}
+
+impl RootContext for PickerRoot {
+    fn on_configure(&mut self, configuration_size: usize) -> bool {
+        abi::sync_log_level();
+        let text = match abi::buffer(BufferType::PluginConfiguration, 0, configuration_size) {
+            Ok(bytes) => bytes,
+            Err(error) => {
+                log::error!("inference-picker: reading the configuration: {error}");
+                return false;
+            }
+        };
+        let Ok(text) = std::str::from_utf8(&text) else {
+            log::error!("inference-picker: invalid configuration: it is not UTF-8 text");
+            return false;
+        };
+        let now_ms = abi::current_time_ms().unwrap_or(0);
+        let seed = now_ms ^ (u64::from(self.context_id) << 32);
+        let loaded = match config::load(text, seed) {
+            Ok(loaded) => loaded,
+            Err(error) => {
+                log::error!("inference-picker: {error}");
+                return false;
+            }
+        };
+        for warning in &loaded.warnings {
+            log::warn!("inference-picker: {warning}");
+        }
+        let interval = u32::try_from(duration_ms(loaded.pool.refresh_metrics_interval)).unwrap_or(u32::MAX);
+        if let Err(error) = abi::set_tick_period_ms(interval) {
+            log::error!("inference-picker: cannot start the metrics tick: {error}");
+            return false;
+        }
+        let endpoints = loaded.pool.endpoints.len();
+        self.picker = Some(Rc::new(RefCell::new(Picker::new(loaded))));
+        self.scrapes.clear();
+        log::info!("inference-picker: configured with {endpoints} endpoints, scraping every {interval}ms");
+        true
+    }
+
+    fn on_tick(&mut self) {
+        abi::sync_log_level();
+        self.last_tick_ms = abi::current_time_ms().unwrap_or(self.last_tick_ms);
+        let Some(shared) = self.picker.clone() else {
+            return;
+        };
+        let Ok(mut picker) = shared.try_borrow_mut() else {
+            return;
+        };
+        let (transitions, all_unfresh) = picker.on_tick(self.last_tick_ms);
+        for transition in transitions {
+            log::warn!(
+                "inference-picker: endpoint {} is now {:?} (was {:?})",
+                transition.address,
+                transition.to,
+                transition.from
+            );
+        }
+        match all_unfresh {
+            Some(true) => log::warn!("inference-picker: no endpoint has fresh metrics; routing by in-flight requests"),
+            Some(false) => log::info!("inference-picker: fresh metrics again; scoring resumes"),
+            None => {}
+        }
+        self.dispatch_scrapes(&mut picker);
+    }
+
+    fn create_http_context(&self, _context_id: u32) -> Option<Box<dyn HttpContext>> {
+        Some(Box::new(PickerHttp {
+            picker: self.picker.clone(),
+            flow: RequestFlow::default(),
+        }))
+    }
+
+    fn get_type(&self) -> Option<ContextType> {
+        Some(ContextType::HttpContext)
+    }
+}
+
+/// The request-side host calls, for [`RequestFlow`].
+struct EnvoyRequest;
+
+impl HttpHost for EnvoyRequest {
+    fn request_header(&self, name: &str) -> Option<Vec<u8>> {
+        abi::header(MapType::HttpRequestHeaders, name).ok().flatten()
+    }
+
+    fn set_request_header(&self, name: &str, value: &str) -> Result<(), HostError> {
+        abi::replace_header(MapType::HttpRequestHeaders, name, value)
+    }
+
+    fn request_body(&self, size: usize) -> Result<Vec<u8>, HostError> {
+        abi::buffer(BufferType::HttpRequestBody, 0, size)
+    }
+
+    fn send_local_reply(&self, status: u16, json_body: &[u8]) -> Result<(), HostError> {
+        abi::send_local_response(status, &[("content-type", "application/json")], json_body)
+    }
+}
+
+struct PickerHttp {
+    picker: Option<SharedPicker>,
+    flow: RequestFlow,
+}
+
+impl PickerHttp {
+    fn run(&mut self, step: impl FnOnce(&mut RequestFlow, &mut Picker) -> Flow) -> Action {
+        let Some(shared) = &self.picker else {
+            return self.unavailable();
+        };
+        let Ok(mut picker) = shared.try_borrow_mut() else {
+            return self.unavailable();
+        };
+        let was_pending = self.flow.outcome == Outcome::Pending;
+        let flow = step(&mut self.flow, &mut picker);
+        if was_pending {
+            log_decision(&self.flow.outcome, &picker);
+        }
+        match flow {
+            Flow::Continue => Action::Continue,
+            Flow::Pause => Action::Pause,
+        }
+    }
+
+    fn unavailable(&self) -> Action {
+        let error = crate::error_response::RequestError::NoEndpoint("the endpoint picker is not configured".into());
+        let _ = EnvoyRequest.send_local_reply(error.status(), &error.to_json());
+        Action::Pause
+    }
+}
+
+fn log_decision(outcome: &Outcome, picker: &Picker) {
+    match outcome {
+        Outcome::Pending => {}
+        Outcome::Routed(routed) if log::log_enabled!(log::Level::Debug) => {
+            let request_id = EnvoyRequest.request_header("x-request-id").unwrap_or_default();
+            log::debug!(
+                "inference-picker: decision request_id={} model={:?} picked={} degraded={} {}",
+                String::from_utf8_lossy(&request_id),
+                routed.model,
+                routed.destination,
+                routed.degraded,
+                if routed.degraded { String::new() } else { picker.explain_last() }
+            );
+        }
+        Outcome::Routed(_) => {}
+        Outcome::Rejected(error) => {
+            if log::log_enabled!(log::Level::Debug) {
+                let request_id = EnvoyRequest.request_header("x-request-id").unwrap_or_default();
+                log::debug!(
+                    "inference-picker: rejected request_id={} {error}",
+                    String::from_utf8_lossy(&request_id)
+                );
+            }
+        }
+    }
+}
+
+impl Context for PickerHttp {}
+
+impl HttpContext for PickerHttp {
+    fn on_http_request_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Action {
+        self.run(|flow, picker| flow.on_headers(&EnvoyRequest, picker, end_of_stream))
+    }
+
+    fn on_http_request_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
+        self.run(|flow, picker| flow.on_body(&EnvoyRequest, picker, body_size, end_of_stream))
+    }
+
+    fn on_log(&mut self) {
+        if let Some(shared) = &self.picker {
+            if let Ok(mut picker) = shared.try_borrow_mut() {
+                self.flow.on_done(&mut picker);
+            }
+        }
+    }
+}

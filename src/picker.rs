@@ -1,0 +1,282 @@
+//! The picker's state inside one VM: the pool, the scheduler and the scrape bookkeeping.
+//! Plain data in, plain data out; the host edge feeds it ticks, scrape bodies and requests.
+
+use crate::config::{FilterConfig, PoolConfig};
+use crate::endpoint::{EndpointState, Health, HealthTransition, Pool};
+use crate::error_response::RequestError;
+use crate::metrics::{self, ExtractError, MetricSelector};
+use crate::request::{parse_body, ApiKind, InferenceRequest};
+use crate::scheduling::{ScheduleError, Scheduler, SchedulingContext};
+
+/// The routing outcome handed back to the host edge.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Routed {
+    /// `ip:port[,ip:port...]`, primary first: the destination header and metadata value.
+    pub destination: String,
+    /// Pool index of the primary endpoint, whose in-flight count was raised.
+    pub primary: usize,
+    pub model: String,
+    /// Set when no endpoint had fresh metrics.
+    pub degraded: bool,
+}
+
+pub struct Picker {
+    pool: Pool,
+    scheduler: Scheduler,
+    settings: PoolConfig,
+    selectors: Vec<MetricSelector>,
+    /// Per endpoint: a scrape is in flight, so the next tick does not pile another on.
+    scrape_pending: Vec<bool>,
+    all_unfresh: bool,
+}
+
+impl Picker {
+    pub fn new(config: FilterConfig) -> Self {
+        let endpoints: Vec<EndpointState> = config
+            .pool
+            .canonical_endpoints()
+            .into_iter()
+            .map(|(address, labels)| EndpointState::new(address, labels))
+            .collect();
+        let count = endpoints.len();
+        Picker {
+            pool: Pool::new(endpoints),
+            scheduler: config.scheduler,
+            settings: config.pool,
+            selectors: config.metric_selectors,
+            scrape_pending: vec![false; count],
+            all_unfresh: false,
+        }
+    }
+
+    pub fn pool(&self) -> &Pool {
+        &self.pool
+    }
+
+    pub fn settings(&self) -> &PoolConfig {
+        &self.settings
+    }
+
+    pub fn scheduler(&self) -> &Scheduler {
+        &self.scheduler
+    }
+
+    /// Recomputes health; returns the transitions worth a log line, plus a pool-wide one when
+    /// the pool enters or leaves the "no fresh metrics anywhere" state.
+    pub fn on_tick(&mut self, now_ms: u64) -> (Vec<HealthTransition>, Option<bool>) {
+        let staleness = duration_ms(self.settings.metrics_staleness_threshold);
+        let transitions = self.pool.refresh_health(now_ms, staleness);
+        let all_unfresh = !self.pool.endpoints.iter().any(|e| e.health == Health::Fresh);
+        let changed = (all_unfresh != self.all_unfresh).then_some(all_unfresh);
+        self.all_unfresh = all_unfresh;
+        (transitions, changed)
+    }
+
+    /// Endpoints to scrape now (those without a scrape already in flight), marked pending.
+    pub fn take_scrape_targets(&mut self, out: &mut Vec<usize>) {
+        out.clear();
+        for (index, pending) in self.scrape_pending.iter_mut().enumerate() {
+            if !*pending {
+                *pending = true;
+                out.push(index);
+            }
+        }
+    }
+
+    pub fn address(&self, index: usize) -> Option<&str> {
+        self.pool.get(index).map(|e| e.address.as_str())
+    }
+
+    /// A scrape answered 200 with `body`.
+    pub fn on_scrape_ok(&mut self, index: usize, now_ms: u64, body: &str) -> Result<(), ExtractError> {
+        self.clear_pending(index);
+        let Some(endpoint) = self.pool.get(index) else {
+            return Ok(());
+        };
+        match metrics::extract(endpoint.engine, body, &self.selectors) {
+            Ok((snapshot, _)) => {
+                self.pool.record_scrape_ok(index, now_ms, snapshot);
+                Ok(())
+            }
+            Err(error) => {
+                self.pool.record_scrape_failure(index);
+                Err(error)
+            }
+        }
+    }
+
+    /// A scrape could not be sent, timed out, or answered non-200.
+    pub fn on_scrape_failed(&mut self, index: usize) {
+        self.clear_pending(index);
+        self.pool.record_scrape_failure(index);
+    }
+
+    fn clear_pending(&mut self, index: usize) {
+        if let Some(pending) = self.scrape_pending.get_mut(index) {
+            *pending = false;
+        }
+    }
+
+    /// Parses the body (if the API has one) and picks the endpoints. On success the primary's
+    /// in-flight count is raised; the caller must `release` it when the request ends.
+    pub fn route(&mut self, api: ApiKind, body: Option<&[u8]>) -> Result<Routed, RequestError> {
+        let request = match (api.is_inference(), body) {
+            (true, Some(body)) => {
+                if body.len() > self.settings.max_request_body_bytes {
+                    return Err(RequestError::BodyTooLarge {
+                        limit: self.settings.max_request_body_bytes,
+                    });
+                }
+                parse_body(api, body)?
+            }
+            (true, None) => parse_body(api, &[])?,
+            (false, _) => InferenceRequest::empty(),
+        };
+        self.route_parsed(&request)
+    }
+
+    pub fn route_parsed(&mut self, request: &InferenceRequest) -> Result<Routed, RequestError> {
+        let ctx = SchedulingContext {
+            request,
+            pool: &self.pool,
+        };
+        let decision = self.scheduler.schedule(&ctx).map_err(|error| match error {
+            ScheduleError::NoReachableEndpoint => RequestError::NoEndpoint(error.to_string()),
+            ScheduleError::FilteredOut { .. } => RequestError::TooManyRequests(error.to_string()),
+        })?;
+        let targets = decision.targets();
+        let primary = *targets
+            .first()
+            .ok_or_else(|| RequestError::NoEndpoint("the scheduler picked no endpoint".into()))?;
+        let mut destination = String::with_capacity(24 * targets.len());
+        for (i, &target) in targets.iter().enumerate() {
+            if let Some(address) = self.address(target) {
+                if i > 0 {
+                    destination.push(',');
+                }
+                destination.push_str(address);
+            }
+        }
+        self.pool.add_in_flight(primary);
+        Ok(Routed {
+            destination,
+            primary,
+            model: request.model.clone(),
+            degraded: decision.degraded,
+        })
+    }
+
+    /// The request routed to `index` ended (completed, reset or failed).
+    pub fn release(&mut self, index: usize) {
+        self.pool.release_in_flight(index);
+    }
+
+    /// Every scorer's score for the last decision, for the debug log.
+    pub fn explain_last(&self) -> String {
+        self.scheduler.explain(&self.pool)
+    }
+}
+
+pub fn duration_ms(value: std::time::Duration) -> u64 {
+    u64::try_from(value.as_millis()).unwrap_or(u64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::load;
+
+    const CONFIG: &str = "
+plugins:
+- type: queue-scorer
+- type: kv-cache-utilization-scorer
+- type: max-score-picker
+  parameters: {maxNumOfEndpoints: 2}
+pool:
+  endpoints:
+  - address: 10.0.0.1:8000
+  - address: 10.0.0.2:8000
+  - address: 10.0.0.3:8000
+";
+
+    fn picker() -> Picker {
+        Picker::new(load(CONFIG, 7).unwrap())
+    }
+
+    fn scrape(picker: &mut Picker, index: usize, queue: u32, kv: f64) {
+        let body = format!("vllm:num_requests_waiting {queue}\nvllm:kv_cache_usage_perc {kv}\n");
+        picker.on_scrape_ok(index, 1000, &body).unwrap();
+    }
+
+    const BODY: &[u8] = br#"{"model":"m","prompt":"hi"}"#;
+
+    #[test]
+    fn routes_to_shortest_queue_with_fallback_list() {
+        let mut picker = picker();
+        scrape(&mut picker, 0, 5, 0.1);
+        scrape(&mut picker, 1, 0, 0.9);
+        scrape(&mut picker, 2, 2, 0.1);
+        picker.on_tick(1000);
+        let routed = picker.route(ApiKind::Completions, Some(BODY)).unwrap();
+        // queue: 0.0, 1.0, 0.6; kv: 0.9, 0.1, 0.9 -> totals 0.9, 1.1, 1.5
+        assert_eq!(routed.destination, "10.0.0.3:8000,10.0.0.2:8000");
+        assert_eq!(routed.primary, 2);
+        assert_eq!(picker.pool().endpoints[2].in_flight, 1);
+        picker.release(2);
+        assert_eq!(picker.pool().endpoints[2].in_flight, 0);
+    }
+
+    #[test]
+    fn scrape_failures_and_staleness_remove_endpoints() {
+        let mut picker = picker();
+        scrape(&mut picker, 0, 0, 0.0);
+        scrape(&mut picker, 1, 9, 0.9);
+        picker.on_scrape_failed(2);
+        picker.on_tick(1000);
+        for _ in 0..20 {
+            let routed = picker.route(ApiKind::Completions, Some(BODY)).unwrap();
+            assert!(!routed.destination.contains("10.0.0.3"), "{}", routed.destination);
+        }
+        // All metrics stale: still routed, to a reachable endpoint, flagged degraded.
+        let (_, all_unfresh) = picker.on_tick(10_000);
+        assert_eq!(all_unfresh, Some(true));
+        let routed = picker.route(ApiKind::Completions, Some(BODY)).unwrap();
+        assert!(routed.degraded);
+        assert_ne!(routed.primary, 2);
+        picker.on_scrape_failed(0);
+        picker.on_scrape_failed(1);
+        picker.on_tick(10_000);
+        let error = picker.route(ApiKind::Completions, Some(BODY)).unwrap_err();
+        assert_eq!(error.status(), 503);
+    }
+
+    #[test]
+    fn bad_bodies_are_client_errors_and_take_no_slot() {
+        let mut picker = picker();
+        scrape(&mut picker, 0, 0, 0.0);
+        picker.on_tick(1000);
+        assert_eq!(picker.route(ApiKind::ChatCompletions, Some(b"{")).unwrap_err().status(), 400);
+        assert_eq!(picker.route(ApiKind::ChatCompletions, None).unwrap_err().status(), 400);
+        assert!(picker.pool().endpoints.iter().all(|e| e.in_flight == 0));
+        assert!(picker.route(ApiKind::Other, None).is_ok(), "GET /v1/models is routed");
+    }
+
+    #[test]
+    fn non_model_server_scrape_counts_as_failure() {
+        let mut picker = picker();
+        assert!(picker.on_scrape_ok(0, 1000, "up 1\n").is_err());
+        picker.on_tick(1000);
+        assert_eq!(picker.pool().endpoints[0].health, Health::Unreachable);
+    }
+
+    #[test]
+    fn scrape_targets_skip_pending_ones() {
+        let mut picker = picker();
+        let mut targets = Vec::new();
+        picker.take_scrape_targets(&mut targets);
+        assert_eq!(targets, [0, 1, 2]);
+        scrape(&mut picker, 1, 0, 0.0);
+        picker.take_scrape_targets(&mut targets);
+        assert_eq!(targets, [1]);
+    }
+}
