@@ -16,12 +16,16 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
     while !rest.is_empty() {
         let number_len = rest
             .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-            .ok_or_else(|| format!("duration {text:?} has a number without a unit (e.g. 50ms, 2s)"))?;
+            .ok_or_else(|| {
+                format!("duration {text:?} has a number without a unit (e.g. 50ms, 2s)")
+            })?;
         let (number, tail) = rest.split_at(number_len);
         let value: f64 = number
             .parse()
             .map_err(|_| format!("duration {text:?} has a bad number {number:?}"))?;
-        let unit_len = tail.find(|c: char| c.is_ascii_digit() || c == '.').unwrap_or(tail.len());
+        let unit_len = tail
+            .find(|c: char| c.is_ascii_digit() || c == '.')
+            .unwrap_or(tail.len());
         let (unit, next) = tail.split_at(unit_len);
         let nanos_per_unit = match unit {
             "ns" => 1.0,

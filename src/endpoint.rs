@@ -1,6 +1,6 @@
 //! Pool members: their identity, labels, latest metrics, health and the filter's own load.
 
-use crate::metrics::{Engine, EndpointMetrics};
+use crate::metrics::{EndpointMetrics, Engine};
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 
@@ -169,7 +169,10 @@ mod tests {
 
     #[test]
     fn canonical_addresses() {
-        assert_eq!(canonical_address("10.0.0.7:8000").as_deref(), Ok("10.0.0.7:8000"));
+        assert_eq!(
+            canonical_address("10.0.0.7:8000").as_deref(),
+            Ok("10.0.0.7:8000")
+        );
         assert_eq!(canonical_address("[::1]:8000").as_deref(), Ok("[::1]:8000"));
         assert_eq!(canonical_address("[0:0::1]:80").as_deref(), Ok("[::1]:80"));
         assert!(canonical_address("::1:8000").is_err());

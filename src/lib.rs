@@ -2,7 +2,10 @@
 //!
 //! Everything except [`filter`] is a pure core: it takes plain data, returns plain data and is
 //! tested natively. [`filter`] is the only module that talks to the proxy-wasm host.
-#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used, clippy::panic))]
+#![cfg_attr(
+    not(test),
+    deny(clippy::unwrap_used, clippy::expect_used, clippy::panic)
+)]
 #![deny(clippy::indexing_slicing)]
 
 pub mod config;

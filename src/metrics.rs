@@ -93,7 +93,10 @@ pub struct EndpointMetrics {
 /// Why a scrape body yielded no usable metrics.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ExtractError {
-    NoEngineMetrics { engine: Engine, malformed_lines: usize },
+    NoEngineMetrics {
+        engine: Engine,
+        malformed_lines: usize,
+    },
 }
 
 impl std::fmt::Display for ExtractError {
@@ -244,11 +247,21 @@ vllm:cache_config_info{block_size=\"16\",num_gpu_blocks=\"4096\"} 1
     fn sglang_and_trtllm_names() {
         let text = "sglang:num_queue_reqs 4\nsglang:num_running_reqs 2\nsglang:token_usage 0.5\n";
         let (metrics, _) = extract(Engine::Sglang, text, &[]).unwrap();
-        assert_eq!((metrics.waiting_queue, metrics.running_requests, metrics.kv_cache_usage), (4.0, 2.0, 0.5));
+        assert_eq!(
+            (
+                metrics.waiting_queue,
+                metrics.running_requests,
+                metrics.kv_cache_usage
+            ),
+            (4.0, 2.0, 0.5)
+        );
         let text = "trtllm_num_requests_waiting 1\ntrtllm_kv_cache_utilization 0.25\n";
         let (metrics, _) = extract(Engine::TrtllmServe, text, &[]).unwrap();
         assert_eq!((metrics.waiting_queue, metrics.kv_cache_usage), (1.0, 0.25));
-        assert_eq!(Engine::from_label(Some("trtllm-serve")), Engine::TrtllmServe);
+        assert_eq!(
+            Engine::from_label(Some("trtllm-serve")),
+            Engine::TrtllmServe
+        );
         assert_eq!(Engine::from_label(Some("unknown")), Engine::Vllm);
     }
 
@@ -262,7 +275,14 @@ vllm:cache_config_info{block_size=\"16\",num_gpu_blocks=\"4096\"} 1
     fn out_of_range_values_are_tamed() {
         let text = "vllm:num_requests_waiting NaN\nvllm:kv_cache_usage_perc 7\nvllm:num_requests_running -3\n";
         let (metrics, _) = extract(Engine::Vllm, text, &[]).unwrap();
-        assert_eq!((metrics.waiting_queue, metrics.running_requests, metrics.kv_cache_usage), (0.0, 0.0, 1.0));
+        assert_eq!(
+            (
+                metrics.waiting_queue,
+                metrics.running_requests,
+                metrics.kv_cache_usage
+            ),
+            (0.0, 0.0, 1.0)
+        );
     }
 
     #[test]

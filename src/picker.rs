@@ -66,7 +66,11 @@ impl Picker {
     pub fn on_tick(&mut self, now_ms: u64) -> (Vec<HealthTransition>, Option<bool>) {
         let staleness = duration_ms(self.settings.metrics_staleness_threshold);
         let transitions = self.pool.refresh_health(now_ms, staleness);
-        let all_unfresh = !self.pool.endpoints.iter().any(|e| e.health == Health::Fresh);
+        let all_unfresh = !self
+            .pool
+            .endpoints
+            .iter()
+            .any(|e| e.health == Health::Fresh);
         let changed = (all_unfresh != self.all_unfresh).then_some(all_unfresh);
         self.all_unfresh = all_unfresh;
         (transitions, changed)
@@ -88,7 +92,12 @@ impl Picker {
     }
 
     /// A scrape answered 200 with `body`.
-    pub fn on_scrape_ok(&mut self, index: usize, now_ms: u64, body: &str) -> Result<(), ExtractError> {
+    pub fn on_scrape_ok(
+        &mut self,
+        index: usize,
+        now_ms: u64,
+        body: &str,
+    ) -> Result<(), ExtractError> {
         self.clear_pending(index);
         let Some(endpoint) = self.pool.get(index) else {
             return Ok(());
@@ -235,7 +244,11 @@ pool:
         picker.on_tick(1000);
         for _ in 0..20 {
             let routed = picker.route(ApiKind::Completions, Some(BODY)).unwrap();
-            assert!(!routed.destination.contains("10.0.0.3"), "{}", routed.destination);
+            assert!(
+                !routed.destination.contains("10.0.0.3"),
+                "{}",
+                routed.destination
+            );
         }
         // All metrics stale: still routed, to a reachable endpoint, flagged degraded.
         let (_, all_unfresh) = picker.on_tick(10_000);
@@ -255,10 +268,25 @@ pool:
         let mut picker = picker();
         scrape(&mut picker, 0, 0, 0.0);
         picker.on_tick(1000);
-        assert_eq!(picker.route(ApiKind::ChatCompletions, Some(b"{")).unwrap_err().status(), 400);
-        assert_eq!(picker.route(ApiKind::ChatCompletions, None).unwrap_err().status(), 400);
+        assert_eq!(
+            picker
+                .route(ApiKind::ChatCompletions, Some(b"{"))
+                .unwrap_err()
+                .status(),
+            400
+        );
+        assert_eq!(
+            picker
+                .route(ApiKind::ChatCompletions, None)
+                .unwrap_err()
+                .status(),
+            400
+        );
         assert!(picker.pool().endpoints.iter().all(|e| e.in_flight == 0));
-        assert!(picker.route(ApiKind::Other, None).is_ok(), "GET /v1/models is routed");
+        assert!(
+            picker.route(ApiKind::Other, None).is_ok(),
+            "GET /v1/models is routed"
+        );
     }
 
     #[test]

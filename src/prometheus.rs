@@ -19,7 +19,9 @@ pub struct Sample<'a> {
 impl<'a> Sample<'a> {
     /// The value of one label, unescaped.
     pub fn label(&self, key: &str) -> Option<Cow<'a, str>> {
-        self.labels().find(|(name, _)| *name == key).map(|(_, value)| value)
+        self.labels()
+            .find(|(name, _)| *name == key)
+            .map(|(_, value)| value)
     }
 
     /// All labels in order, values unescaped.
@@ -98,7 +100,11 @@ fn parse_sample_line(line: &str) -> Option<Sample<'_>> {
 fn split_labels(inner: &str) -> Option<(&str, &str)> {
     let mut labels = Labels { rest: inner };
     loop {
-        let trimmed = labels.rest.trim_start().trim_start_matches(',').trim_start();
+        let trimmed = labels
+            .rest
+            .trim_start()
+            .trim_start_matches(',')
+            .trim_start();
         if let Some(after) = trimmed.strip_prefix('}') {
             let consumed = inner.len() - trimmed.len();
             return Some((inner.get(..consumed)?, after));
@@ -116,7 +122,12 @@ fn parse_value(text: &str) -> Option<f64> {
         "NaN" => Some(f64::NAN),
         "+Inf" | "Inf" => Some(f64::INFINITY),
         "-Inf" => Some(f64::NEG_INFINITY),
-        _ if text.bytes().all(|b| b.is_ascii_digit() || b"+-.eE".contains(&b)) => text.parse().ok(),
+        _ if text
+            .bytes()
+            .all(|b| b.is_ascii_digit() || b"+-.eE".contains(&b)) =>
+        {
+            text.parse().ok()
+        }
         _ => None,
     }
 }
@@ -139,7 +150,12 @@ impl<'a> Labels<'a> {
     fn parse_pair(&mut self, text: &'a str) -> Option<(&'a str, Cow<'a, str>)> {
         let eq = text.find('=')?;
         let name = text.get(..eq)?.trim();
-        if name.is_empty() || !name.chars().enumerate().all(|(i, c)| is_name_char(c, i == 0) && c != ':') {
+        if name.is_empty()
+            || !name
+                .chars()
+                .enumerate()
+                .all(|(i, c)| is_name_char(c, i == 0) && c != ':')
+        {
             return None;
         }
         let quoted = text.get(eq + 1..)?.trim_start().strip_prefix('"')?;
@@ -177,7 +193,8 @@ fn read_quoted(text: &str) -> Option<(Cow<'_, str>, &str)> {
             }
             '\\' => {
                 let (_, escaped) = chars.next()?;
-                let owned = decoded.get_or_insert_with(|| text.get(..index).unwrap_or("").to_owned());
+                let owned =
+                    decoded.get_or_insert_with(|| text.get(..index).unwrap_or("").to_owned());
                 owned.push(match escaped {
                     'n' => '\n',
                     other => other,
@@ -197,10 +214,18 @@ fn read_quoted(text: &str) -> Option<(Cow<'_, str>, &str)> {
 mod tests {
     use super::*;
 
-    fn samples(text: &str) -> (Vec<(String, Vec<(String, String)>, f64, Option<i64>)>, ParseSummary) {
+    fn samples(
+        text: &str,
+    ) -> (
+        Vec<(String, Vec<(String, String)>, f64, Option<i64>)>,
+        ParseSummary,
+    ) {
         let mut out = Vec::new();
         let summary = for_each_sample(text, |s| {
-            let labels = s.labels().map(|(k, v)| (k.to_string(), v.into_owned())).collect();
+            let labels = s
+                .labels()
+                .map(|(k, v)| (k.to_string(), v.into_owned()))
+                .collect();
             out.push((s.name.to_string(), labels, s.value, s.timestamp_ms));
         });
         (out, summary)
@@ -214,9 +239,18 @@ mod tests {
                     vllm:kv_cache_usage_perc{model_name=\"llama\"} 0.25\n\
                     process_start_time_seconds 1.7e9\n";
         let (out, summary) = samples(text);
-        assert_eq!(summary, ParseSummary { samples: 3, malformed_lines: 0 });
+        assert_eq!(
+            summary,
+            ParseSummary {
+                samples: 3,
+                malformed_lines: 0
+            }
+        );
         assert_eq!(out[0].0, "vllm:num_requests_waiting");
-        assert_eq!(out[0].1, vec![("model_name".to_string(), "llama".to_string())]);
+        assert_eq!(
+            out[0].1,
+            vec![("model_name".to_string(), "llama".to_string())]
+        );
         assert_eq!(out[0].2, 3.0);
         assert_eq!(out[2].2, 1.7e9);
         assert!(out[2].1.is_empty());
@@ -242,7 +276,9 @@ mod tests {
 
     #[test]
     fn braces_and_commas_inside_values() {
-        let (out, _) = samples("vllm:lora_requests_info{running_lora_adapters=\"a, b\",max_lora=\"8\",x=\"}\"} 17\n");
+        let (out, _) = samples(
+            "vllm:lora_requests_info{running_lora_adapters=\"a, b\",max_lora=\"8\",x=\"}\"} 17\n",
+        );
         assert_eq!(out[0].1[0].1, "a, b");
         assert_eq!(out[0].1[2].1, "}");
         assert_eq!(out[0].2, 17.0);
@@ -269,7 +305,19 @@ mod tests {
 
     #[test]
     fn never_panics_on_arbitrary_bytes() {
-        let inputs = ["{", "}", "a{", "a{b", "a{b=", "a{b=\"", "a{b=\"\\", "a{=\"x\"} 1", "a{b=\"x\"", "\u{1F600}{} 1", "a{b=\"x\"}} 1"];
+        let inputs = [
+            "{",
+            "}",
+            "a{",
+            "a{b",
+            "a{b=",
+            "a{b=\"",
+            "a{b=\"\\",
+            "a{=\"x\"} 1",
+            "a{b=\"x\"",
+            "\u{1F600}{} 1",
+            "a{b=\"x\"}} 1",
+        ];
         for input in inputs {
             for_each_sample(input, |_| {});
         }

@@ -126,8 +126,16 @@ pub fn parse_body(kind: ApiKind, body: &[u8]) -> Result<InferenceRequest, Reques
         .map_err(|error| RequestError::BadRequest(format!("request body is not valid: {error}")))?;
     let model = match parsed.model.take() {
         Some(model) if !model.trim().is_empty() => model,
-        Some(_) => return Err(RequestError::BadRequest("\"model\" must not be empty".into())),
-        None => return Err(RequestError::BadRequest("missing required field \"model\"".into())),
+        Some(_) => {
+            return Err(RequestError::BadRequest(
+                "\"model\" must not be empty".into(),
+            ))
+        }
+        None => {
+            return Err(RequestError::BadRequest(
+                "missing required field \"model\"".into(),
+            ))
+        }
     };
     let (prompt, token_ids) = prompt_text(kind, &parsed)?;
     let prompt_chars = prompt.chars().count();
@@ -191,7 +199,9 @@ fn prompt_text(kind: ApiKind, body: &Body) -> Result<(String, Option<usize>), Re
     };
     let mut text = String::new();
     let token_ids = match kind {
-        ApiKind::Completions => append_text_or_tokens(&mut text, body.prompt.as_ref().ok_or_else(missing)?),
+        ApiKind::Completions => {
+            append_text_or_tokens(&mut text, body.prompt.as_ref().ok_or_else(missing)?)
+        }
         ApiKind::ChatCompletions => {
             append_messages(&mut text, body.messages.as_deref().ok_or_else(missing)?);
             None
@@ -234,7 +244,9 @@ fn append_text_or_tokens(text: &mut String, value: &TextOrTokens) -> Option<usiz
             None
         }
         TextOrTokens::Tokens(ids) => Some(append_token_ids(text, ids)),
-        TextOrTokens::TokenBatches(batches) => Some(batches.iter().map(|ids| append_token_ids(text, ids)).sum()),
+        TextOrTokens::TokenBatches(batches) => {
+            Some(batches.iter().map(|ids| append_token_ids(text, ids)).sum())
+        }
     }
 }
 
@@ -282,7 +294,10 @@ mod tests {
     #[test]
     fn paths() {
         assert_eq!(ApiKind::from_path("/v1/completions"), ApiKind::Completions);
-        assert_eq!(ApiKind::from_path("/v1/chat/completions?x=1"), ApiKind::ChatCompletions);
+        assert_eq!(
+            ApiKind::from_path("/v1/chat/completions?x=1"),
+            ApiKind::ChatCompletions
+        );
         assert_eq!(ApiKind::from_path("/v1/embeddings/"), ApiKind::Embeddings);
         assert_eq!(ApiKind::from_path("/v1/responses"), ApiKind::Responses);
         assert_eq!(ApiKind::from_path("/v1/models"), ApiKind::Other);
@@ -290,12 +305,20 @@ mod tests {
 
     #[test]
     fn completions_prompt_string_and_list() {
-        let request = parse(ApiKind::Completions, r#"{"model":"m","prompt":"Hello world!","max_tokens":8}"#).unwrap();
+        let request = parse(
+            ApiKind::Completions,
+            r#"{"model":"m","prompt":"Hello world!","max_tokens":8}"#,
+        )
+        .unwrap();
         assert_eq!(request.model, "m");
         assert_eq!(request.prompt, "Hello world!");
         assert_eq!((request.prompt_chars, request.prompt_tokens), (12, 3));
         assert_eq!(request.max_tokens, Some(8));
-        let request = parse(ApiKind::Completions, r#"{"model":"m","prompt":["ab","cd"]}"#).unwrap();
+        let request = parse(
+            ApiKind::Completions,
+            r#"{"model":"m","prompt":["ab","cd"]}"#,
+        )
+        .unwrap();
         assert_eq!(request.prompt, "abcd");
         let request = parse(ApiKind::Completions, r#"{"model":"m","prompt":[1,2,3]}"#).unwrap();
         assert_eq!(request.prompt_tokens, 3);
@@ -308,7 +331,10 @@ mod tests {
             {"role":"user","content":[{"type":"text","text":"Hi "},{"type":"image_url","image_url":{"url":"x"}},{"type":"text","text":"there"}]},
             {"role":"assistant","content":null}]}"#;
         let request = parse(ApiKind::ChatCompletions, body).unwrap();
-        assert_eq!(request.prompt, "system: Be brief.\nuser: Hi there\nassistant: \n");
+        assert_eq!(
+            request.prompt,
+            "system: Be brief.\nuser: Hi there\nassistant: \n"
+        );
         assert!(request.stream);
         assert_eq!(request.max_tokens, Some(5));
     }
@@ -330,9 +356,21 @@ mod tests {
         let cases = [
             (ApiKind::Completions, "{not json", "not valid"),
             (ApiKind::Completions, r#"{"prompt":"x"}"#, "\"model\""),
-            (ApiKind::Completions, r#"{"model":"","prompt":"x"}"#, "empty"),
-            (ApiKind::Completions, r#"{"model":5,"prompt":"x"}"#, "invalid type"),
-            (ApiKind::ChatCompletions, r#"{"model":"m","messages":{}}"#, "not valid"),
+            (
+                ApiKind::Completions,
+                r#"{"model":"","prompt":"x"}"#,
+                "empty",
+            ),
+            (
+                ApiKind::Completions,
+                r#"{"model":5,"prompt":"x"}"#,
+                "invalid type",
+            ),
+            (
+                ApiKind::ChatCompletions,
+                r#"{"model":"m","messages":{}}"#,
+                "not valid",
+            ),
             (ApiKind::ChatCompletions, r#"{"model":"m"}"#, "\"messages\""),
             (ApiKind::Embeddings, r#"{"model":"m"}"#, "\"input\""),
             (ApiKind::Completions, "", "empty"),
@@ -341,13 +379,24 @@ mod tests {
         for (kind, body, needle) in cases {
             let error = parse(kind, body).unwrap_err();
             assert_eq!(error.status(), 400, "{body}");
-            assert!(error.message().contains(needle), "{body}: {}", error.message());
+            assert!(
+                error.message().contains(needle),
+                "{body}: {}",
+                error.message()
+            );
         }
     }
 
     #[test]
     fn deep_nesting_is_an_error_not_a_crash() {
-        let body = format!(r#"{{"model":"m","prompt":"x","extra":{}{}}}"#, "[".repeat(10_000), "]".repeat(10_000));
-        assert_eq!(parse(ApiKind::Completions, &body).unwrap_err().status(), 400);
+        let body = format!(
+            r#"{{"model":"m","prompt":"x","extra":{}{}}}"#,
+            "[".repeat(10_000),
+            "]".repeat(10_000)
+        );
+        assert_eq!(
+            parse(ApiKind::Completions, &body).unwrap_err().status(),
+            400
+        );
     }
 }

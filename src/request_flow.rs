@@ -59,7 +59,12 @@ impl Default for RequestFlow {
 }
 
 impl RequestFlow {
-    pub fn on_headers(&mut self, host: &impl HttpHost, picker: &mut Picker, end_of_stream: bool) -> Flow {
+    pub fn on_headers(
+        &mut self,
+        host: &impl HttpHost,
+        picker: &mut Picker,
+        end_of_stream: bool,
+    ) -> Flow {
         let path = host.request_header(":path").unwrap_or_default();
         self.api = ApiKind::from_path(&String::from_utf8_lossy(&path));
         if end_of_stream || !self.api.is_inference() {
@@ -69,7 +74,13 @@ impl RequestFlow {
         Flow::Pause
     }
 
-    pub fn on_body(&mut self, host: &impl HttpHost, picker: &mut Picker, body_size: usize, end_of_stream: bool) -> Flow {
+    pub fn on_body(
+        &mut self,
+        host: &impl HttpHost,
+        picker: &mut Picker,
+        body_size: usize,
+        end_of_stream: bool,
+    ) -> Flow {
         if self.outcome != Outcome::Pending {
             return Flow::Continue;
         }
@@ -84,7 +95,10 @@ impl RequestFlow {
             Ok(body) => self.finish(host, picker, Some(&body)),
             Err(error) => {
                 log::warn!("inference-picker: reading the request body: {error}");
-                self.reject(host, RequestError::BadRequest("the request body could not be read".into()))
+                self.reject(
+                    host,
+                    RequestError::BadRequest("the request body could not be read".into()),
+                )
             }
         }
     }
@@ -107,7 +121,10 @@ impl RequestFlow {
         if let Err(error) = host.set_request_header(DESTINATION_HEADER, &routed.destination) {
             log::error!("inference-picker: setting {DESTINATION_HEADER}: {error}");
             picker.release(routed.primary);
-            return self.reject(host, RequestError::NoEndpoint("the destination could not be set".into()));
+            return self.reject(
+                host,
+                RequestError::NoEndpoint("the destination could not be set".into()),
+            );
         }
         self.outcome = Outcome::Routed(routed);
         Flow::Continue
@@ -115,7 +132,10 @@ impl RequestFlow {
 
     fn reject(&mut self, host: &impl HttpHost, error: RequestError) -> Flow {
         if let Err(host_error) = host.send_local_reply(error.status(), &error.to_json()) {
-            log::error!("inference-picker: sending the {} reply: {host_error}", error.status());
+            log::error!(
+                "inference-picker: sending the {} reply: {host_error}",
+                error.status()
+            );
         }
         self.outcome = Outcome::Rejected(error);
         Flow::Pause
@@ -139,11 +159,17 @@ mod tests {
 
     impl HttpHost for FakeHost {
         fn request_header(&self, name: &str) -> Option<Vec<u8>> {
-            self.headers.borrow().get(name).map(|v| v.as_bytes().to_vec())
+            self.headers
+                .borrow()
+                .get(name)
+                .map(|v| v.as_bytes().to_vec())
         }
         fn set_request_header(&self, name: &str, value: &str) -> Result<(), HostError> {
             if self.fail_set_header {
-                return Err(HostError { call: "set", status: 2 });
+                return Err(HostError {
+                    call: "set",
+                    status: 2,
+                });
             }
             self.headers.borrow_mut().insert(name.into(), value.into());
             Ok(())
@@ -162,7 +188,9 @@ mod tests {
             body: body.as_bytes().to_vec(),
             ..FakeHost::default()
         };
-        host.headers.borrow_mut().insert(":path".into(), path.into());
+        host.headers
+            .borrow_mut()
+            .insert(":path".into(), path.into());
         host.headers
             .borrow_mut()
             .insert(DESTINATION_HEADER.into(), "6.6.6.6:22".into());
@@ -170,8 +198,11 @@ mod tests {
     }
 
     fn picker() -> Picker {
-        let mut picker = Picker::new(load("pool: {endpoints: [{address: '127.0.0.1:8001'}]}", 1).unwrap());
-        picker.on_scrape_ok(0, 0, "vllm:num_requests_waiting 0\n").unwrap();
+        let mut picker =
+            Picker::new(load("pool: {endpoints: [{address: '127.0.0.1:8001'}]}", 1).unwrap());
+        picker
+            .on_scrape_ok(0, 0, "vllm:num_requests_waiting 0\n")
+            .unwrap();
         picker.on_tick(0);
         picker
     }
@@ -183,12 +214,19 @@ mod tests {
         let mut flow = RequestFlow::default();
         assert_eq!(flow.on_headers(&host, &mut picker, false), Flow::Pause);
         assert_eq!(flow.on_body(&host, &mut picker, 5, false), Flow::Pause);
-        assert_eq!(flow.on_body(&host, &mut picker, host.body.len(), true), Flow::Continue);
+        assert_eq!(
+            flow.on_body(&host, &mut picker, host.body.len(), true),
+            Flow::Continue
+        );
         assert_eq!(host.headers.borrow()[DESTINATION_HEADER], "127.0.0.1:8001");
         assert_eq!(picker.pool().endpoints[0].in_flight, 1);
         flow.on_done(&mut picker);
         flow.on_done(&mut picker);
-        assert_eq!(picker.pool().endpoints[0].in_flight, 0, "released exactly once");
+        assert_eq!(
+            picker.pool().endpoints[0].in_flight,
+            0,
+            "released exactly once"
+        );
     }
 
     #[test]
@@ -210,14 +248,19 @@ mod tests {
         ] {
             let host = host(path, body);
             let mut flow = RequestFlow::default();
-            if flow.on_headers(&host, &mut picker, end_at_headers) == Flow::Pause && !end_at_headers {
+            if flow.on_headers(&host, &mut picker, end_at_headers) == Flow::Pause && !end_at_headers
+            {
                 flow.on_body(&host, &mut picker, body.len(), true);
             }
             let (got, json) = host.reply.borrow().clone().unwrap();
             assert_eq!(got, status, "{path} {body}");
             let parsed: serde_json::Value = serde_json::from_slice(&json).unwrap();
             assert_eq!(parsed["error"]["code"], status);
-            assert_eq!(host.headers.borrow()[DESTINATION_HEADER], "6.6.6.6:22", "never forwarded");
+            assert_eq!(
+                host.headers.borrow()[DESTINATION_HEADER],
+                "6.6.6.6:22",
+                "never forwarded"
+            );
         }
         assert_eq!(picker.pool().endpoints[0].in_flight, 0);
     }
@@ -229,7 +272,10 @@ mod tests {
         let mut flow = RequestFlow::default();
         flow.on_headers(&host, &mut picker, false);
         let limit = picker.settings().max_request_body_bytes;
-        assert_eq!(flow.on_body(&host, &mut picker, limit + 1, false), Flow::Pause);
+        assert_eq!(
+            flow.on_body(&host, &mut picker, limit + 1, false),
+            Flow::Pause
+        );
         assert_eq!(host.reply.borrow().as_ref().unwrap().0, 413);
     }
 

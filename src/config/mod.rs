@@ -42,7 +42,9 @@ impl std::fmt::Display for ConfigError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             ConfigError::Syntax(message) => write!(f, "invalid configuration: {message}"),
-            ConfigError::Invalid { key, reason } => write!(f, "invalid configuration at `{key}`: {reason}"),
+            ConfigError::Invalid { key, reason } => {
+                write!(f, "invalid configuration at `{key}`: {reason}")
+            }
         }
     }
 }
@@ -127,7 +129,8 @@ pub fn load(text: &str, seed: u64) -> Result<FilterConfig, ConfigError> {
     if text.trim().is_empty() {
         return Err(ConfigError::Syntax("the configuration is empty".into()));
     }
-    let raw: RawConfig = serde_yaml::from_str(text).map_err(|error| ConfigError::Syntax(error.to_string()))?;
+    let raw: RawConfig =
+        serde_yaml::from_str(text).map_err(|error| ConfigError::Syntax(error.to_string()))?;
     check_header(&raw)?;
     let pool = raw
         .pool
@@ -143,11 +146,21 @@ pub fn load(text: &str, seed: u64) -> Result<FilterConfig, ConfigError> {
     if let Some(detector) = &raw.saturation_detector {
         return Err(ConfigError::invalid(
             "saturationDetector.pluginRef",
-            format!("{:?} is not a saturation detector plugin", detector.plugin_ref),
+            format!(
+                "{:?} is not a saturation detector plugin",
+                detector.plugin_ref
+            ),
         ));
     }
-    if raw.data_layer.as_ref().is_some_and(|d| !d.sources.is_empty()) {
-        return Err(ConfigError::invalid("dataLayer.sources", "no data source plugin types are available"));
+    if raw
+        .data_layer
+        .as_ref()
+        .is_some_and(|d| !d.sources.is_empty())
+    {
+        return Err(ConfigError::invalid(
+            "dataLayer.sources",
+            "no data source plugin types are available",
+        ));
     }
     Ok(FilterConfig {
         scheduler: Scheduler::new(instances, profiles, handler, seed),
@@ -169,7 +182,10 @@ fn check_header(raw: &RawConfig) -> Result<(), ConfigError> {
     }
     if let Some(kind) = &raw.kind {
         if kind != KIND {
-            return Err(ConfigError::invalid("kind", format!("{kind:?} must be {KIND:?}")));
+            return Err(ConfigError::invalid(
+                "kind",
+                format!("{kind:?} must be {KIND:?}"),
+            ));
         }
     }
     for (i, gate) in raw.feature_gates.iter().enumerate() {
@@ -232,7 +248,10 @@ fn build_plugins(raw: &[RawPlugin]) -> Result<Vec<PluginInstance>, ConfigError> 
         })?;
         let name = spec.name.clone().unwrap_or_else(|| spec.type_name.clone());
         if name.is_empty() {
-            return Err(ConfigError::invalid(format!("plugins[{i}].name"), "must not be empty"));
+            return Err(ConfigError::invalid(
+                format!("plugins[{i}].name"),
+                "must not be empty",
+            ));
         }
         if instances.iter().any(|p| p.name == name) {
             return Err(ConfigError::invalid(
@@ -240,8 +259,9 @@ fn build_plugins(raw: &[RawPlugin]) -> Result<Vec<PluginInstance>, ConfigError> 
                 format!("plugin name {name:?} is declared twice"),
             ));
         }
-        let plugin = plugins::build(type_name, &spec.parameters)
-            .map_err(|reason| ConfigError::invalid(format!("plugins[{i}].parameters ({name})"), reason))?;
+        let plugin = plugins::build(type_name, &spec.parameters).map_err(|reason| {
+            ConfigError::invalid(format!("plugins[{i}].parameters ({name})"), reason)
+        })?;
         instances.push(PluginInstance {
             name,
             type_name,
@@ -256,7 +276,12 @@ fn implicit_profile(instances: &[PluginInstance]) -> RawProfile {
         name: "default".into(),
         plugins: instances
             .iter()
-            .filter(|p| matches!(p.plugin, Plugin::Filter(_) | Plugin::Scorer(_) | Plugin::Picker(_)))
+            .filter(|p| {
+                matches!(
+                    p.plugin,
+                    Plugin::Filter(_) | Plugin::Scorer(_) | Plugin::Picker(_)
+                )
+            })
             .map(|p| RawProfilePlugin {
                 plugin_ref: p.name.clone(),
                 weight: None,
@@ -295,7 +320,10 @@ fn build_profiles(
                 .iter()
                 .position(|instance| instance.name == reference.plugin_ref)
                 .ok_or_else(|| {
-                    ConfigError::invalid(&key, format!("no plugin named {:?} is declared", reference.plugin_ref))
+                    ConfigError::invalid(
+                        &key,
+                        format!("no plugin named {:?} is declared", reference.plugin_ref),
+                    )
                 })?;
             match instances.get(index).map(|i| &i.plugin) {
                 Some(Plugin::Filter(_)) => filters.push(index),
@@ -305,12 +333,19 @@ fn build_profiles(
                 }),
                 Some(Plugin::Picker(_)) if picker.is_none() => picker = Some(index),
                 Some(Plugin::Picker(_)) => {
-                    return Err(ConfigError::invalid(&key, "a profile takes exactly one picker"))
+                    return Err(ConfigError::invalid(
+                        &key,
+                        "a profile takes exactly one picker",
+                    ))
                 }
                 Some(other) => {
                     return Err(ConfigError::invalid(
                         &key,
-                        format!("{:?} is a {}, not a filter, scorer or picker", reference.plugin_ref, other.kind()),
+                        format!(
+                            "{:?} is a {}, not a filter, scorer or picker",
+                            reference.plugin_ref,
+                            other.kind()
+                        ),
                     ))
                 }
                 None => return Err(ConfigError::invalid(&key, "unresolvable plugin")),
@@ -319,7 +354,10 @@ fn build_profiles(
         let picker = match picker {
             Some(picker) => picker,
             None => {
-                warnings.push(format!("profile {:?} names no picker; using max-score-picker", spec.name));
+                warnings.push(format!(
+                    "profile {:?} names no picker; using max-score-picker",
+                    spec.name
+                ));
                 default_picker(instances)
             }
         };
@@ -337,7 +375,10 @@ fn weight(weight: Option<f64>, key: &str) -> Result<f64, ConfigError> {
     match weight {
         None => Ok(1.0),
         Some(w) if w.is_finite() && w >= 0.0 => Ok(w),
-        Some(w) => Err(ConfigError::invalid(key, format!("weight {w} must be a finite number >= 0"))),
+        Some(w) => Err(ConfigError::invalid(
+            key,
+            format!("weight {w} must be a finite number >= 0"),
+        )),
     }
 }
 
@@ -357,7 +398,10 @@ fn default_picker(instances: &mut Vec<PluginInstance>) -> usize {
     instances.len() - 1
 }
 
-fn profile_handler(instances: &mut Vec<PluginInstance>, profiles: &[Profile]) -> Result<usize, ConfigError> {
+fn profile_handler(
+    instances: &mut Vec<PluginInstance>,
+    profiles: &[Profile],
+) -> Result<usize, ConfigError> {
     let handlers: Vec<usize> = instances
         .iter()
         .enumerate()
@@ -369,33 +413,54 @@ fn profile_handler(instances: &mut Vec<PluginInstance>, profiles: &[Profile]) ->
             instances.push(PluginInstance {
                 name: single_profile_handler::TYPE.into(),
                 type_name: single_profile_handler::TYPE,
-                plugin: Plugin::ProfileHandler(Box::new(single_profile_handler::SingleProfileHandler)),
+                plugin: Plugin::ProfileHandler(Box::new(
+                    single_profile_handler::SingleProfileHandler,
+                )),
             });
             instances.len() - 1
         }
         [one] => *one,
-        _ => return Err(ConfigError::invalid("plugins", "more than one profile handler is declared")),
+        _ => {
+            return Err(ConfigError::invalid(
+                "plugins",
+                "more than one profile handler is declared",
+            ))
+        }
     };
-    let is_single = instances
-        .get(handler)
-        .is_some_and(|p| p.type_name == single_profile_handler::TYPE || p.type_name == single_profile_handler::LEGACY_TYPE);
+    let is_single = instances.get(handler).is_some_and(|p| {
+        p.type_name == single_profile_handler::TYPE
+            || p.type_name == single_profile_handler::LEGACY_TYPE
+    });
     if is_single && profiles.len() != 1 {
         return Err(ConfigError::invalid(
             "schedulingProfiles",
-            format!("single-profile-handler needs exactly one profile, found {}", profiles.len()),
+            format!(
+                "single-profile-handler needs exactly one profile, found {}",
+                profiles.len()
+            ),
         ));
     }
     Ok(handler)
 }
 
-fn warn_unused(instances: &[PluginInstance], profiles: &[Profile], handler: usize, warnings: &mut Vec<String>) {
+fn warn_unused(
+    instances: &[PluginInstance],
+    profiles: &[Profile],
+    handler: usize,
+    warnings: &mut Vec<String>,
+) {
     for (index, instance) in instances.iter().enumerate() {
         let used = index == handler
             || profiles.iter().any(|p| {
-                p.picker == index || p.filters.contains(&index) || p.scorers.iter().any(|s| s.plugin == index)
+                p.picker == index
+                    || p.filters.contains(&index)
+                    || p.scorers.iter().any(|s| s.plugin == index)
             });
         if !used {
-            warnings.push(format!("plugin {:?} is declared but no profile uses it", instance.name));
+            warnings.push(format!(
+                "plugin {:?} is declared but no profile uses it",
+                instance.name
+            ));
         }
     }
 }

@@ -52,12 +52,16 @@ impl PoolConfig {
     /// Checks every field and canonicalises endpoint addresses in place.
     pub(super) fn validate(&self) -> Result<(), ConfigError> {
         if self.endpoints.is_empty() {
-            return Err(ConfigError::invalid("pool.endpoints", "the endpoint list is empty"));
+            return Err(ConfigError::invalid(
+                "pool.endpoints",
+                "the endpoint list is empty",
+            ));
         }
         let mut seen = Vec::with_capacity(self.endpoints.len());
         for (i, endpoint) in self.endpoints.iter().enumerate() {
-            let address = canonical_address(&endpoint.address)
-                .map_err(|reason| ConfigError::invalid(format!("pool.endpoints[{i}].address"), reason))?;
+            let address = canonical_address(&endpoint.address).map_err(|reason| {
+                ConfigError::invalid(format!("pool.endpoints[{i}].address"), reason)
+            })?;
             if seen.contains(&address) {
                 return Err(ConfigError::invalid(
                     format!("pool.endpoints[{i}].address"),
@@ -67,14 +71,23 @@ impl PoolConfig {
             seen.push(address);
         }
         if self.metrics_cluster.trim().is_empty() {
-            return Err(ConfigError::invalid("pool.metricsCluster", "must name an Envoy cluster"));
+            return Err(ConfigError::invalid(
+                "pool.metricsCluster",
+                "must name an Envoy cluster",
+            ));
         }
         if !self.metrics_path.starts_with('/') {
-            return Err(ConfigError::invalid("pool.metricsPath", "must start with '/'"));
+            return Err(ConfigError::invalid(
+                "pool.metricsPath",
+                "must start with '/'",
+            ));
         }
         for (key, value) in [
             ("pool.refreshMetricsInterval", self.refresh_metrics_interval),
-            ("pool.metricsStalenessThreshold", self.metrics_staleness_threshold),
+            (
+                "pool.metricsStalenessThreshold",
+                self.metrics_staleness_threshold,
+            ),
             ("pool.metricsTimeout", self.metrics_timeout),
         ] {
             if value < Duration::from_millis(1) {
@@ -82,7 +95,10 @@ impl PoolConfig {
             }
         }
         if self.max_request_body_bytes == 0 {
-            return Err(ConfigError::invalid("pool.maxRequestBodyBytes", "must be at least 1"));
+            return Err(ConfigError::invalid(
+                "pool.maxRequestBodyBytes",
+                "must be at least 1",
+            ));
         }
         Ok(())
     }

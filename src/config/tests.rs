@@ -34,11 +34,21 @@ fn empty_document_gets_gie_defaults() {
         .collect();
     assert_eq!(
         scorers,
-        [("queue-scorer", 2.0), ("kv-cache-utilization-scorer", 2.0), ("prefix-cache-scorer", 3.0)]
+        [
+            ("queue-scorer", 2.0),
+            ("kv-cache-utilization-scorer", 2.0),
+            ("prefix-cache-scorer", 3.0)
+        ]
     );
     assert_eq!(plugins[profiles[0].picker].type_name, "max-score-picker");
-    assert_eq!(config.pool.refresh_metrics_interval, std::time::Duration::from_millis(50));
-    assert_eq!(config.pool.metrics_staleness_threshold, std::time::Duration::from_secs(2));
+    assert_eq!(
+        config.pool.refresh_metrics_interval,
+        std::time::Duration::from_millis(50)
+    );
+    assert_eq!(
+        config.pool.metrics_staleness_threshold,
+        std::time::Duration::from_secs(2)
+    );
     assert_eq!(config.pool.metrics_cluster, "original_destination_cluster");
     assert!(config.warnings.is_empty(), "{:?}", config.warnings);
 }
@@ -78,14 +88,22 @@ schedulingProfiles:
 fn json_documents_load_too() {
     let json = r#"{"plugins":[{"type":"random-picker"}],"pool":{"endpoints":[{"address":"[::1]:9000"}],"refreshMetricsInterval":"100ms"}}"#;
     let config = load(json, 1).unwrap();
-    assert_eq!(config.pool.refresh_metrics_interval, std::time::Duration::from_millis(100));
+    assert_eq!(
+        config.pool.refresh_metrics_interval,
+        std::time::Duration::from_millis(100)
+    );
     let plugins = config.scheduler.plugins();
-    assert_eq!(plugins[config.scheduler.profiles()[0].picker].type_name, "random-picker");
+    assert_eq!(
+        plugins[config.scheduler.profiles()[0].picker].type_name,
+        "random-picker"
+    );
 }
 
 #[test]
 fn profiles_default_to_every_declared_plugin_and_a_picker() {
-    let config = load_with_pool("plugins:\n- type: queue-scorer\n- type: running-requests-size-scorer\n").unwrap();
+    let config =
+        load_with_pool("plugins:\n- type: queue-scorer\n- type: running-requests-size-scorer\n")
+            .unwrap();
     let profile = &config.scheduler.profiles()[0];
     assert_eq!(profile.scorers.len(), 2);
     let plugins = config.scheduler.plugins();
@@ -138,11 +156,26 @@ fn rejections_name_the_key() {
 fn pool_rejections() {
     let cases = [
         ("pool: {endpoints: []}", "pool.endpoints"),
-        ("pool: {endpoints: [{address: nope}]}", "pool.endpoints[0].address"),
-        ("pool: {endpoints: [{address: '1.2.3.4:80'}, {address: '1.2.3.4:80'}]}", "listed twice"),
-        ("pool: {endpoints: [{address: '1.2.3.4:80'}], refreshMetricsInterval: 5}", "duration \"5\""),
-        ("pool: {endpoints: [{address: '1.2.3.4:80'}], metricsPath: metrics}", "pool.metricsPath"),
-        ("pool: {endpoints: [{address: '1.2.3.4:80', weight: 3}]}", "weight"),
+        (
+            "pool: {endpoints: [{address: nope}]}",
+            "pool.endpoints[0].address",
+        ),
+        (
+            "pool: {endpoints: [{address: '1.2.3.4:80'}, {address: '1.2.3.4:80'}]}",
+            "listed twice",
+        ),
+        (
+            "pool: {endpoints: [{address: '1.2.3.4:80'}], refreshMetricsInterval: 5}",
+            "duration \"5\"",
+        ),
+        (
+            "pool: {endpoints: [{address: '1.2.3.4:80'}], metricsPath: metrics}",
+            "pool.metricsPath",
+        ),
+        (
+            "pool: {endpoints: [{address: '1.2.3.4:80', weight: 3}]}",
+            "weight",
+        ),
         ("plugins: []", "pool"),
         ("", "empty"),
         ("[1, 2", "invalid configuration"),

@@ -4,7 +4,7 @@
 
 use crate::request_flow::HostError;
 use proxy_wasm::types::{BufferType, MapType};
-use std::ptr::{null, null_mut};
+use std::ptr::null_mut;
 
 const OK: u32 = 0;
 const NOT_FOUND: u32 = 1;
@@ -47,18 +47,6 @@ extern "C" {
         headers_size: usize,
         grpc_status: i32,
     ) -> u32;
-    fn proxy_http_call(
-        upstream_data: *const u8,
-        upstream_size: usize,
-        headers_data: *const u8,
-        headers_size: usize,
-        body_data: *const u8,
-        body_size: usize,
-        trailers_data: *const u8,
-        trailers_size: usize,
-        timeout_milliseconds: u32,
-        return_token: *mut u32,
-    ) -> u32;
 }
 
 fn check(call: &'static str, status: u32) -> Result<(), HostError> {
@@ -88,16 +76,22 @@ pub fn log(level: u32, message: &str) {
 /// The host's log level (0 trace .. 5 critical).
 pub fn log_level() -> Result<u32, HostError> {
     let mut level = 0u32;
-    check("proxy_get_log_level", unsafe { proxy_get_log_level(&mut level) })?;
+    check("proxy_get_log_level", unsafe {
+        proxy_get_log_level(&mut level)
+    })?;
     Ok(level)
 }
 
-pub fn current_time_ms() -> Result<u64, HostError> {
+pub fn current_time_ns() -> Result<u64, HostError> {
     let mut nanos = 0u64;
     check("proxy_get_current_time_nanoseconds", unsafe {
         proxy_get_current_time_nanoseconds(&mut nanos)
     })?;
-    Ok(nanos / 1_000_000)
+    Ok(nanos)
+}
+
+pub fn current_time_ms() -> Result<u64, HostError> {
+    current_time_ns().map(|nanos| nanos / 1_000_000)
 }
 
 pub fn set_tick_period_ms(period: u32) -> Result<(), HostError> {
@@ -107,10 +101,16 @@ pub fn set_tick_period_ms(period: u32) -> Result<(), HostError> {
 }
 
 /// Bytes `[start, start + max_size)` of a buffer; an absent or empty buffer is empty.
-pub fn buffer(buffer_type: BufferType, start: usize, max_size: usize) -> Result<Vec<u8>, HostError> {
+pub fn buffer(
+    buffer_type: BufferType,
+    start: usize,
+    max_size: usize,
+) -> Result<Vec<u8>, HostError> {
     let mut data = null_mut();
     let mut size = 0usize;
-    let status = unsafe { proxy_get_buffer_bytes(buffer_type as u32, start, max_size, &mut data, &mut size) };
+    let status = unsafe {
+        proxy_get_buffer_bytes(buffer_type as u32, start, max_size, &mut data, &mut size)
+    };
     match status {
         OK => Ok(unsafe { take_host_buffer(data, size) }),
         NOT_FOUND | EMPTY => Ok(Vec::new()),
@@ -124,7 +124,15 @@ pub fn buffer(buffer_type: BufferType, start: usize, max_size: usize) -> Result<
 pub fn header(map_type: MapType, name: &str) -> Result<Option<Vec<u8>>, HostError> {
     let mut data = null_mut();
     let mut size = 0usize;
-    let status = unsafe { proxy_get_header_map_value(map_type as u32, name.as_ptr(), name.len(), &mut data, &mut size) };
+    let status = unsafe {
+        proxy_get_header_map_value(
+            map_type as u32,
+            name.as_ptr(),
+            name.len(),
+            &mut data,
+            &mut size,
+        )
+    };
     match status {
         OK => Ok(Some(unsafe { take_host_buffer(data, size) })),
         NOT_FOUND => Ok(None),
@@ -137,11 +145,21 @@ pub fn header(map_type: MapType, name: &str) -> Result<Option<Vec<u8>>, HostErro
 
 pub fn replace_header(map_type: MapType, name: &str, value: &str) -> Result<(), HostError> {
     check("proxy_replace_header_map_value", unsafe {
-        proxy_replace_header_map_value(map_type as u32, name.as_ptr(), name.len(), value.as_ptr(), value.len())
+        proxy_replace_header_map_value(
+            map_type as u32,
+            name.as_ptr(),
+            name.len(),
+            value.as_ptr(),
+            value.len(),
+        )
     })
 }
 
-pub fn send_local_response(status: u16, headers: &[(&str, &str)], body: &[u8]) -> Result<(), HostError> {
+pub fn send_local_response(
+    status: u16,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> Result<(), HostError> {
     let headers = serialize_pairs(headers);
     let details = "inference_picker";
     check("proxy_send_local_response", unsafe {
@@ -159,25 +177,26 @@ pub fn send_local_response(status: u16, headers: &[(&str, &str)], body: &[u8]) -
 }
 
 /// Starts an HTTP callout; the answer arrives in `on_http_call_response` with the token.
-pub fn http_call(cluster: &str, headers: &[(&str, &str)], timeout_ms: u32) -> Result<u32, HostError> {
-    let headers = serialize_pairs(headers);
-    let trailers = serialize_pairs(&[]);
-    let mut token = 0u32;
-    check("proxy_http_call", unsafe {
-        proxy_http_call(
-            cluster.as_ptr(),
-            cluster.len(),
-            headers.as_ptr(),
-            headers.len(),
-            null(),
-            0,
-            trailers.as_ptr(),
-            trailers.len(),
-            timeout_ms,
-            &mut token,
-        )
-    })?;
-    Ok(token)
+///
+/// This one goes through the SDK: its dispatcher must learn the token or it rejects the
+/// answer. Envoy returns only Ok, BadArgument or InternalFailure here, all of which the SDK
+/// maps to a `Result`.
+pub fn http_call(
+    cluster: &str,
+    headers: &[(&str, &str)],
+    timeout_ms: u32,
+) -> Result<u32, HostError> {
+    proxy_wasm::hostcalls::dispatch_http_call(
+        cluster,
+        headers.to_vec(),
+        None,
+        Vec::new(),
+        std::time::Duration::from_millis(u64::from(timeout_ms)),
+    )
+    .map_err(|status| HostError {
+        call: "proxy_http_call",
+        status: status as u32,
+    })
 }
 
 /// The proxy-wasm map encoding: count, then (key length, value length) pairs, then the

@@ -73,7 +73,13 @@ impl PickerRoot {
 }
 
 impl Context for PickerRoot {
-    fn on_http_call_response(&mut self, token: u32, num_headers: usize, body_size: usize, _trailers: usize) {
+    fn on_http_call_response(
+        &mut self,
+        token: u32,
+        num_headers: usize,
+        body_size: usize,
+        _trailers: usize,
+    ) {
         let Some(index) = self.scrapes.remove(&token) else {
             return;
         };
@@ -86,7 +92,9 @@ impl Context for PickerRoot {
         let status = if num_headers == 0 {
             None
         } else {
-            abi::header(MapType::HttpCallResponseHeaders, ":status").ok().flatten()
+            abi::header(MapType::HttpCallResponseHeaders, ":status")
+                .ok()
+                .flatten()
         };
         let address = picker.address(index).unwrap_or("?").to_owned();
         if status.as_deref() != Some(b"200".as_slice()) {
@@ -126,8 +134,13 @@ impl RootContext for PickerRoot {
             log::error!("inference-picker: invalid configuration: it is not UTF-8 text");
             return false;
         };
-        let now_ms = abi::current_time_ms().unwrap_or(0);
-        let seed = now_ms ^ (u64::from(self.context_id) << 32);
+        // Each VM needs its own tie-breaking sequence, or all workers pick alike.
+        let now_ns = abi::current_time_ns().unwrap_or(0);
+        let seed = crate::hash::hash_bytes(now_ns, &self.context_id.to_le_bytes());
+        log::debug!(
+            "inference-picker: context {} seeded with {seed:#x} (time {now_ns})",
+            self.context_id
+        );
         let loaded = match config::load(text, seed) {
             Ok(loaded) => loaded,
             Err(error) => {
@@ -138,7 +151,8 @@ impl RootContext for PickerRoot {
         for warning in &loaded.warnings {
             log::warn!("inference-picker: {warning}");
         }
-        let interval = u32::try_from(duration_ms(loaded.pool.refresh_metrics_interval)).unwrap_or(u32::MAX);
+        let interval =
+            u32::try_from(duration_ms(loaded.pool.refresh_metrics_interval)).unwrap_or(u32::MAX);
         if let Err(error) = abi::set_tick_period_ms(interval) {
             log::error!("inference-picker: cannot start the metrics tick: {error}");
             return false;
@@ -146,7 +160,9 @@ impl RootContext for PickerRoot {
         let endpoints = loaded.pool.endpoints.len();
         self.picker = Some(Rc::new(RefCell::new(Picker::new(loaded))));
         self.scrapes.clear();
-        log::info!("inference-picker: configured with {endpoints} endpoints, scraping every {interval}ms");
+        log::info!(
+            "inference-picker: configured with {endpoints} endpoints, scraping every {interval}ms"
+        );
         true
     }
 
@@ -169,7 +185,9 @@ impl RootContext for PickerRoot {
             );
         }
         match all_unfresh {
-            Some(true) => log::warn!("inference-picker: no endpoint has fresh metrics; routing by in-flight requests"),
+            Some(true) => log::warn!(
+                "inference-picker: no endpoint has fresh metrics; routing by in-flight requests"
+            ),
             Some(false) => log::info!("inference-picker: fresh metrics again; scoring resumes"),
             None => {}
         }
@@ -193,7 +211,9 @@ struct EnvoyRequest;
 
 impl HttpHost for EnvoyRequest {
     fn request_header(&self, name: &str) -> Option<Vec<u8>> {
-        abi::header(MapType::HttpRequestHeaders, name).ok().flatten()
+        abi::header(MapType::HttpRequestHeaders, name)
+            .ok()
+            .flatten()
     }
 
     fn set_request_header(&self, name: &str, value: &str) -> Result<(), HostError> {
@@ -234,7 +254,9 @@ impl PickerHttp {
     }
 
     fn unavailable(&self) -> Action {
-        let error = crate::error_response::RequestError::NoEndpoint("the endpoint picker is not configured".into());
+        let error = crate::error_response::RequestError::NoEndpoint(
+            "the endpoint picker is not configured".into(),
+        );
         let _ = EnvoyRequest.send_local_reply(error.status(), &error.to_json());
         Action::Pause
     }
@@ -244,20 +266,28 @@ fn log_decision(outcome: &Outcome, picker: &Picker) {
     match outcome {
         Outcome::Pending => {}
         Outcome::Routed(routed) if log::log_enabled!(log::Level::Debug) => {
-            let request_id = EnvoyRequest.request_header("x-request-id").unwrap_or_default();
+            let request_id = EnvoyRequest
+                .request_header("x-request-id")
+                .unwrap_or_default();
             log::debug!(
                 "inference-picker: decision request_id={} model={:?} picked={} degraded={} {}",
                 String::from_utf8_lossy(&request_id),
                 routed.model,
                 routed.destination,
                 routed.degraded,
-                if routed.degraded { String::new() } else { picker.explain_last() }
+                if routed.degraded {
+                    String::new()
+                } else {
+                    picker.explain_last()
+                }
             );
         }
         Outcome::Routed(_) => {}
         Outcome::Rejected(error) => {
             if log::log_enabled!(log::Level::Debug) {
-                let request_id = EnvoyRequest.request_header("x-request-id").unwrap_or_default();
+                let request_id = EnvoyRequest
+                    .request_header("x-request-id")
+                    .unwrap_or_default();
                 log::debug!(
                     "inference-picker: rejected request_id={} {error}",
                     String::from_utf8_lossy(&request_id)

@@ -125,7 +125,10 @@ impl std::fmt::Display for ScheduleError {
                 write!(f, "no model server endpoint is reachable")
             }
             ScheduleError::FilteredOut { profile } => {
-                write!(f, "no endpoint passed the filters of scheduling profile {profile:?}")
+                write!(
+                    f,
+                    "no endpoint passed the filters of scheduling profile {profile:?}"
+                )
             }
         }
     }
@@ -153,7 +156,12 @@ pub struct Scheduler {
 
 impl Scheduler {
     /// Built by the config loader, which has already checked every index.
-    pub fn new(plugins: Vec<PluginInstance>, profiles: Vec<Profile>, handler: usize, seed: u64) -> Self {
+    pub fn new(
+        plugins: Vec<PluginInstance>,
+        profiles: Vec<Profile>,
+        handler: usize,
+        seed: u64,
+    ) -> Self {
         Scheduler {
             plugins,
             profiles,
@@ -201,7 +209,9 @@ impl Scheduler {
             results.push(ProfileResult { profile, targets });
         }
         let primary = match self.plugins.get(self.handler).map(|p| &p.plugin) {
-            Some(Plugin::ProfileHandler(handler)) => handler.primary_result(&self.profiles, &results),
+            Some(Plugin::ProfileHandler(handler)) => {
+                handler.primary_result(&self.profiles, &results)
+            }
             _ => 0,
         };
         self.learn(ctx, &results);
@@ -221,7 +231,11 @@ impl Scheduler {
         }
     }
 
-    fn run_profile(&mut self, ctx: &SchedulingContext<'_>, profile_index: usize) -> Result<Vec<usize>, ScheduleError> {
+    fn run_profile(
+        &mut self,
+        ctx: &SchedulingContext<'_>,
+        profile_index: usize,
+    ) -> Result<Vec<usize>, ScheduleError> {
         let Scheduler {
             plugins,
             profiles,
@@ -294,7 +308,9 @@ impl Scheduler {
 
     fn learn(&mut self, ctx: &SchedulingContext<'_>, results: &[ProfileResult]) {
         for result in results {
-            let (Some(profile), Some(&endpoint)) = (self.profiles.get(result.profile), result.targets.first()) else {
+            let (Some(profile), Some(&endpoint)) =
+                (self.profiles.get(result.profile), result.targets.first())
+            else {
                 continue;
             };
             for scorer in &profile.scorers {
@@ -322,11 +338,23 @@ impl Scheduler {
             for (i, &endpoint) in trace.candidates.iter().enumerate() {
                 let address = pool.get(endpoint).map_or("?", |e| e.address.as_str());
                 let total = trace.totals.get(i).copied().unwrap_or(0.0);
-                let _ = write!(line, "{}{address} total={total:.3} (", if i > 0 { ", " } else { "" });
+                let _ = write!(
+                    line,
+                    "{}{address} total={total:.3} (",
+                    if i > 0 { ", " } else { "" }
+                );
                 for (k, scorer) in profile.scorers.iter().enumerate() {
-                    let name = self.plugins.get(scorer.plugin).map_or("?", |p| p.name.as_str());
+                    let name = self
+                        .plugins
+                        .get(scorer.plugin)
+                        .map_or("?", |p| p.name.as_str());
                     let score = trace.scores.get(k * n + i).copied().unwrap_or(0.0);
-                    let _ = write!(line, "{}{name}={score:.3}x{}", if k > 0 { " " } else { "" }, scorer.weight);
+                    let _ = write!(
+                        line,
+                        "{}{name}={score:.3}x{}",
+                        if k > 0 { " " } else { "" },
+                        scorer.weight
+                    );
                 }
                 line.push(')');
             }
@@ -371,9 +399,15 @@ fn least_in_flight_reachable(pool: &Pool) -> Result<Decision, ScheduleError> {
 pub fn score_lower_is_better(values: impl Iterator<Item = f64> + Clone, scores: &mut [f64]) {
     let (min, max) = values
         .clone()
-        .fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), v| (lo.min(v), hi.max(v)));
+        .fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), v| {
+            (lo.min(v), hi.max(v))
+        });
     for (score, value) in scores.iter_mut().zip(values) {
-        *score = if max > min { (max - value) / (max - min) } else { 1.0 };
+        *score = if max > min {
+            (max - value) / (max - min)
+        } else {
+            1.0
+        };
     }
 }
 
@@ -390,7 +424,8 @@ pub(crate) mod test_support {
                 .into_iter()
                 .enumerate()
                 .map(|(i, metrics)| {
-                    let mut endpoint = EndpointState::new(format!("10.0.0.{i}:8000"), BTreeMap::new());
+                    let mut endpoint =
+                        EndpointState::new(format!("10.0.0.{i}:8000"), BTreeMap::new());
                     endpoint.metrics = metrics;
                     endpoint.health = Health::Fresh;
                     endpoint
@@ -447,6 +482,9 @@ mod tests {
         for endpoint in &mut pool.endpoints {
             endpoint.health = Health::Unreachable;
         }
-        assert_eq!(least_in_flight_reachable(&pool), Err(ScheduleError::NoReachableEndpoint));
+        assert_eq!(
+            least_in_flight_reachable(&pool),
+            Err(ScheduleError::NoReachableEndpoint)
+        );
     }
 }

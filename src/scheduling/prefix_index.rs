@@ -41,7 +41,9 @@ impl PrefixIndex {
     }
 
     pub fn capacity(&self, pod: usize) -> usize {
-        self.pods.get(pod).map_or(self.default_capacity, |lru| lru.capacity)
+        self.pods
+            .get(pod)
+            .map_or(self.default_capacity, |lru| lru.capacity)
     }
 
     /// Blocks held by one pod.
@@ -100,7 +102,8 @@ impl PrefixIndex {
         };
         if lru.order.len() > 2 * lru.stamps.len() + 64 {
             let stamps = &lru.stamps;
-            lru.order.retain(|(hash, stamp)| stamps.get(hash) == Some(stamp));
+            lru.order
+                .retain(|(hash, stamp)| stamps.get(hash) == Some(stamp));
         }
     }
 

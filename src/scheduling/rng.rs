@@ -8,9 +8,7 @@ pub struct Rng {
 
 impl Rng {
     pub fn new(seed: u64) -> Self {
-        Rng {
-            state: seed | 1,
-        }
+        Rng { state: seed | 1 }
     }
 
     pub fn next_u64(&mut self) -> u64 {
@@ -59,6 +57,8 @@ mod tests {
     #[test]
     fn unit_is_in_range() {
         let mut rng = Rng::new(7);
-        assert!((0..1000).map(|_| rng.unit()).all(|x| (0.0..1.0).contains(&x)));
+        assert!((0..1000)
+            .map(|_| rng.unit())
+            .all(|x| (0.0..1.0).contains(&x)));
     }
 }

@@ -1,6 +1,6 @@
 //! `kv-cache-utilization-scorer`: `1 - kv`, preferring endpoints with free KV cache.
 
-use crate::scheduling::{Plugin, Scorer, SchedulingContext};
+use crate::scheduling::{Plugin, SchedulingContext, Scorer};
 use serde_yaml::Value;
 
 pub const TYPE: &str = "kv-cache-utilization-scorer";
@@ -41,7 +41,10 @@ mod tests {
         };
         let pool = pool_with(vec![kv(0.25), kv(0.0), kv(1.0)]);
         let request = InferenceRequest::empty();
-        let ctx = SchedulingContext { request: &request, pool: &pool };
+        let ctx = SchedulingContext {
+            request: &request,
+            pool: &pool,
+        };
         let mut scores = [0.0; 3];
         KvCacheUtilizationScorer.score(&ctx, &[0, 1, 2], &mut scores);
         assert_eq!(scores, [0.75, 1.0, 0.0]);

@@ -2,7 +2,7 @@
 //! those with a free adapter slot, then those that have it queued.
 
 use crate::metrics::LoraInfo;
-use crate::scheduling::{Plugin, Scorer, SchedulingContext};
+use crate::scheduling::{Plugin, SchedulingContext, Scorer};
 use serde_yaml::Value;
 
 pub const TYPE: &str = "lora-affinity-scorer";
@@ -42,7 +42,10 @@ impl Scorer for LoraAffinityScorer {
     fn score(&mut self, ctx: &SchedulingContext<'_>, candidates: &[usize], scores: &mut [f64]) {
         let adapter = ctx.request.model.as_str();
         for (score, &i) in scores.iter_mut().zip(candidates) {
-            *score = affinity(ctx.pool.get(i).and_then(|e| e.metrics.lora.as_ref()), adapter);
+            *score = affinity(
+                ctx.pool.get(i).and_then(|e| e.metrics.lora.as_ref()),
+                adapter,
+            );
         }
     }
 }

@@ -15,7 +15,9 @@ pub struct MaxScorePicker {
 }
 
 pub fn build(parameters: &Value) -> Result<Plugin, String> {
-    Ok(Plugin::Picker(Box::new(MaxScorePicker::new(PickerParameters::parse(parameters)?))))
+    Ok(Plugin::Picker(Box::new(MaxScorePicker::new(
+        PickerParameters::parse(parameters)?,
+    ))))
 }
 
 impl MaxScorePicker {
@@ -47,10 +49,19 @@ impl Picker for MaxScorePicker {
             }
             return;
         }
-        let mut order: Vec<(usize, f64)> = candidates.iter().copied().zip(totals.iter().copied()).collect();
+        let mut order: Vec<(usize, f64)> = candidates
+            .iter()
+            .copied()
+            .zip(totals.iter().copied())
+            .collect();
         rng.shuffle(&mut order);
         order.sort_by(|a, b| b.1.total_cmp(&a.1));
-        picked.extend(order.iter().take(self.parameters.max_num_of_endpoints).map(|(c, _)| *c));
+        picked.extend(
+            order
+                .iter()
+                .take(self.parameters.max_num_of_endpoints)
+                .map(|(c, _)| *c),
+        );
     }
 }
 
@@ -87,7 +98,12 @@ mod tests {
     #[test]
     fn fallbacks_in_score_order() {
         let mut picked = Vec::new();
-        picker(3).pick(&[0, 1, 2, 3], &[0.1, 0.9, 0.5, 0.7], &mut Rng::new(9), &mut picked);
+        picker(3).pick(
+            &[0, 1, 2, 3],
+            &[0.1, 0.9, 0.5, 0.7],
+            &mut Rng::new(9),
+            &mut picked,
+        );
         assert_eq!(picked, [1, 3, 2]);
         picker(9).pick(&[0, 1], &[0.1, 0.9], &mut Rng::new(9), &mut picked);
         assert_eq!(picked, [1, 0]);

@@ -19,9 +19,18 @@ type Builder = fn(&Value) -> Result<Plugin, String>;
 /// `(type, builder)`; older names users still write are listed as their own entries.
 const REGISTRY: &[(&str, Builder)] = &[
     (queue_scorer::TYPE, queue_scorer::build),
-    (kv_cache_utilization_scorer::TYPE, kv_cache_utilization_scorer::build),
-    (kv_cache_utilization_scorer::LEGACY_TYPE, kv_cache_utilization_scorer::build),
-    (running_requests_size_scorer::TYPE, running_requests_size_scorer::build),
+    (
+        kv_cache_utilization_scorer::TYPE,
+        kv_cache_utilization_scorer::build,
+    ),
+    (
+        kv_cache_utilization_scorer::LEGACY_TYPE,
+        kv_cache_utilization_scorer::build,
+    ),
+    (
+        running_requests_size_scorer::TYPE,
+        running_requests_size_scorer::build,
+    ),
     (lora_affinity_scorer::TYPE, lora_affinity_scorer::build),
     (prefix_cache_scorer::TYPE, prefix_cache_scorer::build),
     (prefix_cache_scorer::LEGACY_TYPE, prefix_cache_scorer::build),
@@ -29,7 +38,10 @@ const REGISTRY: &[(&str, Builder)] = &[
     (max_score_picker::LEGACY_TYPE, max_score_picker::build),
     (random_picker::TYPE, random_picker::build),
     (single_profile_handler::TYPE, single_profile_handler::build),
-    (single_profile_handler::LEGACY_TYPE, single_profile_handler::build),
+    (
+        single_profile_handler::LEGACY_TYPE,
+        single_profile_handler::build,
+    ),
 ];
 
 /// The canonical type name (`&'static`) for a configured type, if known.
@@ -99,9 +111,13 @@ mod tests {
 
     #[test]
     fn unknown_types_and_parameters_are_rejected() {
-        assert!(build("queue-scorerr", &Value::Null).unwrap_err().contains("unknown plugin type"));
+        assert!(build("queue-scorerr", &Value::Null)
+            .unwrap_err()
+            .contains("unknown plugin type"));
         let bad: Value = serde_yaml::from_str("{nope: 1}").unwrap();
-        assert!(build("max-score-picker", &bad).unwrap_err().contains("nope"));
+        assert!(build("max-score-picker", &bad)
+            .unwrap_err()
+            .contains("nope"));
         let zero: Value = serde_yaml::from_str("{maxNumOfEndpoints: 0}").unwrap();
         assert!(build("random-picker", &zero).is_err());
     }

@@ -7,7 +7,7 @@
 use crate::hash::hash_bytes;
 use crate::request::CHARS_PER_TOKEN;
 use crate::scheduling::prefix_index::PrefixIndex;
-use crate::scheduling::{Plugin, Scorer, SchedulingContext};
+use crate::scheduling::{Plugin, SchedulingContext, Scorer};
 use serde_yaml::Value;
 
 pub const TYPE: &str = "prefix-cache-scorer";
@@ -54,7 +54,9 @@ pub struct PrefixCacheScorer {
 }
 
 pub fn build(parameters: &Value) -> Result<Plugin, String> {
-    Ok(Plugin::Scorer(Box::new(PrefixCacheScorer::new(super::parameters(parameters)?)?)))
+    Ok(Plugin::Scorer(Box::new(PrefixCacheScorer::new(
+        super::parameters(parameters)?,
+    )?)))
 }
 
 impl PrefixCacheScorer {
@@ -63,7 +65,9 @@ impl PrefixCacheScorer {
             return Err("blockSizeTokens must be at least 1".into());
         }
         if parameters.max_prefix_blocks_to_match == 0 || parameters.lru_capacity_per_server == 0 {
-            return Err("maxPrefixBlocksToMatch and lruCapacityPerServer must be at least 1".into());
+            return Err(
+                "maxPrefixBlocksToMatch and lruCapacityPerServer must be at least 1".into(),
+            );
         }
         Ok(PrefixCacheScorer {
             index: PrefixIndex::new(parameters.lru_capacity_per_server),
@@ -83,7 +87,13 @@ impl PrefixCacheScorer {
 }
 
 /// Chained hashes of the full blocks of `prompt`, at most `max_blocks` of them.
-pub fn block_hashes(model: &str, prompt: &str, block_chars: usize, max_blocks: usize, out: &mut Vec<u64>) {
+pub fn block_hashes(
+    model: &str,
+    prompt: &str,
+    block_chars: usize,
+    max_blocks: usize,
+    out: &mut Vec<u64>,
+) {
     out.clear();
     let mut previous = hash_bytes(0, model.as_bytes());
     let bytes = prompt.as_bytes();
@@ -127,7 +137,8 @@ impl Scorer for PrefixCacheScorer {
         }
         self.matched.clear();
         self.matched.resize(candidates.len(), 0);
-        self.index.match_lengths(&self.hashes, candidates, &mut self.matched);
+        self.index
+            .match_lengths(&self.hashes, candidates, &mut self.matched);
         let total = self.hashes.len() as f64;
         for (score, &matched) in scores.iter_mut().zip(&self.matched) {
             *score = matched as f64 / total;
@@ -137,7 +148,9 @@ impl Scorer for PrefixCacheScorer {
     fn on_picked(&mut self, ctx: &SchedulingContext<'_>, endpoint: usize) {
         if self.parameters.auto_tune {
             if let Some(cache) = ctx.pool.get(endpoint).and_then(|e| e.metrics.cache_config) {
-                let tokens = cache.num_gpu_blocks.saturating_mul(u64::from(cache.block_size));
+                let tokens = cache
+                    .num_gpu_blocks
+                    .saturating_mul(u64::from(cache.block_size));
                 let blocks = tokens / self.parameters.block_size_tokens.max(1) as u64;
                 let blocks = usize::try_from(blocks).unwrap_or(usize::MAX);
                 if blocks > 0 && blocks != self.index.capacity(endpoint) {
@@ -173,7 +186,10 @@ mod tests {
         assert_eq!(a.len(), 2);
         assert_eq!(a, b);
         block_hashes("m", "xaaabbbb", 4, 256, &mut b);
-        assert_ne!(a[1], b[1], "a different first block changes every later hash");
+        assert_ne!(
+            a[1], b[1],
+            "a different first block changes every later hash"
+        );
         block_hashes("other", "aaaabbbb", 4, 256, &mut b);
         assert_ne!(a[0], b[0], "the model seeds the chain");
         block_hashes("m", "aaaabbbbcccc", 4, 2, &mut b);
@@ -191,13 +207,19 @@ mod tests {
         })
         .unwrap();
         let first = request("aaaabbbbcccc");
-        let ctx = SchedulingContext { request: &first, pool: &pool };
+        let ctx = SchedulingContext {
+            request: &first,
+            pool: &pool,
+        };
         let mut scores = [0.0; 2];
         scorer.score(&ctx, &[0, 1], &mut scores);
         assert_eq!(scores, [0.0, 0.0]);
         scorer.on_picked(&ctx, 1);
         let second = request("aaaabbbbdddd");
-        let ctx = SchedulingContext { request: &second, pool: &pool };
+        let ctx = SchedulingContext {
+            request: &second,
+            pool: &pool,
+        };
         scorer.score(&ctx, &[0, 1], &mut scores);
         assert_eq!(scores, [0.0, 2.0 / 3.0]);
     }
@@ -220,7 +242,10 @@ mod tests {
         }]);
         let mut scorer = PrefixCacheScorer::new(Parameters::default()).unwrap();
         let req = request("hello");
-        let ctx = SchedulingContext { request: &req, pool: &pool };
+        let ctx = SchedulingContext {
+            request: &req,
+            pool: &pool,
+        };
         scorer.on_picked(&ctx, 0);
         assert_eq!(scorer.index().capacity(0), 100);
     }

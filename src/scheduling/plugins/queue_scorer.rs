@@ -1,7 +1,7 @@
 //! `queue-scorer`: prefers endpoints with shorter waiting queues, min-max normalised over the
 //! candidates (GIE semantics).
 
-use crate::scheduling::{score_lower_is_better, Plugin, Scorer, SchedulingContext};
+use crate::scheduling::{score_lower_is_better, Plugin, SchedulingContext, Scorer};
 use serde_yaml::Value;
 
 pub const TYPE: &str = "queue-scorer";
@@ -34,7 +34,10 @@ mod tests {
     fn shortest_queue_scores_one() {
         let pool = queues(&[4.0, 0.0, 2.0, 8.0]);
         let request = InferenceRequest::empty();
-        let ctx = SchedulingContext { request: &request, pool: &pool };
+        let ctx = SchedulingContext {
+            request: &request,
+            pool: &pool,
+        };
         let mut scores = [0.0; 4];
         QueueScorer.score(&ctx, &[0, 1, 2, 3], &mut scores);
         assert_eq!(scores, [0.5, 1.0, 0.75, 0.0]);

@@ -1,7 +1,7 @@
 //! `running-requests-size-scorer`: prefers endpoints running fewer requests, min-max
 //! normalised over the candidates.
 
-use crate::scheduling::{score_lower_is_better, Plugin, Scorer, SchedulingContext};
+use crate::scheduling::{score_lower_is_better, Plugin, SchedulingContext, Scorer};
 use serde_yaml::Value;
 
 pub const TYPE: &str = "running-requests-size-scorer";
@@ -39,7 +39,10 @@ mod tests {
         };
         let pool = pool_with(vec![running(10.0), running(2.0), running(6.0)]);
         let request = InferenceRequest::empty();
-        let ctx = SchedulingContext { request: &request, pool: &pool };
+        let ctx = SchedulingContext {
+            request: &request,
+            pool: &pool,
+        };
         let mut scores = [0.0; 3];
         RunningRequestsSizeScorer.score(&ctx, &[0, 1, 2], &mut scores);
         assert_eq!(scores, [0.0, 1.0, 0.5]);
