@@ -10,7 +10,8 @@
 //! --loaded-adapters a,b (resident at start), --background-waiting N (queued work from
 //! elsewhere), --background-kv F, --fault MODE (none|error|slow|hang|die).
 //! Runtime control: `POST /admin/fault` and `POST /admin/load` with a JSON body,
-//! `GET /admin/stats` for counters.
+//! `GET /admin/stats` for counters. A request header `x-sim-response-id` pins the response id
+//! so tests can compare responses byte for byte.
 
 use inference_picker::request::{parse_body, ApiKind, InferenceRequest};
 use inference_picker::scheduling::plugins::prefix_cache_scorer::block_hashes;
@@ -479,11 +480,15 @@ fn inference(sim: &Sim, api: ApiKind, request: &HttpRequest, out: &mut TcpStream
         sim,
         uncached as f64 * sim.settings.prefill_us_per_token / 1000.0,
     ));
-    let id = format!(
-        "cmpl-{}-{}",
-        sim.settings.name,
-        sim.started.elapsed().as_nanos()
-    );
+    // Tests pin the id with x-sim-response-id to compare responses byte for byte.
+    let id = match request.header("x-sim-response-id") {
+        Some(id) => id.to_string(),
+        None => format!(
+            "cmpl-{}-{}",
+            sim.settings.name,
+            sim.started.elapsed().as_nanos()
+        ),
+    };
     let ok = if parsed.stream && api != ApiKind::Embeddings {
         stream_tokens(sim, api, &parsed, &id, output_tokens, out)
     } else {

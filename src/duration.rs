@@ -60,11 +60,11 @@ pub mod serde_go {
 /// Formats a duration the way Go prints short ones (`50ms`, `2s`).
 pub fn format_duration(value: Duration) -> String {
     let nanos = value.as_nanos();
-    if nanos % 1_000_000_000 == 0 {
+    if nanos.is_multiple_of(1_000_000_000) {
         format!("{}s", nanos / 1_000_000_000)
-    } else if nanos % 1_000_000 == 0 {
+    } else if nanos.is_multiple_of(1_000_000) {
         format!("{}ms", nanos / 1_000_000)
-    } else if nanos % 1_000 == 0 {
+    } else if nanos.is_multiple_of(1_000) {
         format!("{}us", nanos / 1_000)
     } else {
         format!("{nanos}ns")

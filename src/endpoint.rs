@@ -88,11 +88,16 @@ pub struct HealthTransition {
 #[derive(Debug, Clone, Default)]
 pub struct Pool {
     pub endpoints: Vec<EndpointState>,
+    /// Health changes since the last `refresh_health`, for the log.
+    transitions: Vec<HealthTransition>,
 }
 
 impl Pool {
     pub fn new(endpoints: Vec<EndpointState>) -> Self {
-        Pool { endpoints }
+        Pool {
+            endpoints,
+            transitions: Vec::new(),
+        }
     }
 
     pub fn len(&self) -> usize {
@@ -111,35 +116,32 @@ impl Pool {
         self.endpoints.iter().position(|e| e.address == address)
     }
 
+    /// Fresh metrics: the endpoint is routable at once, not only after the next tick.
     pub fn record_scrape_ok(&mut self, index: usize, now_ms: u64, metrics: EndpointMetrics) {
         if let Some(endpoint) = self.endpoints.get_mut(index) {
             endpoint.metrics = metrics;
             endpoint.last_scrape_ok_ms = Some(now_ms);
             endpoint.last_scrape_failed = false;
+            set_health(endpoint, Health::Fresh, &mut self.transitions);
         }
     }
 
+    /// A failed scrape takes the endpoint out of rotation at once.
     pub fn record_scrape_failure(&mut self, index: usize) {
         if let Some(endpoint) = self.endpoints.get_mut(index) {
             endpoint.last_scrape_failed = true;
+            set_health(endpoint, Health::Unreachable, &mut self.transitions);
         }
     }
 
-    /// Recomputes every endpoint's health so the request path only reads a flag.
+    /// Ages every endpoint's metrics so the request path only reads a flag; returns the health
+    /// changes since the last call.
     pub fn refresh_health(&mut self, now_ms: u64, staleness_ms: u64) -> Vec<HealthTransition> {
-        let mut transitions = Vec::new();
         for endpoint in &mut self.endpoints {
             let health = endpoint.health_at(now_ms, staleness_ms);
-            if health != endpoint.health {
-                transitions.push(HealthTransition {
-                    address: endpoint.address.clone(),
-                    from: endpoint.health,
-                    to: health,
-                });
-                endpoint.health = health;
-            }
+            set_health(endpoint, health, &mut self.transitions);
         }
-        transitions
+        std::mem::take(&mut self.transitions)
     }
 
     pub fn add_in_flight(&mut self, index: usize) {
@@ -152,6 +154,21 @@ impl Pool {
         if let Some(endpoint) = self.endpoints.get_mut(index) {
             endpoint.in_flight = endpoint.in_flight.saturating_sub(1);
         }
+    }
+}
+
+fn set_health(
+    endpoint: &mut EndpointState,
+    health: Health,
+    transitions: &mut Vec<HealthTransition>,
+) {
+    if health != endpoint.health {
+        transitions.push(HealthTransition {
+            address: endpoint.address.clone(),
+            from: endpoint.health,
+            to: health,
+        });
+        endpoint.health = health;
     }
 }
 
@@ -186,6 +203,11 @@ mod tests {
         assert!(pool.refresh_health(0, 2000).is_empty());
         pool.record_scrape_ok(0, 1000, EndpointMetrics::default());
         pool.record_scrape_failure(1);
+        assert_eq!(
+            pool.endpoints[1].health,
+            Health::Unreachable,
+            "effective before the tick"
+        );
         let transitions = pool.refresh_health(1500, 2000);
         assert_eq!(transitions.len(), 2);
         assert_eq!(pool.endpoints[0].health, Health::Fresh);

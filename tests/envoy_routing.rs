@@ -1,0 +1,249 @@
+//! The filter in a real Envoy (`envoy/envoy.yaml`, `--concurrency 2`) in front of simulated
+//! vLLM pods on loopback.
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+use support::{completion, shipped_picker_config, with_endpoints, Envoy, Sim, MODEL};
+
+fn gateway(sims: &[&Sim]) -> Envoy {
+    let envoy = Envoy::start(&with_endpoints(&shipped_picker_config(), sims), 2);
+    for sim in sims {
+        sim.wait_for_scrapes(3);
+    }
+    envoy
+}
+
+fn picks(envoy: &Envoy, count: usize) -> BTreeMap<String, usize> {
+    let mut picks = BTreeMap::new();
+    for n in 0..count {
+        let response = envoy.post("/v1/completions", &completion(n));
+        assert_eq!(response.status, 200, "{}", response.text());
+        *picks.entry(response.pod()).or_insert(0) += 1;
+    }
+    picks
+}
+
+fn only(pod: &str, count: usize) -> BTreeMap<String, usize> {
+    BTreeMap::from([(pod.to_string(), count)])
+}
+
+#[test]
+fn shortest_queue_wins_and_kv_cache_breaks_ties() {
+    let a = Sim::start("pod-a", &["--background-waiting", "6"]);
+    let b = Sim::start("pod-b", &[]);
+    let c = Sim::start("pod-c", &["--background-waiting", "3"]);
+    let envoy = gateway(&[&a, &b, &c]);
+    assert_eq!(picks(&envoy, 12), only("pod-b", 12));
+
+    a.admin("load", r#"{"background_waiting":0,"background_kv":0.7}"#);
+    b.admin("load", r#"{"background_waiting":0,"background_kv":0.6}"#);
+    c.admin("load", r#"{"background_waiting":0,"background_kv":0.1}"#);
+    for sim in [&a, &b, &c] {
+        sim.wait_for_scrapes(3);
+    }
+    assert_eq!(picks(&envoy, 12), only("pod-c", 12));
+}
+
+#[test]
+fn lora_requests_go_where_the_adapter_is_loaded() {
+    let adapters = ["--adapters", "sql-lora,chat-lora,x,y,z", "--max-lora", "2"];
+    let a = Sim::start(
+        "pod-a",
+        &[&adapters[..], &["--loaded-adapters", "chat-lora,x"]].concat(),
+    );
+    let b = Sim::start(
+        "pod-b",
+        &[&adapters[..], &["--loaded-adapters", "x,sql-lora"]].concat(),
+    );
+    let c = Sim::start(
+        "pod-c",
+        &[&adapters[..], &["--loaded-adapters", "y,z"]].concat(),
+    );
+    let envoy = gateway(&[&a, &b, &c]);
+    let mut served = BTreeMap::new();
+    for n in 0..10 {
+        let body = format!(r#"{{"model":"sql-lora","prompt":"lora request {n}","max_tokens":3}}"#);
+        let response = envoy.post("/v1/completions", &body);
+        assert_eq!(response.status, 200, "{}", response.text());
+        *served.entry(response.pod()).or_insert(0) += 1;
+    }
+    assert_eq!(served, only("pod-b", 10));
+}
+
+#[test]
+fn every_openai_api_is_parsed_and_routed() {
+    let a = Sim::start("pod-a", &[]);
+    let b = Sim::start("pod-b", &[]);
+    let envoy = gateway(&[&a, &b]);
+    let cases = [
+        (
+            "/v1/completions",
+            format!(r#"{{"model":"{MODEL}","prompt":["Hello","world"],"max_tokens":2}}"#),
+            "text_completion",
+        ),
+        (
+            "/v1/chat/completions",
+            format!(
+                r#"{{"model":"{MODEL}","messages":[{{"role":"user","content":[{{"type":"text","text":"Hi"}}]}}],"max_tokens":2}}"#
+            ),
+            "chat.completion",
+        ),
+        (
+            "/v1/embeddings",
+            format!(r#"{{"model":"{MODEL}","input":"embed me"}}"#),
+            "list",
+        ),
+        (
+            "/v1/responses",
+            format!(
+                r#"{{"model":"{MODEL}","instructions":"Be brief.","input":"Hi","max_output_tokens":2}}"#
+            ),
+            "response",
+        ),
+    ];
+    for (path, body, object) in cases {
+        let response = envoy.post(path, &body);
+        assert_eq!(response.status, 200, "{path}: {}", response.text());
+        assert!(
+            ["pod-a", "pod-b"].contains(&response.pod().as_str()),
+            "{path}"
+        );
+        assert_eq!(response.json()["object"], object, "{path}");
+    }
+    let models = envoy.get("/v1/models");
+    assert_eq!(models.status, 200, "a request without a body is routed too");
+    assert_eq!(models.json()["data"][0]["id"], MODEL);
+}
+
+#[test]
+fn client_errors_are_openai_json_and_never_reach_a_pod() {
+    let a = Sim::start("pod-a", &[]);
+    let envoy = gateway(&[&a]);
+    let cases = [
+        ("/v1/completions", "{not json".to_string(), "not valid"),
+        (
+            "/v1/completions",
+            r#"{"prompt":"no model"}"#.to_string(),
+            "\"model\"",
+        ),
+        (
+            "/v1/chat/completions",
+            format!(r#"{{"model":"{MODEL}","messages":{{}}}}"#),
+            "not valid",
+        ),
+        ("/v1/completions", String::new(), "empty"),
+    ];
+    for (path, body, needle) in cases {
+        let response = envoy.post(path, &body);
+        assert_eq!(response.status, 400, "{body:?}: {}", response.text());
+        assert_eq!(response.header("content-type"), Some("application/json"));
+        let error = &response.json()["error"];
+        assert_eq!(error["code"], 400);
+        assert_eq!(error["type"], "invalid_request_error");
+        assert!(
+            error["message"].as_str().unwrap_or("").contains(needle),
+            "{body:?}: {error}"
+        );
+    }
+    assert_eq!(a.requests_total(), 0, "no bad request reached the pod");
+}
+
+#[test]
+fn client_destination_header_is_overwritten_and_matches_envoy_lb_metadata() {
+    let a = Sim::start("pod-a", &[]);
+    let b = Sim::start("pod-b", &[]);
+    let outsider = Sim::start("outsider", &[]);
+    let envoy = gateway(&[&a, &b]);
+    let count = 10;
+    for n in 0..count {
+        let headers = [
+            ("content-type", "application/json"),
+            ("x-gateway-destination-endpoint", outsider.address.as_str()),
+        ];
+        let response = envoy.post_with("/v1/completions", &headers, &completion(n));
+        assert_eq!(response.status, 200);
+        assert_ne!(response.pod(), "outsider");
+    }
+    assert_eq!(outsider.requests_total(), 0);
+    let pool = [a.address.as_str(), b.address.as_str()];
+    let lines = envoy.access_log(count);
+    assert_eq!(lines.len(), count, "{lines:?}");
+    for line in lines {
+        let field = |name: &str| {
+            line.split_whitespace()
+                .find_map(|part| part.strip_prefix(&format!("{name}=")))
+                .unwrap_or("")
+                .to_string()
+        };
+        let destination = field("destination");
+        assert!(pool.contains(&destination.as_str()), "{line}");
+        assert_eq!(field("envoy.lb"), destination, "{line}");
+        assert_eq!(field("upstream"), destination, "{line}");
+    }
+}
+
+#[test]
+fn streaming_passes_through_byte_for_byte() {
+    let a = Sim::start("pod-a", &[]);
+    let envoy = gateway(&[&a]);
+    let body = format!(
+        r#"{{"model":"{MODEL}","messages":[{{"role":"user","content":"stream please"}}],"max_tokens":24,"stream":true}}"#
+    );
+    let headers = [
+        ("content-type", "application/json"),
+        ("x-sim-response-id", "fixed-id"),
+    ];
+    let direct = support::request(
+        &a.address,
+        "POST",
+        "/v1/chat/completions",
+        &headers,
+        body.as_bytes(),
+    );
+    let proxied = envoy.post_with("/v1/chat/completions", &headers, &body);
+    assert_eq!(proxied.status, 200);
+    assert_eq!(proxied.header("content-type"), Some("text/event-stream"));
+    assert!(direct.body.ends_with(b"data: [DONE]\n\n"));
+    assert_eq!(direct.body.matches_count(b"data: "), 25);
+    assert_eq!(proxied.text(), direct.text());
+}
+
+trait CountMatches {
+    fn matches_count(&self, needle: &[u8]) -> usize;
+}
+
+impl CountMatches for Vec<u8> {
+    fn matches_count(&self, needle: &[u8]) -> usize {
+        self.windows(needle.len()).filter(|w| *w == needle).count()
+    }
+}
+
+#[test]
+fn dead_pods_get_no_traffic_and_an_empty_pool_is_503() {
+    let a = Sim::start("pod-a", &[]);
+    let mut b = Sim::start("pod-b", &[]);
+    let mut c = Sim::start("pod-c", &[]);
+    let envoy = gateway(&[&a, &b, &c]);
+    b.kill();
+    // Two scrape intervals (2 x 50 ms) after the kill, pod-b is out of rotation.
+    std::thread::sleep(Duration::from_millis(100));
+    let served = picks(&envoy, 20);
+    assert!(!served.contains_key("pod-b"), "{served:?}");
+
+    c.kill();
+    drop(a);
+    std::thread::sleep(Duration::from_millis(100));
+    let response = envoy.post("/v1/completions", &completion(99));
+    assert_eq!(response.status, 503, "{}", response.text());
+    let error = &response.json()["error"];
+    assert_eq!(error["code"], 503);
+    assert!(
+        error["message"]
+            .as_str()
+            .unwrap_or("")
+            .contains("reachable"),
+        "{error}"
+    );
+}

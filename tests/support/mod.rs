@@ -1,0 +1,458 @@
+//! Test harness: real processes on loopback. Simulated pods and Envoy are started per test and
+//! stopped by pid when their handle drops.
+#![allow(dead_code)]
+
+use serde_json::Value;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+pub fn repo() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn required(relative: &str, hint: &str) -> PathBuf {
+    let path = repo().join(relative);
+    assert!(path.exists(), "{} is missing: {hint}", path.display());
+    path
+}
+
+pub fn envoy_binary() -> PathBuf {
+    required(".venv/bin/envoy", "run `make envoy` (make test does it)")
+}
+
+pub fn sim_binary() -> PathBuf {
+    required(
+        "target/release/examples/model-server-sim",
+        "run `make sim` (make test does it)",
+    )
+}
+
+pub fn wasm_path() -> PathBuf {
+    required(
+        "target/wasm32-wasip1/release/inference_picker.wasm",
+        "run `make build` (make test does it)",
+    )
+}
+
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free loopback port")
+}
+
+/// A directory removed on drop.
+pub struct TempDir(pub PathBuf);
+
+impl TempDir {
+    pub fn new(tag: &str) -> TempDir {
+        static COUNTER: AtomicUsize = AtomicUsize::new(0);
+        let n = COUNTER.fetch_add(1, Ordering::SeqCst);
+        let path =
+            std::env::temp_dir().join(format!("inference-picker-{tag}-{}-{n}", std::process::id()));
+        std::fs::create_dir_all(&path).expect("temp dir");
+        TempDir(path)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn stop(child: &mut Child) {
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+/// One simulated model server.
+pub struct Sim {
+    child: Child,
+    pub name: String,
+    pub address: String,
+}
+
+impl Sim {
+    pub fn start(name: &str, args: &[&str]) -> Sim {
+        let mut child = Command::new(sim_binary())
+            .args(["--port", "0", "--name", name, "--time-scale", "0.05"])
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start model-server-sim");
+        let stdout = child.stdout.take().expect("sim stdout");
+        let mut line = String::new();
+        BufReader::new(stdout)
+            .read_line(&mut line)
+            .expect("sim prints its address");
+        let address = line
+            .trim()
+            .strip_prefix("listening on ")
+            .expect("sim address line")
+            .to_string();
+        Sim {
+            child,
+            name: name.to_string(),
+            address,
+        }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    pub fn kill(&mut self) {
+        stop(&mut self.child);
+    }
+
+    /// `POST /admin/<what>` with a JSON body; returns the sim's counters.
+    pub fn admin(&self, what: &str, body: &str) -> Value {
+        let response = request(
+            &self.address,
+            "POST",
+            &format!("/admin/{what}"),
+            &[],
+            body.as_bytes(),
+        );
+        response.json()
+    }
+
+    pub fn stats(&self) -> Value {
+        self.admin("stats", "")
+    }
+
+    pub fn metrics_scrapes(&self) -> u64 {
+        self.stats()["metrics_scrapes"].as_u64().unwrap_or(0)
+    }
+
+    pub fn requests_total(&self) -> u64 {
+        self.stats()["requests_total"].as_u64().unwrap_or(0)
+    }
+
+    /// Waits until the gateway has scraped this pod `count` more times.
+    pub fn wait_for_scrapes(&self, count: u64) {
+        let start = self.metrics_scrapes();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while self.metrics_scrapes() < start + count {
+            assert!(Instant::now() < deadline, "{} was not scraped", self.name);
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+impl Drop for Sim {
+    fn drop(&mut self) {
+        stop(&mut self.child);
+    }
+}
+
+/// The picker configuration shipped in `envoy/envoy.yaml`.
+pub fn shipped_envoy_config() -> serde_yaml::Value {
+    let text = std::fs::read_to_string(repo().join("envoy/envoy.yaml")).expect("envoy/envoy.yaml");
+    serde_yaml::from_str(&text).expect("envoy.yaml parses")
+}
+
+fn http_filters(config: &mut serde_yaml::Value) -> &mut serde_yaml::Value {
+    &mut config["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]
+        ["typed_config"]["http_filters"]
+}
+
+fn wasm_config(config: &mut serde_yaml::Value) -> &mut serde_yaml::Value {
+    &mut http_filters(config)[0]["typed_config"]["config"]
+}
+
+pub fn shipped_picker_config() -> String {
+    let mut config = shipped_envoy_config();
+    wasm_config(&mut config)["configuration"]["value"]
+        .as_str()
+        .expect("picker configuration string")
+        .to_string()
+}
+
+/// `picker_config` with its `pool.endpoints` replaced by the given pods.
+pub fn with_endpoints(picker_config: &str, sims: &[&Sim]) -> String {
+    let mut config: serde_yaml::Value =
+        serde_yaml::from_str(picker_config).expect("picker config parses");
+    let endpoints: Vec<serde_yaml::Value> = sims
+        .iter()
+        .map(|sim| {
+            let mut endpoint = serde_yaml::Mapping::new();
+            endpoint.insert("address".into(), sim.address.clone().into());
+            serde_yaml::Value::Mapping(endpoint)
+        })
+        .collect();
+    config["pool"]["endpoints"] = serde_yaml::Value::Sequence(endpoints);
+    serde_yaml::to_string(&config).expect("serialize picker config")
+}
+
+/// A real Envoy running `envoy/envoy.yaml` with its ports, paths and picker config replaced.
+pub struct Envoy {
+    child: Child,
+    pub port: u16,
+    pub admin_port: u16,
+    dir: TempDir,
+}
+
+impl Envoy {
+    pub fn start(picker_config: &str, concurrency: u32) -> Envoy {
+        Envoy::start_with(picker_config, concurrency, |_| {})
+    }
+
+    /// Starts Envoy; `adjust` may edit the rendered Envoy config first.
+    pub fn start_with(
+        picker_config: &str,
+        concurrency: u32,
+        adjust: impl FnOnce(&mut serde_yaml::Value),
+    ) -> Envoy {
+        let dir = TempDir::new("envoy");
+        let port = free_port();
+        let admin_port = free_port();
+        let mut config = shipped_envoy_config();
+        config["admin"]["address"]["socket_address"]["port_value"] = admin_port.into();
+        let listener = &mut config["static_resources"]["listeners"][0];
+        listener["address"]["socket_address"]["port_value"] = port.into();
+        listener["filter_chains"][0]["filters"][0]["typed_config"]["access_log"][0]
+            ["typed_config"]["path"] = dir.0.join("access.log").display().to_string().into();
+        let wasm = wasm_config(&mut config);
+        wasm["vm_config"]["code"]["local"]["filename"] = wasm_path().display().to_string().into();
+        wasm["configuration"]["value"] = picker_config.into();
+        adjust(&mut config);
+        let config_path = dir.0.join("envoy.yaml");
+        std::fs::write(
+            &config_path,
+            serde_yaml::to_string(&config).expect("render"),
+        )
+        .expect("write config");
+        let child = Command::new(envoy_binary())
+            .arg("-c")
+            .arg(&config_path)
+            .args([
+                "--concurrency",
+                &concurrency.to_string(),
+                "--disable-hot-restart",
+            ])
+            .args(["-l", "info", "--component-log-level", "wasm:debug"])
+            .arg("--log-path")
+            .arg(dir.0.join("envoy.log"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start envoy");
+        let mut envoy = Envoy {
+            child,
+            port,
+            admin_port,
+            dir,
+        };
+        envoy.wait_ready();
+        envoy
+    }
+
+    fn wait_ready(&mut self) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                panic!("envoy exited with {status}:\n{}", self.log());
+            }
+            if let Ok(response) = try_request(
+                &format!("127.0.0.1:{}", self.admin_port),
+                "GET",
+                "/ready",
+                &[],
+                b"",
+            ) {
+                if response.status == 200 {
+                    return;
+                }
+            }
+            assert!(
+                Instant::now() < deadline,
+                "envoy not ready:\n{}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    pub fn address(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+
+    pub fn post(&self, path: &str, body: &str) -> Response {
+        request(
+            &self.address(),
+            "POST",
+            path,
+            &[("content-type", "application/json")],
+            body.as_bytes(),
+        )
+    }
+
+    pub fn post_with(&self, path: &str, headers: &[(&str, &str)], body: &str) -> Response {
+        request(&self.address(), "POST", path, headers, body.as_bytes())
+    }
+
+    pub fn get(&self, path: &str) -> Response {
+        request(&self.address(), "GET", path, &[], b"")
+    }
+
+    pub fn admin_get(&self, path: &str) -> Response {
+        request(
+            &format!("127.0.0.1:{}", self.admin_port),
+            "GET",
+            path,
+            &[],
+            b"",
+        )
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.0.join("envoy.log")).unwrap_or_default()
+    }
+
+    /// Access log lines; Envoy flushes the file on its own schedule, so this waits for `min`.
+    pub fn access_log(&self, min: usize) -> Vec<String> {
+        let deadline = Instant::now() + Duration::from_secs(15);
+        loop {
+            let text = std::fs::read_to_string(self.dir.0.join("access.log")).unwrap_or_default();
+            let lines: Vec<String> = text.lines().map(String::from).collect();
+            if lines.len() >= min || Instant::now() > deadline {
+                return lines;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+impl Drop for Envoy {
+    fn drop(&mut self) {
+        stop(&mut self.child);
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct Response {
+    pub status: u16,
+    pub headers: Vec<(String, String)>,
+    pub body: Vec<u8>,
+}
+
+impl Response {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+
+    pub fn pod(&self) -> String {
+        self.header("x-inference-pod").unwrap_or("-").to_string()
+    }
+
+    pub fn json(&self) -> Value {
+        serde_json::from_slice(&self.body).unwrap_or_else(|_| {
+            panic!(
+                "not JSON ({}): {}",
+                self.status,
+                String::from_utf8_lossy(&self.body)
+            )
+        })
+    }
+
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+}
+
+pub fn request(
+    address: &str,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> Response {
+    try_request(address, method, path, headers, body)
+        .unwrap_or_else(|error| panic!("{method} {address}{path}: {error}"))
+}
+
+/// One HTTP/1.1 exchange on a fresh connection (`Connection: close`), body de-chunked.
+pub fn try_request(
+    address: &str,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> std::io::Result<Response> {
+    let mut stream = TcpStream::connect(address)?;
+    stream.set_read_timeout(Some(Duration::from_secs(30)))?;
+    let mut head = format!("{method} {path} HTTP/1.1\r\nhost: {address}\r\nconnection: close\r\ncontent-length: {}\r\n", body.len());
+    for (name, value) in headers {
+        head.push_str(&format!("{name}: {value}\r\n"));
+    }
+    head.push_str("\r\n");
+    stream.write_all(head.as_bytes())?;
+    stream.write_all(body)?;
+    let mut raw = Vec::new();
+    stream.read_to_end(&mut raw)?;
+    parse_response(&raw).ok_or_else(|| {
+        std::io::Error::other(format!("bad response: {}", String::from_utf8_lossy(&raw)))
+    })
+}
+
+fn parse_response(raw: &[u8]) -> Option<Response> {
+    let split = raw.windows(4).position(|w| w == b"\r\n\r\n")?;
+    let head = std::str::from_utf8(&raw[..split]).ok()?;
+    let mut lines = head.split("\r\n");
+    let status = lines.next()?.split_whitespace().nth(1)?.parse().ok()?;
+    let headers: Vec<(String, String)> = lines
+        .filter_map(|line| line.split_once(':'))
+        .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_string()))
+        .collect();
+    let mut body = raw[split + 4..].to_vec();
+    let chunked = headers
+        .iter()
+        .any(|(k, v)| k == "transfer-encoding" && v.contains("chunked"));
+    if chunked {
+        body = dechunk(&body)?;
+    }
+    Some(Response {
+        status,
+        headers,
+        body,
+    })
+}
+
+fn dechunk(mut data: &[u8]) -> Option<Vec<u8>> {
+    let mut out = Vec::new();
+    loop {
+        let line_end = data.windows(2).position(|w| w == b"\r\n")?;
+        let size = usize::from_str_radix(
+            std::str::from_utf8(&data[..line_end])
+                .ok()?
+                .split(';')
+                .next()?
+                .trim(),
+            16,
+        )
+        .ok()?;
+        data = &data[line_end + 2..];
+        if size == 0 {
+            return Some(out);
+        }
+        out.extend_from_slice(data.get(..size)?);
+        data = data.get(size + 2..)?;
+    }
+}
+
+pub const MODEL: &str = "meta-llama/Llama-3.1-8B-Instruct";
+
+/// A completions body with a prompt unique to `n`, so prefix affinity does not interfere.
+pub fn completion(n: usize) -> String {
+    format!(r#"{{"model":"{MODEL}","prompt":"request number {n}: say hello","max_tokens":4}}"#)
+}
