@@ -80,8 +80,13 @@ pub struct Sim {
 impl Sim {
     pub fn start(name: &str, args: &[&str]) -> Sim {
         let mut child = Command::new(sim_binary())
-            .args(["--port", "0", "--name", name, "--time-scale", "0.05"])
+            .args(["--port", "0", "--name", name])
             .args(args)
+            .args(if args.contains(&"--time-scale") {
+                &[][..]
+            } else {
+                &["--time-scale", "0.05"][..]
+            })
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
             .spawn()
@@ -238,6 +243,7 @@ impl Envoy {
                 "--disable-hot-restart",
             ])
             .args(["-l", "info", "--component-log-level", "wasm:debug"])
+            .args(["--file-flush-interval-msec", "100"])
             .arg("--log-path")
             .arg(dir.0.join("envoy.log"))
             .stdout(Stdio::null())
@@ -316,6 +322,20 @@ impl Envoy {
         std::fs::read_to_string(self.dir.0.join("envoy.log")).unwrap_or_default()
     }
 
+    /// The first log line containing `needle`, waiting for Envoy to flush it.
+    pub fn wait_for_log_line(&self, needle: &str) -> Option<String> {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            if let Some(line) = self.log().lines().find(|l| l.contains(needle)) {
+                return Some(line.to_string());
+            }
+            if Instant::now() > deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
     /// Access log lines; Envoy flushes the file on its own schedule, so this waits for `min`.
     pub fn access_log(&self, min: usize) -> Vec<String> {
         let deadline = Instant::now() + Duration::from_secs(15);
@@ -390,6 +410,7 @@ pub fn try_request(
     body: &[u8],
 ) -> std::io::Result<Response> {
     let mut stream = TcpStream::connect(address)?;
+    stream.set_nodelay(true)?;
     stream.set_read_timeout(Some(Duration::from_secs(30)))?;
     let mut head = format!("{method} {path} HTTP/1.1\r\nhost: {address}\r\nconnection: close\r\ncontent-length: {}\r\n", body.len());
     for (name, value) in headers {
@@ -398,55 +419,66 @@ pub fn try_request(
     head.push_str("\r\n");
     stream.write_all(head.as_bytes())?;
     stream.write_all(body)?;
-    let mut raw = Vec::new();
-    stream.read_to_end(&mut raw)?;
-    parse_response(&raw).ok_or_else(|| {
-        std::io::Error::other(format!("bad response: {}", String::from_utf8_lossy(&raw)))
-    })
+    read_response(BufReader::new(stream))
 }
 
-fn parse_response(raw: &[u8]) -> Option<Response> {
-    let split = raw.windows(4).position(|w| w == b"\r\n\r\n")?;
-    let head = std::str::from_utf8(&raw[..split]).ok()?;
-    let mut lines = head.split("\r\n");
-    let status = lines.next()?.split_whitespace().nth(1)?.parse().ok()?;
-    let headers: Vec<(String, String)> = lines
-        .filter_map(|line| line.split_once(':'))
-        .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_string()))
-        .collect();
-    let mut body = raw[split + 4..].to_vec();
-    let chunked = headers
-        .iter()
-        .any(|(k, v)| k == "transfer-encoding" && v.contains("chunked"));
-    if chunked {
-        body = dechunk(&body)?;
+/// Reads one response, using its framing (content-length or chunked) rather than waiting for
+/// the server to close the connection.
+fn read_response(mut reader: BufReader<TcpStream>) -> std::io::Result<Response> {
+    let bad = |what: &str| std::io::Error::other(format!("bad response: {what}"));
+    let mut status_line = String::new();
+    reader.read_line(&mut status_line)?;
+    let status = status_line
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| bad(&status_line))?;
+    let mut headers = Vec::new();
+    loop {
+        let mut line = String::new();
+        reader.read_line(&mut line)?;
+        let line = line.trim_end();
+        if line.is_empty() {
+            break;
+        }
+        let (name, value) = line.split_once(':').ok_or_else(|| bad(line))?;
+        headers.push((name.trim().to_ascii_lowercase(), value.trim().to_string()));
     }
-    Some(Response {
+    let mut response = Response {
         status,
         headers,
-        body,
-    })
+        body: Vec::new(),
+    };
+    if response
+        .header("transfer-encoding")
+        .is_some_and(|v| v.contains("chunked"))
+    {
+        response.body = read_chunked(&mut reader)?;
+    } else if let Some(length) = response
+        .header("content-length")
+        .and_then(|v| v.parse().ok())
+    {
+        response.body = vec![0; length];
+        reader.read_exact(&mut response.body)?;
+    } else {
+        reader.read_to_end(&mut response.body)?;
+    }
+    Ok(response)
 }
 
-fn dechunk(mut data: &[u8]) -> Option<Vec<u8>> {
-    let mut out = Vec::new();
+fn read_chunked(reader: &mut BufReader<TcpStream>) -> std::io::Result<Vec<u8>> {
+    let mut body = Vec::new();
     loop {
-        let line_end = data.windows(2).position(|w| w == b"\r\n")?;
-        let size = usize::from_str_radix(
-            std::str::from_utf8(&data[..line_end])
-                .ok()?
-                .split(';')
-                .next()?
-                .trim(),
-            16,
-        )
-        .ok()?;
-        data = &data[line_end + 2..];
+        let mut size_line = String::new();
+        reader.read_line(&mut size_line)?;
+        let size = usize::from_str_radix(size_line.trim().split(';').next().unwrap_or(""), 16)
+            .map_err(|_| std::io::Error::other(format!("bad chunk size {size_line:?}")))?;
+        let mut chunk = vec![0; size + 2];
+        reader.read_exact(&mut chunk)?;
         if size == 0 {
-            return Some(out);
+            return Ok(body);
         }
-        out.extend_from_slice(data.get(..size)?);
-        data = data.get(size + 2..)?;
+        body.extend_from_slice(&chunk[..size]);
     }
 }
 
