@@ -43,7 +43,7 @@ impl std::fmt::Display for ConfigError {
         match self {
             ConfigError::Syntax(message) => write!(f, "invalid configuration: {message}"),
             ConfigError::Invalid { key, reason } => {
-                write!(f, "invalid configuration at `{key}`: {reason}")
+                write!(f, "invalid configuration at '{key}': {reason}")
             }
         }
     }
