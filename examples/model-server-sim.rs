@@ -8,7 +8,8 @@
 //! --model NAME, --max-num-seqs N, --max-lora N, --adapters a,b, --prefill-us-per-token F,
 //! --decode-ms-per-token F, --kv-blocks N, --block-size N, --time-scale F,
 //! --loaded-adapters a,b (resident at start), --background-waiting N (queued work from
-//! elsewhere), --background-kv F, --fault MODE (none|error|slow|hang|die).
+//! elsewhere), --background-running N, --background-kv F, --extra-metrics TEXT (raw exposition
+//! lines appended to /metrics, `\n` separated), --fault MODE (none|error|slow|hang|die).
 //! Runtime control: `POST /admin/fault` and `POST /admin/load` with a JSON body,
 //! `GET /admin/stats` for counters. A request header `x-sim-response-id` pins the response id
 //! so tests can compare responses byte for byte.
@@ -58,7 +59,12 @@ struct Engine {
     loaded_adapters: Vec<String>,
     waiting_adapters: HashMap<String, usize>,
     background_waiting: usize,
+    background_running: usize,
     background_kv: f64,
+    /// Raw exposition lines appended to `/metrics` (other models' series, custom gauges).
+    extra_metrics: String,
+    /// `x-prefiller-host-port` values seen on inference requests, with counts.
+    prefillers_seen: HashMap<String, u64>,
     prefix: Option<PrefixIndex>,
     prefix_queries: u64,
     prefix_hits: u64,
@@ -101,6 +107,8 @@ fn main() {
         match pair[0].as_str() {
             "--background-waiting" => engine.background_waiting = pair[1].parse().unwrap_or(0),
             "--background-kv" => engine.background_kv = pair[1].parse().unwrap_or(0.0),
+            "--background-running" => engine.background_running = pair[1].parse().unwrap_or(0),
+            "--extra-metrics" => engine.extra_metrics = pair[1].replace("\\n", "\n"),
             "--fault" => extra_fault = Some(pair[1].clone()),
             "--loaded-adapters" => {
                 engine.loaded_adapters = pair[1]
@@ -328,6 +336,12 @@ fn admin(sim: &Sim, request: &HttpRequest, path: &str, out: &mut TcpStream) -> b
             if let Some(kv) = body.get("background_kv").and_then(Value::as_f64) {
                 engine.background_kv = kv;
             }
+            if let Some(running) = body.get("background_running").and_then(Value::as_u64) {
+                engine.background_running = running as usize;
+            }
+            if let Some(extra) = body.get("extra_metrics").and_then(Value::as_str) {
+                engine.extra_metrics = extra.to_string();
+            }
         }
         _ => {}
     }
@@ -341,6 +355,7 @@ fn admin(sim: &Sim, request: &HttpRequest, path: &str, out: &mut TcpStream) -> b
             "running": engine.running,
             "prefix_queries": engine.prefix_queries,
             "prefix_hits": engine.prefix_hits,
+            "prefillers_seen": engine.prefillers_seen,
         })
     };
     respond_json(sim, out, 200, &stats)
@@ -377,9 +392,10 @@ fn metrics_text(sim: &Sim) -> String {
          # TYPE vllm:prefix_cache_hits_total counter\n\
          vllm:prefix_cache_hits_total{{model_name=\"{model}\"}} {hits}\n\
          # TYPE vllm:request_success_total counter\n\
-         vllm:request_success_total{{model_name=\"{model}\"}} {requests}\n",
+         vllm:request_success_total{{model_name=\"{model}\"}} {requests}\n{extra}",
+        extra = engine.extra_metrics,
         waiting_count = engine.waiting + engine.background_waiting,
-        running_count = engine.running,
+        running_count = engine.running + engine.background_running,
         max_lora = settings.max_lora,
         running = running.join(","),
         waiting = waiting.join(","),
@@ -460,6 +476,12 @@ fn inference(sim: &Sim, api: ApiKind, request: &HttpRequest, out: &mut TcpStream
         Ok(parsed) => parsed,
         Err(error) => return respond_json(sim, out, 400, &error_body(&error.message(), 400)),
     };
+    if let Some(prefiller) = request.header("x-prefiller-host-port") {
+        *lock(sim)
+            .prefillers_seen
+            .entry(prefiller.to_string())
+            .or_default() += 1;
+    }
     let adapter = if parsed.model == sim.settings.model {
         None
     } else if sim.settings.adapters.contains(&parsed.model) {

@@ -43,6 +43,11 @@ pub struct EndpointState {
     pub last_scrape_failed: bool,
     /// Requests this filter routed there that have not ended yet.
     pub in_flight: u32,
+    /// Their tokens (prompt plus expected output).
+    pub in_flight_tokens: u64,
+    /// Tokens of the requests routed there since its last scrape: work the scraped metrics
+    /// cannot show yet, which the cost model assumes is running.
+    pub placed_tokens_since_scrape: u64,
 }
 
 impl EndpointState {
@@ -57,6 +62,8 @@ impl EndpointState {
             last_scrape_ok_ms: None,
             last_scrape_failed: false,
             in_flight: 0,
+            in_flight_tokens: 0,
+            placed_tokens_since_scrape: 0,
         }
     }
 
@@ -120,6 +127,7 @@ impl Pool {
     pub fn record_scrape_ok(&mut self, index: usize, now_ms: u64, metrics: EndpointMetrics) {
         if let Some(endpoint) = self.endpoints.get_mut(index) {
             endpoint.metrics = metrics;
+            endpoint.placed_tokens_since_scrape = 0;
             endpoint.last_scrape_ok_ms = Some(now_ms);
             endpoint.last_scrape_failed = false;
             set_health(endpoint, Health::Fresh, &mut self.transitions);
@@ -144,15 +152,21 @@ impl Pool {
         std::mem::take(&mut self.transitions)
     }
 
-    pub fn add_in_flight(&mut self, index: usize) {
+    /// A request of `tokens` was routed to `index`.
+    pub fn add_in_flight(&mut self, index: usize, tokens: u64) {
         if let Some(endpoint) = self.endpoints.get_mut(index) {
             endpoint.in_flight = endpoint.in_flight.saturating_add(1);
+            endpoint.in_flight_tokens = endpoint.in_flight_tokens.saturating_add(tokens);
+            endpoint.placed_tokens_since_scrape =
+                endpoint.placed_tokens_since_scrape.saturating_add(tokens);
         }
     }
 
-    pub fn release_in_flight(&mut self, index: usize) {
+    /// That request ended, however it ended.
+    pub fn release_in_flight(&mut self, index: usize, tokens: u64) {
         if let Some(endpoint) = self.endpoints.get_mut(index) {
             endpoint.in_flight = endpoint.in_flight.saturating_sub(1);
+            endpoint.in_flight_tokens = endpoint.in_flight_tokens.saturating_sub(tokens);
         }
     }
 }
@@ -222,10 +236,20 @@ mod tests {
     #[test]
     fn in_flight_never_underflows() {
         let mut pool = pool(1);
-        pool.add_in_flight(0);
-        pool.release_in_flight(0);
-        pool.release_in_flight(0);
-        pool.release_in_flight(7);
+        pool.add_in_flight(0, 100);
+        pool.add_in_flight(0, 30);
+        assert_eq!(pool.endpoints[0].in_flight_tokens, 130);
+        pool.release_in_flight(0, 100);
+        pool.release_in_flight(0, 30);
+        pool.release_in_flight(0, 30);
+        pool.release_in_flight(7, 1);
         assert_eq!(pool.endpoints[0].in_flight, 0);
+        assert_eq!(pool.endpoints[0].in_flight_tokens, 0);
+        assert_eq!(
+            pool.endpoints[0].placed_tokens_since_scrape, 130,
+            "placed work stays until the next scrape shows it"
+        );
+        pool.record_scrape_ok(0, 1, EndpointMetrics::default());
+        assert_eq!(pool.endpoints[0].placed_tokens_since_scrape, 0);
     }
 }

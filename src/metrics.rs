@@ -123,17 +123,20 @@ struct Accumulator {
 
 /// Reads one `/metrics` body into a snapshot. Series of the same gauge with different labels
 /// (one per served model) are summed for queue and running, and the highest KV usage wins.
+/// Also returns the selectors whose metric appeared only with other labels, so a label filter
+/// that matches nothing can be reported.
 pub fn extract(
     engine: Engine,
     text: &str,
     selectors: &[MetricSelector],
-) -> Result<(EndpointMetrics, ParseSummary), ExtractError> {
+) -> Result<(EndpointMetrics, ParseSummary, Vec<usize>), ExtractError> {
     let names = engine.names();
     let mut acc = Accumulator::default();
     let mut metrics = EndpointMetrics {
         custom: vec![None; selectors.len()],
         ..EndpointMetrics::default()
     };
+    let mut name_seen = vec![false; selectors.len()];
     let summary = for_each_sample(text, |sample| {
         let value = finite_or_zero(sample.value);
         if names.waiting.contains(&sample.name) {
@@ -148,9 +151,17 @@ pub fn extract(
         } else if sample.name == "vllm:cache_config_info" {
             metrics.cache_config = cache_config(sample);
         }
-        for (slot, selector) in metrics.custom.iter_mut().zip(selectors) {
-            if selector.matches(sample) {
-                *slot = Some(slot.unwrap_or(0.0) + value);
+        for ((slot, seen), selector) in metrics
+            .custom
+            .iter_mut()
+            .zip(name_seen.iter_mut())
+            .zip(selectors)
+        {
+            if sample.name == selector.metric_name {
+                *seen = true;
+                if selector.matches(sample) {
+                    *slot = Some(slot.unwrap_or(0.0) + value);
+                }
             }
         }
     });
@@ -163,7 +174,15 @@ pub fn extract(
     metrics.waiting_queue = acc.waiting.unwrap_or(0.0).max(0.0);
     metrics.running_requests = acc.running.unwrap_or(0.0).max(0.0);
     metrics.kv_cache_usage = acc.kv_usage.unwrap_or(0.0).clamp(0.0, 1.0);
-    Ok((metrics, summary))
+    let unmatched = metrics
+        .custom
+        .iter()
+        .zip(&name_seen)
+        .enumerate()
+        .filter(|(_, (value, &seen))| seen && value.is_none())
+        .map(|(index, _)| index)
+        .collect();
+    Ok((metrics, summary, unmatched))
 }
 
 fn finite_or_zero(value: f64) -> f64 {
@@ -220,7 +239,7 @@ vllm:cache_config_info{block_size=\"16\",num_gpu_blocks=\"4096\"} 1
 
     #[test]
     fn vllm_snapshot() {
-        let (metrics, _) = extract(Engine::Vllm, VLLM, &[]).unwrap();
+        let (metrics, _, _) = extract(Engine::Vllm, VLLM, &[]).unwrap();
         assert_eq!(metrics.waiting_queue, 5.0);
         assert_eq!(metrics.running_requests, 7.0);
         assert_eq!(metrics.kv_cache_usage, 0.4);
@@ -239,14 +258,14 @@ vllm:cache_config_info{block_size=\"16\",num_gpu_blocks=\"4096\"} 1
 
     #[test]
     fn newer_kv_metric_name_is_read() {
-        let (metrics, _) = extract(Engine::Vllm, "vllm:kv_cache_usage_perc 0.9\n", &[]).unwrap();
+        let (metrics, _, _) = extract(Engine::Vllm, "vllm:kv_cache_usage_perc 0.9\n", &[]).unwrap();
         assert_eq!(metrics.kv_cache_usage, 0.9);
     }
 
     #[test]
     fn sglang_and_trtllm_names() {
         let text = "sglang:num_queue_reqs 4\nsglang:num_running_reqs 2\nsglang:token_usage 0.5\n";
-        let (metrics, _) = extract(Engine::Sglang, text, &[]).unwrap();
+        let (metrics, _, _) = extract(Engine::Sglang, text, &[]).unwrap();
         assert_eq!(
             (
                 metrics.waiting_queue,
@@ -256,7 +275,7 @@ vllm:cache_config_info{block_size=\"16\",num_gpu_blocks=\"4096\"} 1
             (4.0, 2.0, 0.5)
         );
         let text = "trtllm_num_requests_waiting 1\ntrtllm_kv_cache_utilization 0.25\n";
-        let (metrics, _) = extract(Engine::TrtllmServe, text, &[]).unwrap();
+        let (metrics, _, _) = extract(Engine::TrtllmServe, text, &[]).unwrap();
         assert_eq!((metrics.waiting_queue, metrics.kv_cache_usage), (1.0, 0.25));
         assert_eq!(
             Engine::from_label(Some("trtllm-serve")),
@@ -274,7 +293,7 @@ vllm:cache_config_info{block_size=\"16\",num_gpu_blocks=\"4096\"} 1
     #[test]
     fn out_of_range_values_are_tamed() {
         let text = "vllm:num_requests_waiting NaN\nvllm:kv_cache_usage_perc 7\nvllm:num_requests_running -3\n";
-        let (metrics, _) = extract(Engine::Vllm, text, &[]).unwrap();
+        let (metrics, _, _) = extract(Engine::Vllm, text, &[]).unwrap();
         assert_eq!(
             (
                 metrics.waiting_queue,
@@ -297,7 +316,12 @@ vllm:cache_config_info{block_size=\"16\",num_gpu_blocks=\"4096\"} 1
                 labels: vec![("model_name".into(), "absent".into())],
             },
         ];
-        let (metrics, _) = extract(Engine::Vllm, VLLM, &selectors).unwrap();
+        let (metrics, _, unmatched) = extract(Engine::Vllm, VLLM, &selectors).unwrap();
         assert_eq!(metrics.custom, vec![Some(7.0), None]);
+        assert_eq!(
+            unmatched,
+            [1],
+            "the name exists, the label filter matches nothing"
+        );
     }
 }

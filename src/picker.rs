@@ -5,8 +5,9 @@ use crate::config::{FilterConfig, PoolConfig};
 use crate::endpoint::{EndpointState, Health, HealthTransition, Pool};
 use crate::error_response::RequestError;
 use crate::metrics::{self, ExtractError, MetricSelector};
-use crate::request::{parse_body, ApiKind, InferenceRequest};
-use crate::scheduling::{ScheduleError, Scheduler, SchedulingContext};
+use crate::request::{parse_body, rewrite_model, ApiKind, InferenceRequest, RequestHeaders};
+use crate::scheduling::plugins::session_affinity_scorer;
+use crate::scheduling::{ScheduleError, Scheduler};
 
 /// The routing outcome handed back to the host edge.
 #[derive(Debug, Clone, PartialEq)]
@@ -15,7 +16,16 @@ pub struct Routed {
     pub destination: String,
     /// Pool index of the primary endpoint, whose in-flight count was raised.
     pub primary: usize,
+    /// Tokens accounted to the primary until the request ends.
+    pub tokens: u64,
+    /// `ip:port` of the prefill endpoint when the request is disaggregated.
+    pub prefill: Option<String>,
+    /// The value for the response's `x-session-token`, when session affinity is configured.
+    pub session_token: Option<String>,
+    /// The body to forward instead of the client's (after a model rewrite).
+    pub rewritten_body: Option<Vec<u8>>,
     pub model: String,
+    pub priority: i32,
     /// Set when no endpoint had fresh metrics.
     pub degraded: bool,
 }
@@ -28,6 +38,10 @@ pub struct Picker {
     /// Per endpoint: a scrape is in flight, so the next tick does not pile another on.
     scrape_pending: Vec<bool>,
     all_unfresh: bool,
+    /// A session-affinity scorer is configured, so responses carry the session token.
+    issues_session_tokens: bool,
+    /// Per custom selector: its label mismatch was already reported.
+    selector_warned: Vec<bool>,
 }
 
 impl Picker {
@@ -39,7 +53,14 @@ impl Picker {
             .map(|(address, labels)| EndpointState::new(address, labels))
             .collect();
         let count = endpoints.len();
+        let issues_session_tokens = config
+            .scheduler
+            .plugins()
+            .iter()
+            .any(|p| p.type_name == session_affinity_scorer::TYPE);
         Picker {
+            issues_session_tokens,
+            selector_warned: vec![false; config.metric_selectors.len()],
             pool: Pool::new(endpoints),
             scheduler: config.scheduler,
             settings: config.pool,
@@ -91,27 +112,49 @@ impl Picker {
         self.pool.get(index).map(|e| e.address.as_str())
     }
 
-    /// A scrape answered 200 with `body`.
+    /// A scrape answered 200 with `body`. Returns a warning, once per extractor, when an
+    /// extractor's metric is there but its label filter matches none of its series.
     pub fn on_scrape_ok(
         &mut self,
         index: usize,
         now_ms: u64,
         body: &str,
-    ) -> Result<(), ExtractError> {
+    ) -> Result<Option<String>, ExtractError> {
         self.clear_pending(index);
         let Some(endpoint) = self.pool.get(index) else {
-            return Ok(());
+            return Ok(None);
         };
         match metrics::extract(endpoint.engine, body, &self.selectors) {
-            Ok((snapshot, _)) => {
+            Ok((snapshot, _, unmatched)) => {
+                let warning = self.label_mismatch_warning(&unmatched, index);
                 self.pool.record_scrape_ok(index, now_ms, snapshot);
-                Ok(())
+                Ok(warning)
             }
             Err(error) => {
                 self.pool.record_scrape_failure(index);
                 Err(error)
             }
         }
+    }
+
+    fn label_mismatch_warning(&mut self, unmatched: &[usize], index: usize) -> Option<String> {
+        let mut warning = String::new();
+        for &slot in unmatched {
+            let (Some(warned), Some(selector)) =
+                (self.selector_warned.get_mut(slot), self.selectors.get(slot))
+            else {
+                continue;
+            };
+            if !*warned {
+                *warned = true;
+                let address = self.pool.get(index).map_or("?", |e| e.address.as_str());
+                warning.push_str(&format!(
+                    "{} has series on {address} but none with labels {:?}; metric scorers treat it as missing (worst score). ",
+                    selector.metric_name, selector.labels
+                ));
+            }
+        }
+        (!warning.is_empty()).then(|| warning.trim_end().to_owned())
     }
 
     /// A scrape could not be sent, timed out, or answered non-200.
@@ -128,8 +171,13 @@ impl Picker {
 
     /// Parses the body (if the API has one) and picks the endpoints. On success the primary's
     /// in-flight count is raised; the caller must `release` it when the request ends.
-    pub fn route(&mut self, api: ApiKind, body: Option<&[u8]>) -> Result<Routed, RequestError> {
-        let request = match (api.is_inference(), body) {
+    pub fn route(
+        &mut self,
+        api: ApiKind,
+        body: Option<&[u8]>,
+        headers: RequestHeaders,
+    ) -> Result<Routed, RequestError> {
+        let mut request = match (api.is_inference(), body) {
             (true, Some(body)) => {
                 if body.len() > self.settings.max_request_body_bytes {
                     return Err(RequestError::BodyTooLarge {
@@ -141,18 +189,32 @@ impl Picker {
             (true, None) => parse_body(api, &[])?,
             (false, _) => InferenceRequest::empty(),
         };
-        self.route_parsed(&request)
+        let rewritten_body = match (&headers.model_rewrite, body) {
+            (Some(model), Some(body)) if api.is_inference() && *model != request.model => {
+                request.model.clone_from(model);
+                Some(rewrite_model(body, model)?)
+            }
+            _ => None,
+        };
+        request.priority = self.settings.priority_of(headers.objective.as_deref());
+        request.headers = headers;
+        let mut routed = self.route_parsed(&request)?;
+        routed.rewritten_body = rewritten_body;
+        Ok(routed)
     }
 
     pub fn route_parsed(&mut self, request: &InferenceRequest) -> Result<Routed, RequestError> {
-        let ctx = SchedulingContext {
-            request,
-            pool: &self.pool,
-        };
-        let decision = self.scheduler.schedule(&ctx).map_err(|error| match error {
-            ScheduleError::NoReachableEndpoint => RequestError::NoEndpoint(error.to_string()),
-            ScheduleError::FilteredOut { .. } => RequestError::TooManyRequests(error.to_string()),
-        })?;
+        let decision =
+            self.scheduler
+                .schedule(request, &self.pool)
+                .map_err(|error| match error {
+                    ScheduleError::NoReachableEndpoint => {
+                        RequestError::NoEndpoint(error.to_string())
+                    }
+                    ScheduleError::FilteredOut { .. } => {
+                        RequestError::TooManyRequests(error.to_string())
+                    }
+                })?;
         let targets = decision.targets();
         let primary = *targets
             .first()
@@ -166,18 +228,47 @@ impl Picker {
                 destination.push_str(address);
             }
         }
-        self.pool.add_in_flight(primary);
+        // Cached prompt blocks take no new KV space on the pod.
+        let cached = u64::from(self.scheduler.last_cycle().cached_tokens(primary));
+        let tokens = request.total_tokens().saturating_sub(cached);
+        self.pool.add_in_flight(primary, tokens);
+        let prefill = decision
+            .prefill_endpoint()
+            .and_then(|index| self.address(index))
+            .map(str::to_owned);
+        let session_token = self
+            .issues_session_tokens
+            .then(|| session_affinity_scorer::token_for(self.address(primary).unwrap_or("")));
         Ok(Routed {
             destination,
             primary,
+            tokens,
+            prefill,
+            session_token,
+            rewritten_body: None,
             model: request.model.clone(),
+            priority: request.priority,
             degraded: decision.degraded,
         })
     }
 
-    /// The request routed to `index` ended (completed, reset or failed).
-    pub fn release(&mut self, index: usize) {
-        self.pool.release_in_flight(index);
+    /// The request routed to `routed.primary` ended (completed, reset or failed).
+    pub fn release(&mut self, routed: &Routed) {
+        self.pool.release_in_flight(routed.primary, routed.tokens);
+    }
+
+    /// A random RFC 4122 version-4 UUID, for requests that arrive without `x-request-id`.
+    pub fn new_request_id(&mut self) -> String {
+        let high = self.scheduler.random_u64();
+        let low = self.scheduler.random_u64();
+        format!(
+            "{:08x}-{:04x}-4{:03x}-{:04x}-{:012x}",
+            high >> 32,
+            (high >> 16) & 0xffff,
+            high & 0x0fff,
+            ((low >> 48) & 0x3fff) | 0x8000,
+            low & 0xffff_ffff_ffff
+        )
     }
 
     /// Every scorer's score for the last decision, for the debug log.
@@ -219,6 +310,14 @@ pool:
 
     const BODY: &[u8] = br#"{"model":"m","prompt":"hi"}"#;
 
+    fn route(
+        picker: &mut Picker,
+        api: ApiKind,
+        body: Option<&[u8]>,
+    ) -> Result<Routed, RequestError> {
+        picker.route(api, body, RequestHeaders::default())
+    }
+
     #[test]
     fn routes_to_shortest_queue_with_fallback_list() {
         let mut picker = picker();
@@ -226,12 +325,13 @@ pool:
         scrape(&mut picker, 1, 0, 0.9);
         scrape(&mut picker, 2, 2, 0.1);
         picker.on_tick(1000);
-        let routed = picker.route(ApiKind::Completions, Some(BODY)).unwrap();
+        let routed = route(&mut picker, ApiKind::Completions, Some(BODY)).unwrap();
         // queue: 0.0, 1.0, 0.6; kv: 0.9, 0.1, 0.9 -> totals 0.9, 1.1, 1.5
         assert_eq!(routed.destination, "10.0.0.3:8000,10.0.0.2:8000");
         assert_eq!(routed.primary, 2);
         assert_eq!(picker.pool().endpoints[2].in_flight, 1);
-        picker.release(2);
+        assert_eq!(picker.pool().endpoints[2].in_flight_tokens, 1 + 256);
+        picker.release(&routed);
         assert_eq!(picker.pool().endpoints[2].in_flight, 0);
     }
 
@@ -243,7 +343,7 @@ pool:
         picker.on_scrape_failed(2);
         picker.on_tick(1000);
         for _ in 0..20 {
-            let routed = picker.route(ApiKind::Completions, Some(BODY)).unwrap();
+            let routed = route(&mut picker, ApiKind::Completions, Some(BODY)).unwrap();
             assert!(
                 !routed.destination.contains("10.0.0.3"),
                 "{}",
@@ -253,13 +353,13 @@ pool:
         // All metrics stale: still routed, to a reachable endpoint, flagged degraded.
         let (_, all_unfresh) = picker.on_tick(10_000);
         assert_eq!(all_unfresh, Some(true));
-        let routed = picker.route(ApiKind::Completions, Some(BODY)).unwrap();
+        let routed = route(&mut picker, ApiKind::Completions, Some(BODY)).unwrap();
         assert!(routed.degraded);
         assert_ne!(routed.primary, 2);
         picker.on_scrape_failed(0);
         picker.on_scrape_failed(1);
         picker.on_tick(10_000);
-        let error = picker.route(ApiKind::Completions, Some(BODY)).unwrap_err();
+        let error = route(&mut picker, ApiKind::Completions, Some(BODY)).unwrap_err();
         assert_eq!(error.status(), 503);
     }
 
@@ -269,22 +369,20 @@ pool:
         scrape(&mut picker, 0, 0, 0.0);
         picker.on_tick(1000);
         assert_eq!(
-            picker
-                .route(ApiKind::ChatCompletions, Some(b"{"))
+            route(&mut picker, ApiKind::ChatCompletions, Some(b"{"))
                 .unwrap_err()
                 .status(),
             400
         );
         assert_eq!(
-            picker
-                .route(ApiKind::ChatCompletions, None)
+            route(&mut picker, ApiKind::ChatCompletions, None)
                 .unwrap_err()
                 .status(),
             400
         );
         assert!(picker.pool().endpoints.iter().all(|e| e.in_flight == 0));
         assert!(
-            picker.route(ApiKind::Other, None).is_ok(),
+            route(&mut picker, ApiKind::Other, None).is_ok(),
             "GET /v1/models is routed"
         );
     }

@@ -45,10 +45,31 @@ impl ApiKind {
     }
 }
 
+/// Output tokens assumed when a request sets no `max_tokens`.
+pub const DEFAULT_OUTPUT_TOKENS: u32 = 256;
+
+/// The protocol's request headers that steer scheduling, read once when headers arrive.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct RequestHeaders {
+    /// `x-session-token`: the endpoint an earlier response of this session named.
+    pub session_token: Option<String>,
+    /// `test-epp-endpoint-selection`: addresses the testing filter restricts the pick to.
+    pub test_endpoint_selection: Option<String>,
+    /// `x-gateway-inference-objective`: names an objective declared in `pool.objectives`.
+    pub objective: Option<String>,
+    /// `x-gateway-inference-fairness-id`: the tenant the request is accounted to.
+    pub fairness_id: Option<String>,
+    /// `x-gateway-model-name-rewrite`: the model the request is scheduled and served as.
+    pub model_rewrite: Option<String>,
+}
+
 /// What scheduling needs to know about one request.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct InferenceRequest {
     pub model: String,
+    pub headers: RequestHeaders,
+    /// From the objective; 0 when none is named. Negative means sheddable.
+    pub priority: i32,
     /// The text prefix-cache hashing runs over (chat messages rendered as `role: content` lines).
     pub prompt: String,
     pub prompt_chars: usize,
@@ -62,6 +83,26 @@ impl InferenceRequest {
     pub fn empty() -> Self {
         InferenceRequest::default()
     }
+
+    pub fn output_tokens(&self) -> u32 {
+        self.max_tokens.unwrap_or(DEFAULT_OUTPUT_TOKENS)
+    }
+
+    /// The KV-cache footprint the request will reach: prompt plus expected output tokens.
+    pub fn total_tokens(&self) -> u64 {
+        u64::from(self.prompt_tokens) + u64::from(self.output_tokens())
+    }
+}
+
+/// The body with its `model` replaced, for `x-gateway-model-name-rewrite`. Only runs when the
+/// header is present, on a body that already parsed.
+pub fn rewrite_model(body: &[u8], model: &str) -> Result<Vec<u8>, RequestError> {
+    let mut document: serde_json::Map<String, serde_json::Value> = serde_json::from_slice(body)
+        .map_err(|error| RequestError::BadRequest(format!("request body is not valid: {error}")))?;
+    document.insert("model".into(), serde_json::Value::String(model.into()));
+    serde_json::to_vec(&document).map_err(|error| {
+        RequestError::BadRequest(format!("request body cannot be rewritten: {error}"))
+    })
 }
 
 #[derive(Deserialize)]
@@ -143,6 +184,8 @@ pub fn parse_body(kind: ApiKind, body: &[u8]) -> Result<InferenceRequest, Reques
     let prompt_tokens = u32::try_from(token_ids.unwrap_or(estimated)).unwrap_or(u32::MAX);
     Ok(InferenceRequest {
         model,
+        headers: RequestHeaders::default(),
+        priority: 0,
         prompt,
         prompt_chars,
         prompt_tokens,
@@ -398,5 +441,18 @@ mod tests {
             parse(ApiKind::Completions, &body).unwrap_err().status(),
             400
         );
+    }
+
+    #[test]
+    fn model_rewrite_keeps_every_other_field() {
+        let body = br#"{"model":"a","prompt":"p","max_tokens":3,"extra":{"k":[1]}}"#;
+        let rewritten = rewrite_model(body, "b").unwrap();
+        let value: serde_json::Value = serde_json::from_slice(&rewritten).unwrap();
+        assert_eq!(value["model"], "b");
+        assert_eq!(value["max_tokens"], 3);
+        assert_eq!(value["extra"]["k"][0], 1);
+        let request = parse_body(ApiKind::Completions, &rewritten).unwrap();
+        assert_eq!(request.model, "b");
+        assert_eq!(request.total_tokens(), 1 + 3);
     }
 }

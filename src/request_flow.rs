@@ -3,7 +3,7 @@
 
 use crate::error_response::RequestError;
 use crate::picker::{Picker, Routed};
-use crate::request::ApiKind;
+use crate::request::{ApiKind, RequestHeaders};
 
 /// The GIE destination header; the Envoy config copies it into `envoy.lb` metadata.
 pub const DESTINATION_HEADER: &str = "x-gateway-destination-endpoint";
@@ -21,11 +21,24 @@ impl std::fmt::Display for HostError {
     }
 }
 
+/// The llm-d header naming the prefill endpoint of a disaggregated request.
+pub const PREFILLER_HEADER: &str = "x-prefiller-host-port";
+pub const SESSION_TOKEN_HEADER: &str = "x-session-token";
+pub const REQUEST_ID_HEADER: &str = "x-request-id";
+const TEST_SELECTION_HEADER: &str = "test-epp-endpoint-selection";
+const OBJECTIVE_HEADER: &str = "x-gateway-inference-objective";
+const FAIRNESS_ID_HEADER: &str = "x-gateway-inference-fairness-id";
+const MODEL_REWRITE_HEADER: &str = "x-gateway-model-name-rewrite";
+
 /// What the request flow needs from the proxy.
 pub trait HttpHost {
     fn request_header(&self, name: &str) -> Option<Vec<u8>>;
     fn set_request_header(&self, name: &str, value: &str) -> Result<(), HostError>;
+    fn remove_request_header(&self, name: &str) -> Result<(), HostError>;
     fn request_body(&self, size: usize) -> Result<Vec<u8>, HostError>;
+    /// Replaces the first `size` bytes of the buffered body (all of it) with `body`.
+    fn replace_request_body(&self, size: usize, body: &[u8]) -> Result<(), HostError>;
+    fn set_response_header(&self, name: &str, value: &str) -> Result<(), HostError>;
     fn send_local_reply(&self, status: u16, json_body: &[u8]) -> Result<(), HostError>;
 }
 
@@ -46,16 +59,29 @@ pub enum Outcome {
 
 pub struct RequestFlow {
     api: ApiKind,
+    headers: RequestHeaders,
+    pub request_id: String,
     pub outcome: Outcome,
+    /// Set once the request ended, so a late callback cannot release twice.
+    released: bool,
 }
 
 impl Default for RequestFlow {
     fn default() -> Self {
         RequestFlow {
             api: ApiKind::Other,
+            headers: RequestHeaders::default(),
+            request_id: String::new(),
             outcome: Outcome::Pending,
+            released: false,
         }
     }
+}
+
+fn header_text(host: &impl HttpHost, name: &str) -> Option<String> {
+    host.request_header(name)
+        .map(|value| String::from_utf8_lossy(&value).trim().to_owned())
+        .filter(|value| !value.is_empty())
 }
 
 impl RequestFlow {
@@ -67,11 +93,32 @@ impl RequestFlow {
     ) -> Flow {
         let path = host.request_header(":path").unwrap_or_default();
         self.api = ApiKind::from_path(&String::from_utf8_lossy(&path));
+        self.read_protocol_headers(host, picker);
         if end_of_stream || !self.api.is_inference() {
             // No body to read (GET /v1/models) or none we need: route on the headers alone.
             return self.finish(host, picker, None);
         }
         Flow::Pause
+    }
+
+    fn read_protocol_headers(&mut self, host: &impl HttpHost, picker: &mut Picker) {
+        self.headers = RequestHeaders {
+            session_token: header_text(host, SESSION_TOKEN_HEADER),
+            test_endpoint_selection: header_text(host, TEST_SELECTION_HEADER),
+            objective: header_text(host, OBJECTIVE_HEADER),
+            fairness_id: header_text(host, FAIRNESS_ID_HEADER),
+            model_rewrite: header_text(host, MODEL_REWRITE_HEADER),
+        };
+        self.request_id = match header_text(host, REQUEST_ID_HEADER) {
+            Some(id) => id,
+            None => {
+                let id = picker.new_request_id();
+                if let Err(error) = host.set_request_header(REQUEST_ID_HEADER, &id) {
+                    log::warn!("inference-picker: setting {REQUEST_ID_HEADER}: {error}");
+                }
+                id
+            }
+        };
     }
 
     pub fn on_body(
@@ -103,24 +150,36 @@ impl RequestFlow {
         }
     }
 
-    /// The request ended, however it ended: give back its in-flight slot.
-    pub fn on_done(&mut self, picker: &mut Picker) {
-        if let Outcome::Routed(routed) = &self.outcome {
-            picker.release(routed.primary);
+    /// Response headers: hand the session token back so the client can stick to the pod.
+    pub fn on_response_headers(&mut self, host: &impl HttpHost) {
+        if let Outcome::Routed(Routed {
+            session_token: Some(token),
+            ..
+        }) = &self.outcome
+        {
+            if let Err(error) = host.set_response_header(SESSION_TOKEN_HEADER, token) {
+                log::warn!("inference-picker: setting {SESSION_TOKEN_HEADER}: {error}");
+            }
         }
-        self.outcome = Outcome::Pending;
+    }
+
+    /// The request ended, however it ended: give back its in-flight slot, exactly once.
+    pub fn on_done(&mut self, picker: &mut Picker) {
+        if let (Outcome::Routed(routed), false) = (&self.outcome, self.released) {
+            picker.release(routed);
+            self.released = true;
+        }
     }
 
     fn finish(&mut self, host: &impl HttpHost, picker: &mut Picker, body: Option<&[u8]>) -> Flow {
-        let routed = match picker.route(self.api, body) {
+        let body_size = body.map_or(0, <[u8]>::len);
+        let routed = match picker.route(self.api, body, std::mem::take(&mut self.headers)) {
             Ok(routed) => routed,
             Err(error) => return self.reject(host, error),
         };
-        // The header always replaces whatever the client sent: the ORIGINAL_DST cluster would
-        // otherwise route wherever the client asked.
-        if let Err(error) = host.set_request_header(DESTINATION_HEADER, &routed.destination) {
-            log::error!("inference-picker: setting {DESTINATION_HEADER}: {error}");
-            picker.release(routed.primary);
+        if let Err(error) = apply_routing(host, &routed, body_size) {
+            log::error!("inference-picker: applying the decision: {error}");
+            picker.release(&routed);
             return self.reject(
                 host,
                 RequestError::NoEndpoint("the destination could not be set".into()),
@@ -142,6 +201,21 @@ impl RequestFlow {
     }
 }
 
+/// Writes the decision into the request. The destination and prefiller headers always replace
+/// whatever the client sent: the ORIGINAL_DST cluster would otherwise go wherever it asked.
+fn apply_routing(host: &impl HttpHost, routed: &Routed, body_size: usize) -> Result<(), HostError> {
+    host.set_request_header(DESTINATION_HEADER, &routed.destination)?;
+    match &routed.prefill {
+        Some(prefill) => host.set_request_header(PREFILLER_HEADER, prefill)?,
+        None => host.remove_request_header(PREFILLER_HEADER)?,
+    }
+    if let Some(body) = &routed.rewritten_body {
+        host.replace_request_body(body_size, body)?;
+        host.set_request_header("content-length", &body.len().to_string())?;
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -152,7 +226,8 @@ mod tests {
     #[derive(Default)]
     struct FakeHost {
         headers: RefCell<HashMap<String, String>>,
-        body: Vec<u8>,
+        response_headers: RefCell<HashMap<String, String>>,
+        body: RefCell<Vec<u8>>,
         reply: RefCell<Option<(u16, Vec<u8>)>>,
         fail_set_header: bool,
     }
@@ -174,8 +249,23 @@ mod tests {
             self.headers.borrow_mut().insert(name.into(), value.into());
             Ok(())
         }
+        fn remove_request_header(&self, name: &str) -> Result<(), HostError> {
+            self.headers.borrow_mut().remove(name);
+            Ok(())
+        }
         fn request_body(&self, size: usize) -> Result<Vec<u8>, HostError> {
-            Ok(self.body[..size.min(self.body.len())].to_vec())
+            let body = self.body.borrow();
+            Ok(body[..size.min(body.len())].to_vec())
+        }
+        fn replace_request_body(&self, size: usize, body: &[u8]) -> Result<(), HostError> {
+            self.body.borrow_mut().splice(..size, body.iter().copied());
+            Ok(())
+        }
+        fn set_response_header(&self, name: &str, value: &str) -> Result<(), HostError> {
+            self.response_headers
+                .borrow_mut()
+                .insert(name.into(), value.into());
+            Ok(())
         }
         fn send_local_reply(&self, status: u16, json_body: &[u8]) -> Result<(), HostError> {
             *self.reply.borrow_mut() = Some((status, json_body.to_vec()));
@@ -185,7 +275,7 @@ mod tests {
 
     fn host(path: &str, body: &str) -> FakeHost {
         let host = FakeHost {
-            body: body.as_bytes().to_vec(),
+            body: RefCell::new(body.as_bytes().to_vec()),
             ..FakeHost::default()
         };
         host.headers
@@ -215,7 +305,7 @@ mod tests {
         assert_eq!(flow.on_headers(&host, &mut picker, false), Flow::Pause);
         assert_eq!(flow.on_body(&host, &mut picker, 5, false), Flow::Pause);
         assert_eq!(
-            flow.on_body(&host, &mut picker, host.body.len(), true),
+            flow.on_body(&host, &mut picker, host.body.borrow().len(), true),
             Flow::Continue
         );
         assert_eq!(host.headers.borrow()[DESTINATION_HEADER], "127.0.0.1:8001");
@@ -288,5 +378,77 @@ mod tests {
         flow.on_headers(&host, &mut picker, true);
         assert_eq!(host.reply.borrow().as_ref().unwrap().0, 503);
         assert_eq!(picker.pool().endpoints[0].in_flight, 0);
+    }
+
+    fn routed(host: &FakeHost, picker: &mut Picker) -> RequestFlow {
+        let mut flow = RequestFlow::default();
+        if flow.on_headers(host, picker, false) == Flow::Pause {
+            let size = host.body.borrow().len();
+            assert_eq!(flow.on_body(host, picker, size, true), Flow::Continue);
+        }
+        flow
+    }
+
+    #[test]
+    fn request_id_is_added_only_when_absent() {
+        let mut picker = picker();
+        let host = host("/v1/completions", r#"{"model":"m","prompt":"x"}"#);
+        let flow = routed(&host, &mut picker);
+        let id = host.headers.borrow()[REQUEST_ID_HEADER].clone();
+        assert_eq!(id.len(), 36, "{id}");
+        assert_eq!(flow.request_id, id);
+        let host = host_with(
+            "/v1/completions",
+            r#"{"model":"m","prompt":"x"}"#,
+            &[(REQUEST_ID_HEADER, "abc")],
+        );
+        let flow = routed(&host, &mut picker);
+        assert_eq!(flow.request_id, "abc");
+        assert_eq!(host.headers.borrow()[REQUEST_ID_HEADER], "abc");
+    }
+
+    #[test]
+    fn model_rewrite_changes_the_forwarded_body() {
+        let mut picker = picker();
+        let body = r#"{"model":"m","prompt":"x","max_tokens":2}"#;
+        let host = host_with(
+            "/v1/completions",
+            body,
+            &[("x-gateway-model-name-rewrite", "m-v2")],
+        );
+        let flow = routed(&host, &mut picker);
+        let forwarded: serde_json::Value = serde_json::from_slice(&host.body.borrow()).unwrap();
+        assert_eq!(forwarded["model"], "m-v2");
+        assert_eq!(forwarded["max_tokens"], 2);
+        assert_eq!(
+            host.headers.borrow()["content-length"],
+            host.body.borrow().len().to_string()
+        );
+        let Outcome::Routed(routed) = &flow.outcome else {
+            panic!("not routed: {:?}", flow.outcome);
+        };
+        assert_eq!(routed.model, "m-v2");
+    }
+
+    #[test]
+    fn client_prefiller_header_is_removed() {
+        let mut picker = picker();
+        let host = host_with(
+            "/v1/completions",
+            r#"{"model":"m","prompt":"x"}"#,
+            &[(PREFILLER_HEADER, "6.6.6.6:1")],
+        );
+        routed(&host, &mut picker);
+        assert!(!host.headers.borrow().contains_key(PREFILLER_HEADER));
+    }
+
+    fn host_with(path: &str, body: &str, extra: &[(&str, &str)]) -> FakeHost {
+        let host = host(path, body);
+        for (name, value) in extra {
+            host.headers
+                .borrow_mut()
+                .insert((*name).into(), (*value).into());
+        }
+        host
     }
 }

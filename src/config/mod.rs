@@ -4,11 +4,14 @@
 
 mod pool;
 
-pub use pool::{EndpointConfig, PoolConfig};
+pub use pool::{EndpointConfig, ObjectiveConfig, PoolConfig};
 
 use crate::metrics::MetricSelector;
 use crate::scheduling::plugins::{self, max_score_picker, single_profile_handler};
-use crate::scheduling::{Plugin, PluginInstance, Profile, Scheduler, WeightedScorer};
+use crate::scheduling::{
+    DataLayerPlugin, Plugin, PluginInstance, PluginSummary, Profile, Scheduler, WeightedScorer,
+    Wiring,
+};
 use serde::Deserialize;
 use serde_yaml::Value;
 
@@ -106,7 +109,6 @@ struct RawDataLayer {
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
-#[allow(dead_code)] // wired up by the data-layer plugins
 struct RawSource {
     plugin_ref: String,
     #[serde(default)]
@@ -132,7 +134,7 @@ pub fn load(text: &str, seed: u64) -> Result<FilterConfig, ConfigError> {
     let raw: RawConfig =
         serde_yaml::from_str(text).map_err(|error| ConfigError::Syntax(error.to_string()))?;
     check_header(&raw)?;
-    let pool = raw
+    let mut pool = raw
         .pool
         .clone()
         .ok_or_else(|| ConfigError::invalid("pool", "the pool section is required"))?;
@@ -140,9 +142,12 @@ pub fn load(text: &str, seed: u64) -> Result<FilterConfig, ConfigError> {
     let mut warnings = Vec::new();
     let (raw_plugins, raw_profiles) = with_defaults(&raw);
     let mut instances = build_plugins(&raw_plugins)?;
+    let wiring = wire_data_layer(&raw, &instances, &mut pool, &mut warnings)?;
+    resolve_scorers(&mut instances, &wiring)?;
     let profiles = build_profiles(&raw_profiles, &mut instances, &mut warnings)?;
     let handler = profile_handler(&mut instances, &profiles)?;
     warn_unused(&instances, &profiles, handler, &mut warnings);
+    warn_missing_prefix_scorer(&instances, &mut warnings);
     if let Some(detector) = &raw.saturation_detector {
         return Err(ConfigError::invalid(
             "saturationDetector.pluginRef",
@@ -152,23 +157,168 @@ pub fn load(text: &str, seed: u64) -> Result<FilterConfig, ConfigError> {
             ),
         ));
     }
-    if raw
-        .data_layer
-        .as_ref()
-        .is_some_and(|d| !d.sources.is_empty())
-    {
-        return Err(ConfigError::invalid(
-            "dataLayer.sources",
-            "no data source plugin types are available",
-        ));
-    }
     Ok(FilterConfig {
         scheduler: Scheduler::new(instances, profiles, handler, seed),
         pool,
-        metric_selectors: Vec::new(),
+        metric_selectors: wiring.extractors.into_iter().map(|(_, s)| s).collect(),
         feature_gates: raw.feature_gates,
         warnings,
     })
+}
+
+const DATA_LAYER_GATE: &str = "dataLayer";
+
+/// Wires `dataLayer.sources[].extractors[]` (the seed's `data:`) into the scrape: the sources
+/// say which path is scraped, the extractors which custom series are kept.
+fn wire_data_layer(
+    raw: &RawConfig,
+    instances: &[PluginInstance],
+    pool: &mut PoolConfig,
+    warnings: &mut Vec<String>,
+) -> Result<Wiring, ConfigError> {
+    let declared = instances
+        .iter()
+        .position(|p| matches!(p.plugin, Plugin::DataLayer(_)));
+    let sources = raw.data_layer.as_ref().map_or(&[][..], |d| &d.sources[..]);
+    let gated = raw.feature_gates.iter().any(|g| g == DATA_LAYER_GATE);
+    if let (Some(index), false) = (declared, gated) {
+        return Err(ConfigError::invalid(
+            format!("plugins[{index}]"),
+            "data layer plugins need `featureGates: [dataLayer]`",
+        ));
+    }
+    if !sources.is_empty() && !gated {
+        return Err(ConfigError::invalid(
+            "dataLayer.sources",
+            "the data layer needs `featureGates: [dataLayer]`",
+        ));
+    }
+    let mut wiring = Wiring::default();
+    let mut source_path: Option<&str> = None;
+    for (s, source) in sources.iter().enumerate() {
+        let key = format!("dataLayer.sources[{s}].pluginRef");
+        match find_data_plugin(instances, &source.plugin_ref, &key)? {
+            DataLayerPlugin::Source { path, .. } => {
+                if source_path.is_some_and(|p| p != path) {
+                    return Err(ConfigError::invalid(
+                        key,
+                        "every metrics data source must scrape the same path",
+                    ));
+                }
+                source_path = Some(path);
+            }
+            DataLayerPlugin::Extractor(_) => {
+                return Err(ConfigError::invalid(
+                    key,
+                    format!("{:?} is an extractor, not a data source", source.plugin_ref),
+                ))
+            }
+        }
+        for (e, extractor) in source.extractors.iter().enumerate() {
+            let key = format!("dataLayer.sources[{s}].extractors[{e}].pluginRef");
+            let DataLayerPlugin::Extractor(selector) =
+                find_data_plugin(instances, &extractor.plugin_ref, &key)?
+            else {
+                return Err(ConfigError::invalid(
+                    key,
+                    format!(
+                        "{:?} is a data source, not an extractor",
+                        extractor.plugin_ref
+                    ),
+                ));
+            };
+            if !wiring
+                .extractors
+                .iter()
+                .any(|(name, _)| *name == extractor.plugin_ref)
+            {
+                wiring
+                    .extractors
+                    .push((extractor.plugin_ref.clone(), selector.clone()));
+            }
+        }
+    }
+    if let Some(path) = source_path {
+        if pool.metrics_path != PoolConfig::default().metrics_path && pool.metrics_path != path {
+            return Err(ConfigError::invalid(
+                "pool.metricsPath",
+                format!("differs from the metrics data source's path {path:?}"),
+            ));
+        }
+        pool.metrics_path = path.to_owned();
+    }
+    for instance in instances {
+        let wired = wiring
+            .extractors
+            .iter()
+            .any(|(name, _)| *name == instance.name);
+        if matches!(
+            instance.plugin,
+            Plugin::DataLayer(DataLayerPlugin::Extractor(_))
+        ) && !wired
+        {
+            warnings.push(format!(
+                "extractor {:?} is not wired into dataLayer.sources; its metric is not extracted",
+                instance.name
+            ));
+        }
+    }
+    Ok(wiring)
+}
+
+fn find_data_plugin<'a>(
+    instances: &'a [PluginInstance],
+    name: &str,
+    key: &str,
+) -> Result<&'a DataLayerPlugin, ConfigError> {
+    match instances.iter().find(|p| p.name == name).map(|p| &p.plugin) {
+        Some(Plugin::DataLayer(plugin)) => Ok(plugin),
+        Some(other) => Err(ConfigError::invalid(
+            key,
+            format!("{name:?} is a {}, not a data layer plugin", other.kind()),
+        )),
+        None => Err(ConfigError::invalid(
+            key,
+            format!("no plugin named {name:?} is declared"),
+        )),
+    }
+}
+
+fn resolve_scorers(instances: &mut [PluginInstance], wiring: &Wiring) -> Result<(), ConfigError> {
+    for (i, instance) in instances.iter_mut().enumerate() {
+        if let Plugin::Scorer(scorer) = &mut instance.plugin {
+            scorer.resolve(wiring).map_err(|reason| {
+                ConfigError::invalid(
+                    format!("plugins[{i}].parameters ({})", instance.name),
+                    reason,
+                )
+            })?;
+        }
+    }
+    Ok(())
+}
+
+/// Plugins that read the prompt's prefix matches, which only `prefix-cache-scorer` computes.
+const READS_PREFIX_MATCHES: &[&str] = &[
+    "prefix-cache-affinity-filter",
+    "no-hit-lru-scorer",
+    "request-cost-scorer",
+    "prefix-based-pd-decider",
+];
+
+fn warn_missing_prefix_scorer(instances: &[PluginInstance], warnings: &mut Vec<String>) {
+    let has_prefix = instances.iter().any(|p| {
+        p.type_name == plugins::prefix_cache_scorer::TYPE
+            || p.type_name == plugins::prefix_cache_scorer::LEGACY_TYPE
+    });
+    for instance in instances {
+        if !has_prefix && READS_PREFIX_MATCHES.contains(&instance.type_name) {
+            warnings.push(format!(
+                "plugin {:?} reads prefix-cache matches but no prefix-cache-scorer is declared; it sees no cache hits",
+                instance.name
+            ));
+        }
+    }
 }
 
 fn check_header(raw: &RawConfig) -> Result<(), ConfigError> {
@@ -327,10 +477,15 @@ fn build_profiles(
                 })?;
             match instances.get(index).map(|i| &i.plugin) {
                 Some(Plugin::Filter(_)) => filters.push(index),
-                Some(Plugin::Scorer(_)) => scorers.push(WeightedScorer {
-                    plugin: index,
-                    weight: weight(reference.weight, &key)?,
-                }),
+                Some(Plugin::Scorer(scorer)) => {
+                    if scorer.filters() {
+                        filters.push(index);
+                    }
+                    scorers.push(WeightedScorer {
+                        plugin: index,
+                        weight: weight(reference.weight, &key)?,
+                    })
+                }
                 Some(Plugin::Picker(_)) if picker.is_none() => picker = Some(index),
                 Some(Plugin::Picker(_)) => {
                     return Err(ConfigError::invalid(
@@ -427,18 +582,13 @@ fn profile_handler(
             ))
         }
     };
-    let is_single = instances.get(handler).is_some_and(|p| {
-        p.type_name == single_profile_handler::TYPE
-            || p.type_name == single_profile_handler::LEGACY_TYPE
-    });
-    if is_single && profiles.len() != 1 {
-        return Err(ConfigError::invalid(
-            "schedulingProfiles",
-            format!(
-                "single-profile-handler needs exactly one profile, found {}",
-                profiles.len()
-            ),
-        ));
+    let summaries: Vec<PluginSummary> = instances.iter().map(PluginSummary::of).collect();
+    if let Some(instance) = instances.get_mut(handler) {
+        if let Plugin::ProfileHandler(plugin) = &mut instance.plugin {
+            plugin.resolve(profiles, &summaries).map_err(|reason| {
+                ConfigError::invalid(format!("plugins ({})", instance.name), reason)
+            })?;
+        }
     }
     Ok(handler)
 }
@@ -450,7 +600,12 @@ fn warn_unused(
     warnings: &mut Vec<String>,
 ) {
     for (index, instance) in instances.iter().enumerate() {
+        let wired_elsewhere = matches!(
+            instance.plugin,
+            Plugin::DataLayer(_) | Plugin::PdDecider(_) | Plugin::BuiltIn(_)
+        );
         let used = index == handler
+            || wired_elsewhere
             || profiles.iter().any(|p| {
                 p.picker == index
                     || p.filters.contains(&index)

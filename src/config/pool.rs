@@ -16,6 +16,16 @@ pub struct EndpointConfig {
     pub labels: BTreeMap<String, String>,
 }
 
+/// An InferenceObjective: requests naming it in `x-gateway-inference-objective` get its
+/// priority (negative = sheddable when the pool is saturated).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct ObjectiveConfig {
+    pub name: String,
+    #[serde(default)]
+    pub priority: i32,
+}
+
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase", default)]
 pub struct PoolConfig {
@@ -32,6 +42,7 @@ pub struct PoolConfig {
     pub metrics_timeout: Duration,
     /// Request bodies above this get a 413 before any parsing.
     pub max_request_body_bytes: usize,
+    pub objectives: Vec<ObjectiveConfig>,
 }
 
 impl Default for PoolConfig {
@@ -44,6 +55,7 @@ impl Default for PoolConfig {
             metrics_staleness_threshold: Duration::from_secs(2),
             metrics_timeout: Duration::from_secs(1),
             max_request_body_bytes: 4 << 20,
+            objectives: Vec::new(),
         }
     }
 }
@@ -94,6 +106,19 @@ impl PoolConfig {
                 return Err(ConfigError::invalid(key, "must be at least 1ms"));
             }
         }
+        for (i, objective) in self.objectives.iter().enumerate() {
+            let duplicate = self
+                .objectives
+                .iter()
+                .take(i)
+                .any(|o| o.name == objective.name);
+            if objective.name.is_empty() || duplicate {
+                return Err(ConfigError::invalid(
+                    format!("pool.objectives[{i}].name"),
+                    format!("{:?} is empty or declared twice", objective.name),
+                ));
+            }
+        }
         if self.max_request_body_bytes == 0 {
             return Err(ConfigError::invalid(
                 "pool.maxRequestBodyBytes",
@@ -101,6 +126,13 @@ impl PoolConfig {
             ));
         }
         Ok(())
+    }
+
+    /// The priority of a named objective; requests naming none, or an unknown one, get 0.
+    pub fn priority_of(&self, objective: Option<&str>) -> i32 {
+        objective
+            .and_then(|name| self.objectives.iter().find(|o| o.name == name))
+            .map_or(0, |o| o.priority)
     }
 
     /// Endpoint addresses in canonical form, in configuration order.

@@ -139,7 +139,7 @@ fn rejections_name_the_key() {
         ("featureGates: [warpDrive]\n", "featureGates[0]"),
         (
             "plugins:\n- type: queue-scorer\nschedulingProfiles:\n- name: a\n  plugins: [{pluginRef: queue-scorer}]\n- name: b\n  plugins: [{pluginRef: queue-scorer}]\n",
-            "single-profile-handler needs exactly one profile",
+            "single-profile-handler needs exactly one scheduling profile",
         ),
         (
             "plugins:\n- type: random-picker\n- type: max-score-picker\nschedulingProfiles:\n- name: a\n  plugins: [{pluginRef: random-picker}, {pluginRef: max-score-picker}]\n",

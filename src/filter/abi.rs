@@ -37,6 +37,14 @@ extern "C" {
         value_data: *const u8,
         value_size: usize,
     ) -> u32;
+    fn proxy_remove_header_map_value(map_type: u32, key_data: *const u8, key_size: usize) -> u32;
+    fn proxy_set_buffer_bytes(
+        buffer_type: u32,
+        start: usize,
+        size: usize,
+        buffer_data: *const u8,
+        buffer_size: usize,
+    ) -> u32;
     fn proxy_send_local_response(
         status_code: u32,
         details_data: *const u8,
@@ -152,6 +160,24 @@ pub fn replace_header(map_type: MapType, name: &str, value: &str) -> Result<(), 
             value.as_ptr(),
             value.len(),
         )
+    })
+}
+
+pub fn remove_header(map_type: MapType, name: &str) -> Result<(), HostError> {
+    check("proxy_remove_header_map_value", unsafe {
+        proxy_remove_header_map_value(map_type as u32, name.as_ptr(), name.len())
+    })
+}
+
+/// Replaces `size` bytes at `start` of a buffer with `data`.
+pub fn set_buffer(
+    buffer_type: BufferType,
+    start: usize,
+    size: usize,
+    data: &[u8],
+) -> Result<(), HostError> {
+    check("proxy_set_buffer_bytes", unsafe {
+        proxy_set_buffer_bytes(buffer_type as u32, start, size, data.as_ptr(), data.len())
     })
 }
 

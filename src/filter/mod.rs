@@ -108,8 +108,10 @@ impl Context for PickerRoot {
         match abi::buffer(BufferType::HttpCallResponseBody, 0, body_size) {
             Ok(body) => {
                 let text = String::from_utf8_lossy(&body);
-                if let Err(error) = picker.on_scrape_ok(index, self.last_tick_ms, &text) {
-                    log::debug!("inference-picker: scrape of {address}: {error}");
+                match picker.on_scrape_ok(index, self.last_tick_ms, &text) {
+                    Ok(None) => {}
+                    Ok(Some(warning)) => log::warn!("inference-picker: {warning}"),
+                    Err(error) => log::debug!("inference-picker: scrape of {address}: {error}"),
                 }
             }
             Err(error) => {
@@ -220,8 +222,20 @@ impl HttpHost for EnvoyRequest {
         abi::replace_header(MapType::HttpRequestHeaders, name, value)
     }
 
+    fn remove_request_header(&self, name: &str) -> Result<(), HostError> {
+        abi::remove_header(MapType::HttpRequestHeaders, name)
+    }
+
     fn request_body(&self, size: usize) -> Result<Vec<u8>, HostError> {
         abi::buffer(BufferType::HttpRequestBody, 0, size)
+    }
+
+    fn replace_request_body(&self, size: usize, body: &[u8]) -> Result<(), HostError> {
+        abi::set_buffer(BufferType::HttpRequestBody, 0, size, body)
+    }
+
+    fn set_response_header(&self, name: &str, value: &str) -> Result<(), HostError> {
+        abi::replace_header(MapType::HttpResponseHeaders, name, value)
     }
 
     fn send_local_reply(&self, status: u16, json_body: &[u8]) -> Result<(), HostError> {
@@ -245,7 +259,7 @@ impl PickerHttp {
         let was_pending = self.flow.outcome == Outcome::Pending;
         let flow = step(&mut self.flow, &mut picker);
         if was_pending {
-            log_decision(&self.flow.outcome, &picker);
+            log_decision(&self.flow, &picker);
         }
         match flow {
             Flow::Continue => Action::Continue,
@@ -262,38 +276,30 @@ impl PickerHttp {
     }
 }
 
-fn log_decision(outcome: &Outcome, picker: &Picker) {
-    match outcome {
+fn log_decision(flow: &RequestFlow, picker: &Picker) {
+    if !log::log_enabled!(log::Level::Debug) {
+        return;
+    }
+    match &flow.outcome {
         Outcome::Pending => {}
-        Outcome::Routed(routed) if log::log_enabled!(log::Level::Debug) => {
-            let request_id = EnvoyRequest
-                .request_header("x-request-id")
-                .unwrap_or_default();
-            log::debug!(
-                "inference-picker: decision request_id={} model={:?} picked={} degraded={} {}",
-                String::from_utf8_lossy(&request_id),
-                routed.model,
-                routed.destination,
-                routed.degraded,
-                if routed.degraded {
-                    String::new()
-                } else {
-                    picker.explain_last()
-                }
-            );
-        }
-        Outcome::Routed(_) => {}
-        Outcome::Rejected(error) => {
-            if log::log_enabled!(log::Level::Debug) {
-                let request_id = EnvoyRequest
-                    .request_header("x-request-id")
-                    .unwrap_or_default();
-                log::debug!(
-                    "inference-picker: rejected request_id={} {error}",
-                    String::from_utf8_lossy(&request_id)
-                );
+        Outcome::Routed(routed) => log::debug!(
+            "inference-picker: decision request_id={} model={:?} priority={} picked={} prefill={} degraded={} {}",
+            flow.request_id,
+            routed.model,
+            routed.priority,
+            routed.destination,
+            routed.prefill.as_deref().unwrap_or("-"),
+            routed.degraded,
+            if routed.degraded {
+                String::new()
+            } else {
+                picker.explain_last()
             }
-        }
+        ),
+        Outcome::Rejected(error) => log::debug!(
+            "inference-picker: rejected request_id={} {error}",
+            flow.request_id
+        ),
     }
 }
 
@@ -306,6 +312,11 @@ impl HttpContext for PickerHttp {
 
     fn on_http_request_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
         self.run(|flow, picker| flow.on_body(&EnvoyRequest, picker, body_size, end_of_stream))
+    }
+
+    fn on_http_response_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
+        self.flow.on_response_headers(&EnvoyRequest);
+        Action::Continue
     }
 
     fn on_log(&mut self) {

@@ -14,6 +14,69 @@ use std::fmt::Write;
 pub struct SchedulingContext<'a> {
     pub request: &'a InferenceRequest,
     pub pool: &'a Pool,
+    pub cycle: &'a CycleState,
+}
+
+impl<'a> SchedulingContext<'a> {
+    /// A context with no per-cycle data (tests, and plugins that need none).
+    pub fn new(request: &'a InferenceRequest, pool: &'a Pool) -> Self {
+        static EMPTY: CycleState = CycleState { prefix: None };
+        SchedulingContext {
+            request,
+            pool,
+            cycle: &EMPTY,
+        }
+    }
+}
+
+/// Data computed once per request before any profile runs, shared by every plugin.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct CycleState {
+    /// Filled by `prefix-cache-scorer`; plugins that read it treat `None` as "no hits".
+    pub prefix: Option<PrefixMatches>,
+}
+
+/// How much of the request's prompt each pool endpoint probably holds in its KV cache.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct PrefixMatches {
+    /// Per pool index: leading prompt blocks the endpoint holds.
+    pub matched_blocks: Vec<usize>,
+    /// Full blocks in the prompt (after `maxPrefixBlocksToMatch`).
+    pub total_blocks: usize,
+    pub block_tokens: usize,
+}
+
+impl PrefixMatches {
+    /// Share of the prompt's blocks `endpoint` holds, in [0, 1].
+    pub fn hit_ratio(&self, endpoint: usize) -> f64 {
+        if self.total_blocks == 0 {
+            return 0.0;
+        }
+        self.matched_blocks.get(endpoint).copied().unwrap_or(0) as f64 / self.total_blocks as f64
+    }
+
+    pub fn cached_tokens(&self, endpoint: usize) -> u32 {
+        let blocks = self.matched_blocks.get(endpoint).copied().unwrap_or(0);
+        u32::try_from(blocks.saturating_mul(self.block_tokens)).unwrap_or(u32::MAX)
+    }
+
+    pub fn any_hit(&self, candidates: &[usize]) -> bool {
+        candidates
+            .iter()
+            .any(|&c| self.matched_blocks.get(c).is_some_and(|&m| m > 0))
+    }
+}
+
+impl CycleState {
+    pub fn hit_ratio(&self, endpoint: usize) -> f64 {
+        self.prefix.as_ref().map_or(0.0, |p| p.hit_ratio(endpoint))
+    }
+
+    pub fn cached_tokens(&self, endpoint: usize) -> u32 {
+        self.prefix
+            .as_ref()
+            .map_or(0, |p| p.cached_tokens(endpoint))
+    }
 }
 
 /// Removes candidates (endpoint indices into the pool). Order of the survivors is kept.
@@ -23,10 +86,34 @@ pub trait Filter {
 
 /// Scores each candidate in [0, 1]; `scores[i]` belongs to `candidates[i]` and starts at 0.
 pub trait Scorer {
+    /// Runs once per request before any profile, to fill the shared cycle state.
+    fn prepare(&mut self, _request: &InferenceRequest, _pool: &Pool, _cycle: &mut CycleState) {}
+
     fn score(&mut self, ctx: &SchedulingContext<'_>, candidates: &[usize], scores: &mut [f64]);
+
+    /// Scorers that can also filter (`context-length-aware` with `enableFiltering`) say so
+    /// here; the loader then runs them in the profile's filter phase as well.
+    fn filters(&self) -> bool {
+        false
+    }
+
+    fn filter(&mut self, _ctx: &SchedulingContext<'_>, _candidates: &mut Vec<usize>) {}
+
+    /// Called once by the loader with the wired metric extractors (`metric-scorer` finds its
+    /// series here).
+    fn resolve(&mut self, _wiring: &Wiring) -> Result<(), String> {
+        Ok(())
+    }
 
     /// Called with the profile's primary pick, so stateful scorers (the prefix index) learn.
     fn on_picked(&mut self, _ctx: &SchedulingContext<'_>, _endpoint: usize) {}
+}
+
+/// What the loader wired up that plugins may refer to by name.
+#[derive(Debug, Clone, Default)]
+pub struct Wiring {
+    /// `(extractor plugin name, selector)` in `EndpointMetrics::custom` slot order.
+    pub extractors: Vec<(String, crate::metrics::MetricSelector)>,
 }
 
 /// Orders the chosen endpoints, primary first, into `picked`.
@@ -36,16 +123,51 @@ pub trait Picker {
 
 /// Decides which profiles run, in which order, and whose result routes the request.
 pub trait ProfileHandler {
-    fn next_profile(&self, profiles: &[Profile], results: &[ProfileResult]) -> Option<usize>;
+    /// Called once by the loader: resolve profile and plugin names, or say what is wrong.
+    fn resolve(&mut self, profiles: &[Profile], plugins: &[PluginSummary]) -> Result<(), String>;
+
+    /// The next profile to run given the results so far, or `None` when done.
+    fn next_profile(
+        &self,
+        ctx: &SchedulingContext<'_>,
+        plugins: &[PluginInstance],
+        results: &[ProfileResult],
+    ) -> Option<usize>;
+
     /// Index into `results` of the result that routes the request.
-    fn primary_result(&self, profiles: &[Profile], results: &[ProfileResult]) -> usize;
+    fn primary_result(&self, results: &[ProfileResult]) -> usize;
+
+    /// Index into `results` of the prefill pick, for P/D disaggregation.
+    fn prefill_result(&self, _results: &[ProfileResult]) -> Option<usize> {
+        None
+    }
 }
+
+/// Decides, once the decode endpoint is known, whether a separate prefill endpoint is used.
+pub trait PdDecider {
+    fn disaggregate(&self, ctx: &SchedulingContext<'_>, decode_endpoint: usize) -> bool;
+}
+
+/// Plugins that only exist so that configs written for GIE/llm-d load unchanged; the
+/// behaviour they stand for is built into the filter (e.g. `disagg-headers-handler`).
+pub struct BuiltIn;
 
 pub enum Plugin {
     Filter(Box<dyn Filter>),
     Scorer(Box<dyn Scorer>),
     Picker(Box<dyn Picker>),
     ProfileHandler(Box<dyn ProfileHandler>),
+    PdDecider(Box<dyn PdDecider>),
+    /// A metrics data source or extractor: wired through `dataLayer`, not into profiles.
+    DataLayer(DataLayerPlugin),
+    BuiltIn(BuiltIn),
+}
+
+/// `metrics-data-source` and `prometheus-metric` as plain data; the loader wires them.
+#[derive(Debug, Clone, PartialEq)]
+pub enum DataLayerPlugin {
+    Source { path: String, scheme: String },
+    Extractor(crate::metrics::MetricSelector),
 }
 
 impl std::fmt::Debug for Plugin {
@@ -61,6 +183,10 @@ impl Plugin {
             Plugin::Scorer(_) => "scorer",
             Plugin::Picker(_) => "picker",
             Plugin::ProfileHandler(_) => "profile handler",
+            Plugin::PdDecider(_) => "P/D decider",
+            Plugin::DataLayer(DataLayerPlugin::Source { .. }) => "data source",
+            Plugin::DataLayer(DataLayerPlugin::Extractor(_)) => "metric extractor",
+            Plugin::BuiltIn(_) => "built-in handler",
         }
     }
 }
@@ -69,6 +195,24 @@ pub struct PluginInstance {
     pub name: String,
     pub type_name: &'static str,
     pub plugin: Plugin,
+}
+
+/// A plugin as other plugins see it while the config loads; index = index in the scheduler.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PluginSummary {
+    pub name: String,
+    pub type_name: &'static str,
+    pub is_pd_decider: bool,
+}
+
+impl PluginSummary {
+    pub fn of(instance: &PluginInstance) -> Self {
+        PluginSummary {
+            name: instance.name.clone(),
+            type_name: instance.type_name,
+            is_pd_decider: matches!(instance.plugin, Plugin::PdDecider(_)),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -98,6 +242,8 @@ pub struct Decision {
     pub results: Vec<ProfileResult>,
     /// Index into `results` of the result that routes the request.
     pub primary: usize,
+    /// Index into `results` of the prefill pick when the request is disaggregated.
+    pub prefill: Option<usize>,
     /// True when no endpoint had fresh metrics and the least-loaded reachable one was taken.
     pub degraded: bool,
 }
@@ -107,6 +253,12 @@ impl Decision {
         self.results
             .get(self.primary)
             .map_or(&[], |result| result.targets.as_slice())
+    }
+
+    pub fn prefill_endpoint(&self) -> Option<usize> {
+        self.results
+            .get(self.prefill?)
+            .and_then(|result| result.targets.first().copied())
     }
 }
 
@@ -150,6 +302,7 @@ pub struct Scheduler {
     handler: usize,
     rng: Rng,
     base: Vec<usize>,
+    cycle: CycleState,
     traces: Vec<ProfileTrace>,
     traces_used: usize,
 }
@@ -168,6 +321,7 @@ impl Scheduler {
             handler,
             rng: Rng::new(seed),
             base: Vec::new(),
+            cycle: CycleState::default(),
             traces: Vec::new(),
             traces_used: 0,
         }
@@ -185,47 +339,88 @@ impl Scheduler {
         self.rng = Rng::new(seed);
     }
 
+    /// Randomness for callers outside a scheduling cycle (request ids).
+    pub fn random_u64(&mut self) -> u64 {
+        self.rng.next_u64()
+    }
+
+    /// Per-cycle data of the last decision (prefix matches), for callers that account it.
+    pub fn last_cycle(&self) -> &CycleState {
+        &self.cycle
+    }
+
     /// Picks the endpoints for one request.
-    pub fn schedule(&mut self, ctx: &SchedulingContext<'_>) -> Result<Decision, ScheduleError> {
+    pub fn schedule(
+        &mut self,
+        request: &InferenceRequest,
+        pool: &Pool,
+    ) -> Result<Decision, ScheduleError> {
         self.traces_used = 0;
         self.base.clear();
         self.base.extend(
-            ctx.pool
-                .endpoints
+            pool.endpoints
                 .iter()
                 .enumerate()
                 .filter(|(_, endpoint)| endpoint.health == Health::Fresh)
                 .map(|(index, _)| index),
         );
+        self.cycle.prefix = None;
         if self.base.is_empty() {
-            return least_in_flight_reachable(ctx.pool);
+            return least_in_flight_reachable(pool);
         }
+        let mut cycle = std::mem::take(&mut self.cycle);
+        for instance in &mut self.plugins {
+            if let Plugin::Scorer(scorer) = &mut instance.plugin {
+                scorer.prepare(request, pool, &mut cycle);
+            }
+        }
+        let ctx = SchedulingContext {
+            request,
+            pool,
+            cycle: &cycle,
+        };
+        let outcome = self.run_profiles(&ctx);
+        self.cycle = cycle;
+        outcome
+    }
+
+    fn run_profiles(&mut self, ctx: &SchedulingContext<'_>) -> Result<Decision, ScheduleError> {
         let mut results: Vec<ProfileResult> = Vec::with_capacity(self.profiles.len());
         while results.len() < self.profiles.len() {
-            let Some(profile) = self.next_profile(&results) else {
+            let Some(profile) = self.next_profile(ctx, &results) else {
                 break;
             };
-            let targets = self.run_profile(ctx, profile)?;
-            results.push(ProfileResult { profile, targets });
-        }
-        let primary = match self.plugins.get(self.handler).map(|p| &p.plugin) {
-            Some(Plugin::ProfileHandler(handler)) => {
-                handler.primary_result(&self.profiles, &results)
+            match self.run_profile(ctx, profile) {
+                Ok(targets) => results.push(ProfileResult { profile, targets }),
+                // Only the first profile decides whether the request can be served; a later
+                // one (prefill) that finds nobody leaves the request to the first one alone.
+                Err(error) if results.is_empty() => return Err(error),
+                Err(_) => break,
             }
-            _ => 0,
+        }
+        let handler = match self.plugins.get(self.handler).map(|p| &p.plugin) {
+            Some(Plugin::ProfileHandler(handler)) => Some(handler),
+            _ => None,
         };
+        let primary = handler.map_or(0, |h| h.primary_result(&results));
+        let prefill = handler.and_then(|h| h.prefill_result(&results));
         self.learn(ctx, &results);
         Ok(Decision {
             results,
             primary,
+            prefill,
             degraded: false,
         })
     }
 
-    fn next_profile(&self, results: &[ProfileResult]) -> Option<usize> {
+    fn next_profile(
+        &self,
+        ctx: &SchedulingContext<'_>,
+        results: &[ProfileResult],
+    ) -> Option<usize> {
         match self.plugins.get(self.handler).map(|p| &p.plugin) {
             Some(Plugin::ProfileHandler(handler)) => handler
-                .next_profile(&self.profiles, results)
+                .next_profile(ctx, &self.plugins, results)
                 .filter(|&profile| profile < self.profiles.len()),
             _ => None,
         }
@@ -259,37 +454,19 @@ impl Scheduler {
         trace.candidates.clear();
         trace.candidates.extend_from_slice(base);
         for &filter in &profile.filters {
-            if let Some(PluginInstance {
-                plugin: Plugin::Filter(filter),
-                ..
-            }) = plugins.get_mut(filter)
-            {
-                filter.filter(ctx, &mut trace.candidates);
+            match plugins.get_mut(filter).map(|p| &mut p.plugin) {
+                Some(Plugin::Filter(filter)) => filter.filter(ctx, &mut trace.candidates),
+                Some(Plugin::Scorer(scorer)) => scorer.filter(ctx, &mut trace.candidates),
+                _ => {}
             }
         }
+        let filtered_out = || ScheduleError::FilteredOut {
+            profile: profile.name.clone(),
+        };
         if trace.candidates.is_empty() {
-            return Err(ScheduleError::FilteredOut {
-                profile: profile.name.clone(),
-            });
+            return Err(filtered_out());
         }
-        let n = trace.candidates.len();
-        trace.scores.clear();
-        trace.scores.resize(n * profile.scorers.len(), 0.0);
-        trace.totals.clear();
-        trace.totals.resize(n, 0.0);
-        for (scorer, scores) in profile.scorers.iter().zip(trace.scores.chunks_mut(n)) {
-            if let Some(PluginInstance {
-                plugin: Plugin::Scorer(plugin),
-                ..
-            }) = plugins.get_mut(scorer.plugin)
-            {
-                plugin.score(ctx, &trace.candidates, scores);
-            }
-            for (total, score) in trace.totals.iter_mut().zip(scores.iter_mut()) {
-                *score = clamp_score(*score);
-                *total += scorer.weight * *score;
-            }
-        }
+        score_candidates(plugins, profile, trace, ctx);
         let mut picked = Vec::with_capacity(1);
         if let Some(PluginInstance {
             plugin: Plugin::Picker(picker),
@@ -299,27 +476,18 @@ impl Scheduler {
             picker.pick(&trace.candidates, &trace.totals, rng, &mut picked);
         }
         if picked.is_empty() {
-            return Err(ScheduleError::FilteredOut {
-                profile: profile.name.clone(),
-            });
+            return Err(filtered_out());
         }
         Ok(picked)
     }
 
+    /// Every stateful scorer learns every profile's pick, whether or not its own profile
+    /// ran: the prefill and the decode pod both end up holding the prompt's KV blocks.
     fn learn(&mut self, ctx: &SchedulingContext<'_>, results: &[ProfileResult]) {
-        for result in results {
-            let (Some(profile), Some(&endpoint)) =
-                (self.profiles.get(result.profile), result.targets.first())
-            else {
-                continue;
-            };
-            for scorer in &profile.scorers {
-                if let Some(PluginInstance {
-                    plugin: Plugin::Scorer(plugin),
-                    ..
-                }) = self.plugins.get_mut(scorer.plugin)
-                {
-                    plugin.on_picked(ctx, endpoint);
+        for endpoint in results.iter().filter_map(|r| r.targets.first().copied()) {
+            for instance in &mut self.plugins {
+                if let Plugin::Scorer(scorer) = &mut instance.plugin {
+                    scorer.on_picked(ctx, endpoint);
                 }
             }
         }
@@ -365,6 +533,33 @@ impl Scheduler {
     }
 }
 
+/// Runs a profile's scorers over the trace's candidates: clamped scores, weighted totals.
+fn score_candidates(
+    plugins: &mut [PluginInstance],
+    profile: &Profile,
+    trace: &mut ProfileTrace,
+    ctx: &SchedulingContext<'_>,
+) {
+    let n = trace.candidates.len();
+    trace.scores.clear();
+    trace.scores.resize(n * profile.scorers.len(), 0.0);
+    trace.totals.clear();
+    trace.totals.resize(n, 0.0);
+    for (scorer, scores) in profile.scorers.iter().zip(trace.scores.chunks_mut(n)) {
+        if let Some(PluginInstance {
+            plugin: Plugin::Scorer(plugin),
+            ..
+        }) = plugins.get_mut(scorer.plugin)
+        {
+            plugin.score(ctx, &trace.candidates, scores);
+        }
+        for (total, score) in trace.totals.iter_mut().zip(scores.iter_mut()) {
+            *score = clamp_score(*score);
+            *total += scorer.weight * *score;
+        }
+    }
+}
+
 /// GIE clamps every score to [0, 1]; a NaN from a broken scorer counts as 0.
 pub fn clamp_score(score: f64) -> f64 {
     if score.is_nan() {
@@ -390,6 +585,7 @@ fn least_in_flight_reachable(pool: &Pool) -> Result<Decision, ScheduleError> {
             targets: vec![target],
         }],
         primary: 0,
+        prefill: None,
         degraded: true,
     })
 }

@@ -41,10 +41,7 @@ mod tests {
         };
         let pool = pool_with(vec![kv(0.25), kv(0.0), kv(1.0)]);
         let request = InferenceRequest::empty();
-        let ctx = SchedulingContext {
-            request: &request,
-            pool: &pool,
-        };
+        let ctx = SchedulingContext::new(&request, &pool);
         let mut scores = [0.0; 3];
         KvCacheUtilizationScorer.score(&ctx, &[0, 1, 2], &mut scores);
         assert_eq!(scores, [0.75, 1.0, 0.0]);

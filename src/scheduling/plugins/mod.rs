@@ -1,14 +1,37 @@
 //! Every plugin type the filter knows, registered in one place. Each plugin lives in a file
 //! named after its config `type` and carries its parameters, defaults and tests.
 
+pub mod active_request_scorer;
+pub mod always_disagg_pd_decider;
+pub mod by_label;
+pub mod context_length_aware;
+pub mod decode_filter;
+pub mod disagg_headers_handler;
+pub mod disagg_profile_handler;
+pub mod encode_filter;
+pub mod header_based_testing_filter;
 pub mod kv_cache_utilization_scorer;
+pub mod label_selector_filter;
+pub mod load_aware_scorer;
 pub mod lora_affinity_scorer;
 pub mod max_score_picker;
+pub mod metric_scorer;
+pub mod metrics_data_source;
+pub mod no_hit_lru_scorer;
+pub mod pd_profile_handler;
+pub mod prefill_filter;
+pub mod prefix_based_pd_decider;
+pub mod prefix_cache_affinity_filter;
 pub mod prefix_cache_scorer;
+pub mod prometheus_metric;
 pub mod queue_scorer;
 pub mod random_picker;
+pub mod request_cost_scorer;
 pub mod running_requests_size_scorer;
+pub mod session_affinity_scorer;
 pub mod single_profile_handler;
+pub mod token_load_scorer;
+pub mod weighted_random_picker;
 
 use super::Plugin;
 use serde::de::DeserializeOwned;
@@ -16,8 +39,30 @@ use serde_yaml::Value;
 
 type Builder = fn(&Value) -> Result<Plugin, String>;
 
-/// `(type, builder)`; older names users still write are listed as their own entries.
+/// `(type, builder)`; older names and aliases users still write are their own entries.
 const REGISTRY: &[(&str, Builder)] = &[
+    // Data layer (custom metrics).
+    (metrics_data_source::TYPE, metrics_data_source::build),
+    (prometheus_metric::TYPE, prometheus_metric::build),
+    // Filters.
+    (decode_filter::TYPE, decode_filter::build),
+    (prefill_filter::TYPE, prefill_filter::build),
+    (encode_filter::TYPE, encode_filter::build),
+    (label_selector_filter::TYPE, label_selector_filter::build),
+    (
+        label_selector_filter::ALIAS_TYPE,
+        label_selector_filter::build,
+    ),
+    (by_label::TYPE, by_label::build),
+    (
+        prefix_cache_affinity_filter::TYPE,
+        prefix_cache_affinity_filter::build,
+    ),
+    (
+        header_based_testing_filter::TYPE,
+        header_based_testing_filter::build,
+    ),
+    // Scorers.
     (queue_scorer::TYPE, queue_scorer::build),
     (
         kv_cache_utilization_scorer::TYPE,
@@ -34,13 +79,42 @@ const REGISTRY: &[(&str, Builder)] = &[
     (lora_affinity_scorer::TYPE, lora_affinity_scorer::build),
     (prefix_cache_scorer::TYPE, prefix_cache_scorer::build),
     (prefix_cache_scorer::LEGACY_TYPE, prefix_cache_scorer::build),
+    (active_request_scorer::TYPE, active_request_scorer::build),
+    (load_aware_scorer::TYPE, load_aware_scorer::build),
+    (token_load_scorer::TYPE, token_load_scorer::build),
+    (
+        session_affinity_scorer::TYPE,
+        session_affinity_scorer::build,
+    ),
+    (no_hit_lru_scorer::TYPE, no_hit_lru_scorer::build),
+    (context_length_aware::TYPE, context_length_aware::build),
+    (metric_scorer::TYPE, metric_scorer::build),
+    (request_cost_scorer::TYPE, request_cost_scorer::build),
+    // Pickers.
     (max_score_picker::TYPE, max_score_picker::build),
     (max_score_picker::LEGACY_TYPE, max_score_picker::build),
     (random_picker::TYPE, random_picker::build),
+    (weighted_random_picker::TYPE, weighted_random_picker::build),
+    // Profile handlers and P/D.
     (single_profile_handler::TYPE, single_profile_handler::build),
     (
         single_profile_handler::LEGACY_TYPE,
         single_profile_handler::build,
+    ),
+    (disagg_profile_handler::TYPE, disagg_profile_handler::build),
+    (pd_profile_handler::TYPE, pd_profile_handler::build),
+    (
+        prefix_based_pd_decider::TYPE,
+        prefix_based_pd_decider::build,
+    ),
+    (
+        always_disagg_pd_decider::TYPE,
+        always_disagg_pd_decider::build,
+    ),
+    (disagg_headers_handler::TYPE, disagg_headers_handler::build),
+    (
+        disagg_headers_handler::LEGACY_TYPE,
+        disagg_headers_handler::build,
     ),
 ];
 
@@ -102,10 +176,24 @@ impl PickerParameters {
 mod tests {
     use super::*;
 
+    /// Types that need parameters to mean anything.
+    const NEED_PARAMETERS: &[&str] = &[
+        prometheus_metric::TYPE,
+        metric_scorer::TYPE,
+        label_selector_filter::TYPE,
+        label_selector_filter::ALIAS_TYPE,
+        by_label::TYPE,
+    ];
+
     #[test]
     fn every_type_builds_with_defaults() {
         for type_name in all_types() {
-            assert!(build(type_name, &Value::Null).is_ok(), "{type_name}");
+            let built = build(type_name, &Value::Null);
+            assert_eq!(
+                built.is_ok(),
+                !NEED_PARAMETERS.contains(&type_name),
+                "{type_name}"
+            );
         }
     }
 

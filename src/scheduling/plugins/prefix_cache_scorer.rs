@@ -4,10 +4,12 @@
 //! Blocks are `blockSizeTokens * 4` characters; block hashes chain from the model name, so a
 //! block only matches when everything before it matched too.
 
+use crate::endpoint::Pool;
 use crate::hash::hash_bytes;
+use crate::request::InferenceRequest;
 use crate::request::CHARS_PER_TOKEN;
 use crate::scheduling::prefix_index::PrefixIndex;
-use crate::scheduling::{Plugin, SchedulingContext, Scorer};
+use crate::scheduling::{CycleState, Plugin, SchedulingContext, Scorer};
 use serde_yaml::Value;
 
 pub const TYPE: &str = "prefix-cache-scorer";
@@ -17,6 +19,8 @@ pub const LEGACY_TYPE: &str = "prefix-cache";
 #[derive(Debug, Clone, PartialEq, serde::Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase", default)]
 pub struct Parameters {
+    /// `blockSize` is the older llm-d spelling.
+    #[serde(alias = "blockSize")]
     pub block_size_tokens: usize,
     /// Older configs give the block size in characters instead.
     pub hash_block_size: Option<usize>,
@@ -43,6 +47,10 @@ impl Parameters {
         self.hash_block_size
             .unwrap_or(self.block_size_tokens * CHARS_PER_TOKEN)
     }
+
+    fn block_tokens(&self) -> usize {
+        self.block_chars().div_ceil(CHARS_PER_TOKEN)
+    }
 }
 
 pub struct PrefixCacheScorer {
@@ -50,7 +58,7 @@ pub struct PrefixCacheScorer {
     index: PrefixIndex,
     /// Hashes of the request being scheduled, reused by `on_picked`.
     hashes: Vec<u64>,
-    matched: Vec<usize>,
+    all_endpoints: Vec<usize>,
 }
 
 pub fn build(parameters: &Value) -> Result<Plugin, String> {
@@ -73,7 +81,7 @@ impl PrefixCacheScorer {
             index: PrefixIndex::new(parameters.lru_capacity_per_server),
             parameters,
             hashes: Vec::new(),
-            matched: Vec::new(),
+            all_endpoints: Vec::new(),
         })
     }
 
@@ -124,24 +132,36 @@ fn block_end(text: &str, start: usize, block_chars: usize) -> Option<usize> {
 }
 
 impl Scorer for PrefixCacheScorer {
-    fn score(&mut self, ctx: &SchedulingContext<'_>, candidates: &[usize], scores: &mut [f64]) {
+    /// Hashes the prompt once and matches it against every endpoint, so filters, deciders
+    /// and the cost model see the same matches through the cycle state.
+    fn prepare(&mut self, request: &InferenceRequest, pool: &Pool, cycle: &mut CycleState) {
         block_hashes(
-            &ctx.request.model,
-            &ctx.request.prompt,
+            &request.model,
+            &request.prompt,
             self.parameters.block_chars(),
             self.parameters.max_prefix_blocks_to_match,
             &mut self.hashes,
         );
-        if self.hashes.is_empty() {
-            return;
+        let mut matches = cycle.prefix.take().unwrap_or_default();
+        matches.matched_blocks.clear();
+        matches.matched_blocks.resize(pool.len(), 0);
+        matches.total_blocks = self.hashes.len();
+        matches.block_tokens = self.parameters.block_tokens();
+        if !self.hashes.is_empty() {
+            self.all_endpoints.clear();
+            self.all_endpoints.extend(0..pool.len());
+            self.index.match_lengths(
+                &self.hashes,
+                &self.all_endpoints,
+                &mut matches.matched_blocks,
+            );
         }
-        self.matched.clear();
-        self.matched.resize(candidates.len(), 0);
-        self.index
-            .match_lengths(&self.hashes, candidates, &mut self.matched);
-        let total = self.hashes.len() as f64;
-        for (score, &matched) in scores.iter_mut().zip(&self.matched) {
-            *score = matched as f64 / total;
+        cycle.prefix = Some(matches);
+    }
+
+    fn score(&mut self, ctx: &SchedulingContext<'_>, candidates: &[usize], scores: &mut [f64]) {
+        for (score, &candidate) in scores.iter_mut().zip(candidates) {
+            *score = ctx.cycle.hit_ratio(candidate);
         }
     }
 
@@ -151,7 +171,7 @@ impl Scorer for PrefixCacheScorer {
                 let tokens = cache
                     .num_gpu_blocks
                     .saturating_mul(u64::from(cache.block_size));
-                let blocks = tokens / self.parameters.block_size_tokens.max(1) as u64;
+                let blocks = tokens / self.parameters.block_tokens().max(1) as u64;
                 let blocks = usize::try_from(blocks).unwrap_or(usize::MAX);
                 if blocks > 0 && blocks != self.index.capacity(endpoint) {
                     self.index.set_capacity(endpoint, blocks);
@@ -166,7 +186,6 @@ impl Scorer for PrefixCacheScorer {
 mod tests {
     use super::*;
     use crate::metrics::{CacheConfig, EndpointMetrics};
-    use crate::request::InferenceRequest;
     use crate::scheduling::test_support::pool_with;
 
     fn request(prompt: &str) -> InferenceRequest {
@@ -206,28 +225,36 @@ mod tests {
             ..Parameters::default()
         })
         .unwrap();
+        let mut scores = [0.0; 2];
+        let mut cycle = CycleState::default();
         let first = request("aaaabbbbcccc");
+        scorer.prepare(&first, &pool, &mut cycle);
         let ctx = SchedulingContext {
             request: &first,
             pool: &pool,
+            cycle: &cycle,
         };
-        let mut scores = [0.0; 2];
         scorer.score(&ctx, &[0, 1], &mut scores);
         assert_eq!(scores, [0.0, 0.0]);
         scorer.on_picked(&ctx, 1);
         let second = request("aaaabbbbdddd");
+        scorer.prepare(&second, &pool, &mut cycle);
         let ctx = SchedulingContext {
             request: &second,
             pool: &pool,
+            cycle: &cycle,
         };
         scorer.score(&ctx, &[0, 1], &mut scores);
         assert_eq!(scores, [0.0, 2.0 / 3.0]);
+        assert_eq!(cycle.cached_tokens(1), 2, "two one-token blocks held");
     }
 
     #[test]
     fn legacy_hash_block_size_is_in_characters() {
         let parameters: Parameters = serde_yaml::from_str("hashBlockSize: 5").unwrap();
         assert_eq!(parameters.block_chars(), 5);
+        let parameters: Parameters = serde_yaml::from_str("blockSize: 64").unwrap();
+        assert_eq!(parameters.block_chars(), 256);
         assert_eq!(Parameters::default().block_chars(), 64);
     }
 
@@ -242,11 +269,9 @@ mod tests {
         }]);
         let mut scorer = PrefixCacheScorer::new(Parameters::default()).unwrap();
         let req = request("hello");
-        let ctx = SchedulingContext {
-            request: &req,
-            pool: &pool,
-        };
-        scorer.on_picked(&ctx, 0);
+        let mut cycle = CycleState::default();
+        scorer.prepare(&req, &pool, &mut cycle);
+        scorer.on_picked(&SchedulingContext::new(&req, &pool), 0);
         assert_eq!(scorer.index().capacity(0), 100);
     }
 }

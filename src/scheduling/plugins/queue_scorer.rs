@@ -34,10 +34,7 @@ mod tests {
     fn shortest_queue_scores_one() {
         let pool = queues(&[4.0, 0.0, 2.0, 8.0]);
         let request = InferenceRequest::empty();
-        let ctx = SchedulingContext {
-            request: &request,
-            pool: &pool,
-        };
+        let ctx = SchedulingContext::new(&request, &pool);
         let mut scores = [0.0; 4];
         QueueScorer.score(&ctx, &[0, 1, 2, 3], &mut scores);
         assert_eq!(scores, [0.5, 1.0, 0.75, 0.0]);

@@ -39,10 +39,7 @@ mod tests {
         };
         let pool = pool_with(vec![running(10.0), running(2.0), running(6.0)]);
         let request = InferenceRequest::empty();
-        let ctx = SchedulingContext {
-            request: &request,
-            pool: &pool,
-        };
+        let ctx = SchedulingContext::new(&request, &pool);
         let mut scores = [0.0; 3];
         RunningRequestsSizeScorer.score(&ctx, &[0, 1, 2], &mut scores);
         assert_eq!(scores, [0.0, 1.0, 0.5]);

@@ -1,6 +1,9 @@
 //! `single-profile-handler`: runs the one scheduling profile and routes by its result.
 
-use crate::scheduling::{Plugin, Profile, ProfileHandler, ProfileResult};
+use crate::scheduling::{
+    Plugin, PluginInstance, PluginSummary, Profile, ProfileHandler, ProfileResult,
+    SchedulingContext,
+};
 use serde_yaml::Value;
 
 pub const TYPE: &str = "single-profile-handler";
@@ -19,11 +22,25 @@ pub fn build(parameters: &Value) -> Result<Plugin, String> {
 }
 
 impl ProfileHandler for SingleProfileHandler {
-    fn next_profile(&self, _profiles: &[Profile], results: &[ProfileResult]) -> Option<usize> {
+    fn resolve(&mut self, profiles: &[Profile], _plugins: &[PluginSummary]) -> Result<(), String> {
+        match profiles.len() {
+            1 => Ok(()),
+            n => Err(format!(
+                "single-profile-handler needs exactly one scheduling profile, found {n}"
+            )),
+        }
+    }
+
+    fn next_profile(
+        &self,
+        _ctx: &SchedulingContext<'_>,
+        _plugins: &[PluginInstance],
+        results: &[ProfileResult],
+    ) -> Option<usize> {
         results.is_empty().then_some(0)
     }
 
-    fn primary_result(&self, _profiles: &[Profile], _results: &[ProfileResult]) -> usize {
+    fn primary_result(&self, _results: &[ProfileResult]) -> usize {
         0
     }
 }
@@ -31,14 +48,19 @@ impl ProfileHandler for SingleProfileHandler {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::endpoint::Pool;
+    use crate::request::InferenceRequest;
 
     #[test]
     fn runs_the_first_profile_once() {
-        assert_eq!(SingleProfileHandler.next_profile(&[], &[]), Some(0));
+        let (request, pool) = (InferenceRequest::empty(), Pool::default());
+        let ctx = SchedulingContext::new(&request, &pool);
+        assert_eq!(SingleProfileHandler.next_profile(&ctx, &[], &[]), Some(0));
         let done = [ProfileResult {
             profile: 0,
             targets: vec![1],
         }];
-        assert_eq!(SingleProfileHandler.next_profile(&[], &done), None);
+        assert_eq!(SingleProfileHandler.next_profile(&ctx, &[], &done), None);
+        assert!(SingleProfileHandler.resolve(&[], &[]).is_err());
     }
 }

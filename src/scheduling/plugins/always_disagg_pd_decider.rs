@@ -1,0 +1,23 @@
+//! `always-disagg-pd-decider`: every request gets a prefill endpoint (when one exists).
+
+use crate::scheduling::{PdDecider, Plugin, SchedulingContext};
+use serde_yaml::Value;
+
+pub const TYPE: &str = "always-disagg-pd-decider";
+
+#[derive(Debug, Default, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Parameters {}
+
+pub struct AlwaysDisaggPdDecider;
+
+pub fn build(parameters: &Value) -> Result<Plugin, String> {
+    let _: Parameters = super::parameters(parameters)?;
+    Ok(Plugin::PdDecider(Box::new(AlwaysDisaggPdDecider)))
+}
+
+impl PdDecider for AlwaysDisaggPdDecider {
+    fn disaggregate(&self, _ctx: &SchedulingContext<'_>, _decode_endpoint: usize) -> bool {
+        true
+    }
+}

@@ -1,0 +1,23 @@
+//! `disagg-headers-handler` (older name `prefill-header-handler`): in llm-d this plugin writes
+//! `x-prefiller-host-port` after a P/D pick. The filter always does that itself (and removes a
+//! client's own value), so the plugin only has to load.
+
+use crate::scheduling::{BuiltIn, Plugin};
+use serde_yaml::Value;
+
+pub const TYPE: &str = "disagg-headers-handler";
+pub const LEGACY_TYPE: &str = "prefill-header-handler";
+
+#[derive(Debug, Default, serde::Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct Parameters {
+    /// Accepted for llm-d configs: the prefill profile is the profile handler's.
+    #[serde(default)]
+    #[allow(dead_code)]
+    prefill_profile: Option<String>,
+}
+
+pub fn build(parameters: &Value) -> Result<Plugin, String> {
+    let _: Parameters = super::parameters(parameters)?;
+    Ok(Plugin::BuiltIn(BuiltIn))
+}

@@ -1,0 +1,31 @@
+//! `encode-filter`: keeps endpoints whose `llm-d.ai/role` is `encode` (multimodal encoders in
+//! encode/prefill/decode disaggregation).
+
+use super::decode_filter::{build_role_filter, RoleFilter};
+use crate::scheduling::Plugin;
+use serde_yaml::Value;
+
+pub const TYPE: &str = "encode-filter";
+
+pub fn build(parameters: &Value) -> Result<Plugin, String> {
+    build_role_filter(
+        parameters,
+        RoleFilter {
+            roles: &["encode"],
+            unlabelled: false,
+        },
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keeps_encoders_only() {
+        let Ok(Plugin::Filter(mut filter)) = build(&Value::Null) else {
+            panic!("not a filter");
+        };
+        assert_eq!(super::super::decode_filter::survivors(filter.as_mut()), [4]);
+    }
+}

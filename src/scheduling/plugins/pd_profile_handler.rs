@@ -1,0 +1,78 @@
+//! `pd-profile-handler`: the older llm-d P/D handler. Same flow as `disagg-profile-handler`
+//! with its decision built in: disaggregate when the decode endpoint would have to prefill at
+//! least `threshold` uncached prompt tokens; `threshold: 0` always disaggregates.
+
+use super::disagg_profile_handler::{Decision, DisaggProfileHandler};
+use crate::scheduling::{PdDecider, Plugin, SchedulingContext};
+use serde_yaml::Value;
+
+pub const TYPE: &str = "pd-profile-handler";
+
+#[derive(Debug, Clone, PartialEq, serde::Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase", default)]
+pub struct Parameters {
+    pub threshold: u32,
+    /// Accepted for llm-d configs; the prefix matches come from `prefix-cache-scorer`.
+    pub hash_block_size: Option<usize>,
+    pub prefix_plugin_name: Option<String>,
+    pub decode_profile: String,
+    pub prefill_profile: String,
+    /// Accepted for llm-d configs: the decode pod's port is part of its pool address.
+    pub primary_port: Option<u16>,
+}
+
+impl Default for Parameters {
+    fn default() -> Self {
+        Parameters {
+            threshold: 0,
+            hash_block_size: None,
+            prefix_plugin_name: None,
+            decode_profile: "decode".into(),
+            prefill_profile: "prefill".into(),
+            primary_port: None,
+        }
+    }
+}
+
+struct UncachedThreshold(u32);
+
+impl PdDecider for UncachedThreshold {
+    fn disaggregate(&self, ctx: &SchedulingContext<'_>, decode_endpoint: usize) -> bool {
+        let uncached = ctx
+            .request
+            .prompt_tokens
+            .saturating_sub(ctx.cycle.cached_tokens(decode_endpoint));
+        uncached >= self.0
+    }
+}
+
+pub fn build(parameters: &Value) -> Result<Plugin, String> {
+    let parameters: Parameters = super::parameters(parameters)?;
+    Ok(Plugin::ProfileHandler(Box::new(DisaggProfileHandler::new(
+        parameters.decode_profile,
+        parameters.prefill_profile,
+        Decision::BuiltIn(Box::new(UncachedThreshold(parameters.threshold))),
+    ))))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::endpoint::Pool;
+    use crate::request::InferenceRequest;
+
+    #[test]
+    fn threshold_on_uncached_prompt_tokens() {
+        let pool = Pool::default();
+        let short = InferenceRequest {
+            prompt_tokens: 5,
+            ..InferenceRequest::default()
+        };
+        let ctx = SchedulingContext::new(&short, &pool);
+        assert!(!UncachedThreshold(10).disaggregate(&ctx, 0));
+        assert!(UncachedThreshold(5).disaggregate(&ctx, 0));
+        assert!(UncachedThreshold(0).disaggregate(&ctx, 0));
+        let value: Value = serde_yaml::from_str("{threshold: 10, hashBlockSize: 16}").unwrap();
+        assert!(build(&value).is_ok());
+    }
+}

@@ -1,0 +1,34 @@
+//! `prefill-filter`: keeps endpoints whose `llm-d.ai/role` is `prefill`, `prefill-decode` or
+//! `both`; unlabelled endpoints are not prefill workers.
+
+use super::decode_filter::{build_role_filter, RoleFilter};
+use crate::scheduling::Plugin;
+use serde_yaml::Value;
+
+pub const TYPE: &str = "prefill-filter";
+
+pub fn build(parameters: &Value) -> Result<Plugin, String> {
+    build_role_filter(
+        parameters,
+        RoleFilter {
+            roles: &["prefill", "prefill-decode", "both"],
+            unlabelled: false,
+        },
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keeps_prefill_workers_only() {
+        let Ok(Plugin::Filter(mut filter)) = build(&Value::Null) else {
+            panic!("not a filter");
+        };
+        assert_eq!(
+            super::super::decode_filter::survivors(filter.as_mut()),
+            [1, 2]
+        );
+    }
+}

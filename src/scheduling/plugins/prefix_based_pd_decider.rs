@@ -1,0 +1,88 @@
+//! `prefix-based-pd-decider`: disaggregates when the decode endpoint would have to prefill at
+//! least `nonCachedTokens` prompt tokens it does not hold (prompt tokens minus its prefix-cache
+//! match). `nonCachedTokens: 0` (the default) never disaggregates.
+
+use crate::scheduling::{PdDecider, Plugin, SchedulingContext};
+use serde_yaml::Value;
+
+pub const TYPE: &str = "prefix-based-pd-decider";
+
+#[derive(Debug, Clone, PartialEq, serde::Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase", default)]
+pub struct Parameters {
+    pub non_cached_tokens: u32,
+    /// Accepted for llm-d configs; the matches come from `prefix-cache-scorer`.
+    pub prefix_plugin_name: String,
+}
+
+impl Default for Parameters {
+    fn default() -> Self {
+        Parameters {
+            non_cached_tokens: 0,
+            prefix_plugin_name: super::prefix_cache_scorer::TYPE.into(),
+        }
+    }
+}
+
+pub struct PrefixBasedPdDecider {
+    pub non_cached_tokens: u32,
+}
+
+pub fn build(parameters: &Value) -> Result<Plugin, String> {
+    let parameters: Parameters = super::parameters(parameters)?;
+    Ok(Plugin::PdDecider(Box::new(PrefixBasedPdDecider {
+        non_cached_tokens: parameters.non_cached_tokens,
+    })))
+}
+
+impl PdDecider for PrefixBasedPdDecider {
+    fn disaggregate(&self, ctx: &SchedulingContext<'_>, decode_endpoint: usize) -> bool {
+        if self.non_cached_tokens == 0 {
+            return false;
+        }
+        let uncached = ctx
+            .request
+            .prompt_tokens
+            .saturating_sub(ctx.cycle.cached_tokens(decode_endpoint));
+        uncached >= self.non_cached_tokens
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::request::InferenceRequest;
+    use crate::scheduling::test_support::queues;
+    use crate::scheduling::{CycleState, PrefixMatches};
+
+    #[test]
+    fn threshold_on_uncached_tokens() {
+        let pool = queues(&[0.0, 0.0]);
+        let request = InferenceRequest {
+            prompt_tokens: 100,
+            ..InferenceRequest::default()
+        };
+        // Endpoint 1 holds 64 of the 100 tokens.
+        let cycle = CycleState {
+            prefix: Some(PrefixMatches {
+                matched_blocks: vec![0, 4],
+                total_blocks: 6,
+                block_tokens: 16,
+            }),
+        };
+        let ctx = SchedulingContext {
+            request: &request,
+            pool: &pool,
+            cycle: &cycle,
+        };
+        let decider = PrefixBasedPdDecider {
+            non_cached_tokens: 50,
+        };
+        assert!(decider.disaggregate(&ctx, 0), "100 uncached >= 50");
+        assert!(!decider.disaggregate(&ctx, 1), "36 uncached < 50");
+        let off = PrefixBasedPdDecider {
+            non_cached_tokens: 0,
+        };
+        assert!(!off.disaggregate(&ctx, 0));
+    }
+}
