@@ -12,8 +12,10 @@ use crate::scheduling::{ScheduleError, Scheduler};
 /// The routing outcome handed back to the host edge.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Routed {
-    /// `ip:port[,ip:port...]`, primary first: the destination header and metadata value.
+    /// The primary's `ip:port`: the destination header and metadata value.
     pub destination: String,
+    /// The other picks, best first, comma-separated (`maxNumOfEndpoints > 1`); may be empty.
+    pub fallbacks: String,
     /// Pool index of the primary endpoint, whose in-flight count was raised.
     pub primary: usize,
     /// Tokens accounted to the primary until the request ends.
@@ -219,14 +221,13 @@ impl Picker {
         let primary = *targets
             .first()
             .ok_or_else(|| RequestError::NoEndpoint("the scheduler picked no endpoint".into()))?;
-        let mut destination = String::with_capacity(24 * targets.len());
-        for (i, &target) in targets.iter().enumerate() {
-            if let Some(address) = self.address(target) {
-                if i > 0 {
-                    destination.push(',');
-                }
-                destination.push_str(address);
+        let destination = self.address(primary).unwrap_or_default().to_owned();
+        let mut fallbacks = String::new();
+        for address in targets.iter().skip(1).filter_map(|&t| self.address(t)) {
+            if !fallbacks.is_empty() {
+                fallbacks.push(',');
             }
+            fallbacks.push_str(address);
         }
         // Cached prompt blocks take no new KV space on the pod.
         let cached = u64::from(self.scheduler.last_cycle().cached_tokens(primary));
@@ -241,6 +242,7 @@ impl Picker {
             .then(|| session_affinity_scorer::token_for(self.address(primary).unwrap_or("")));
         Ok(Routed {
             destination,
+            fallbacks,
             primary,
             tokens,
             prefill,
@@ -327,7 +329,8 @@ pool:
         picker.on_tick(1000);
         let routed = route(&mut picker, ApiKind::Completions, Some(BODY)).unwrap();
         // queue: 0.0, 1.0, 0.6; kv: 0.9, 0.1, 0.9 -> totals 0.9, 1.1, 1.5
-        assert_eq!(routed.destination, "10.0.0.3:8000,10.0.0.2:8000");
+        assert_eq!(routed.destination, "10.0.0.3:8000");
+        assert_eq!(routed.fallbacks, "10.0.0.2:8000");
         assert_eq!(routed.primary, 2);
         assert_eq!(picker.pool().endpoints[2].in_flight, 1);
         assert_eq!(picker.pool().endpoints[2].in_flight_tokens, 1 + 256);

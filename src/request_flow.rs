@@ -21,6 +21,10 @@ impl std::fmt::Display for HostError {
     }
 }
 
+/// The GIE fallback header (one endpoint) and Envoy's list form of it.
+pub const FALLBACK_HEADER: &str = "x-gateway-destination-endpoint-fallback";
+pub const FALLBACKS_HEADER: &str = "x-gateway-destination-endpoint-fallbacks";
+
 /// The llm-d header naming the prefill endpoint of a disaggregated request.
 pub const PREFILLER_HEADER: &str = "x-prefiller-host-port";
 pub const SESSION_TOKEN_HEADER: &str = "x-session-token";
@@ -205,6 +209,21 @@ impl RequestFlow {
 /// whatever the client sent: the ORIGINAL_DST cluster would otherwise go wherever it asked.
 fn apply_routing(host: &impl HttpHost, routed: &Routed, body_size: usize) -> Result<(), HostError> {
     host.set_request_header(DESTINATION_HEADER, &routed.destination)?;
+    match routed
+        .fallbacks
+        .split(',')
+        .next()
+        .filter(|first| !first.is_empty())
+    {
+        Some(first) => {
+            host.set_request_header(FALLBACK_HEADER, first)?;
+            host.set_request_header(FALLBACKS_HEADER, &routed.fallbacks)?;
+        }
+        None => {
+            host.remove_request_header(FALLBACK_HEADER)?;
+            host.remove_request_header(FALLBACKS_HEADER)?;
+        }
+    }
     match &routed.prefill {
         Some(prefill) => host.set_request_header(PREFILLER_HEADER, prefill)?,
         None => host.remove_request_header(PREFILLER_HEADER)?,

@@ -283,11 +283,12 @@ fn log_decision(flow: &RequestFlow, picker: &Picker) {
     match &flow.outcome {
         Outcome::Pending => {}
         Outcome::Routed(routed) => log::debug!(
-            "inference-picker: decision request_id={} model={:?} priority={} picked={} prefill={} degraded={} {}",
+            "inference-picker: decision request_id={} model={:?} priority={} picked={} fallbacks={} prefill={} degraded={} {}",
             flow.request_id,
             routed.model,
             routed.priority,
             routed.destination,
+            if routed.fallbacks.is_empty() { "-" } else { &routed.fallbacks },
             routed.prefill.as_deref().unwrap_or("-"),
             routed.degraded,
             if routed.degraded {

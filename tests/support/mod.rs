@@ -172,6 +172,11 @@ fn wasm_config(config: &mut serde_yaml::Value) -> &mut serde_yaml::Value {
     &mut http_filters(config)[0]["typed_config"]["config"]
 }
 
+/// A config from `examples/configs/`.
+pub fn example_config(name: &str) -> String {
+    std::fs::read_to_string(repo().join("examples/configs").join(name)).expect("example config")
+}
+
 pub fn shipped_picker_config() -> String {
     let mut config = shipped_envoy_config();
     wasm_config(&mut config)["configuration"]["value"]
@@ -180,15 +185,21 @@ pub fn shipped_picker_config() -> String {
         .to_string()
 }
 
-/// `picker_config` with its `pool.endpoints` replaced by the given pods.
+/// `picker_config` with its `pool.endpoints` addresses replaced by the given pods, in order;
+/// the labels of the i-th configured endpoint stay with the i-th pod.
 pub fn with_endpoints(picker_config: &str, sims: &[&Sim]) -> String {
     let mut config: serde_yaml::Value =
         serde_yaml::from_str(picker_config).expect("picker config parses");
+    let configured = config["pool"]["endpoints"].clone();
     let endpoints: Vec<serde_yaml::Value> = sims
         .iter()
-        .map(|sim| {
+        .enumerate()
+        .map(|(i, sim)| {
             let mut endpoint = serde_yaml::Mapping::new();
             endpoint.insert("address".into(), sim.address.clone().into());
+            if let Some(labels) = configured.get(i).and_then(|e| e.get("labels")) {
+                endpoint.insert("labels".into(), labels.clone());
+            }
             serde_yaml::Value::Mapping(endpoint)
         })
         .collect();

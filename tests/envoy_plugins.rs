@@ -1,0 +1,233 @@
+//! The plugin catalog in a real Envoy: the example configs from `examples/configs/` run
+//! unchanged (pool addresses replaced by the simulated pods') and route as they say.
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use support::{completion, example_config, with_endpoints, Envoy, Sim, MODEL};
+
+fn gateway(config: &str, sims: &[&Sim], concurrency: u32) -> Envoy {
+    let envoy = Envoy::start(&with_endpoints(&example_config(config), sims), concurrency);
+    for sim in sims {
+        sim.wait_for_scrapes(3);
+    }
+    envoy
+}
+
+fn count_picks(envoy: &Envoy, bodies: impl Iterator<Item = String>) -> BTreeMap<String, usize> {
+    let mut picks = BTreeMap::new();
+    for body in bodies {
+        let response = envoy.post("/v1/completions", &body);
+        assert_eq!(response.status, 200, "{}", response.text());
+        *picks.entry(response.pod()).or_insert(0) += 1;
+    }
+    picks
+}
+
+#[test]
+fn seed_custom_metric_example_picks_the_least_running_llama_pod() {
+    // Each pod reports llama-3-8b running requests in its own series; the series of another
+    // model would reverse the order if it were not filtered out by the extractor's labels.
+    let series = |llama: u32, other: u32| {
+        format!(
+            "vllm:num_requests_running{{model_name=\"llama-3-8b\"}} {llama}\\nvllm:num_requests_running{{model_name=\"other-model\"}} {other}\\n"
+        )
+    };
+    let a = Sim::start("pod-a", &["--extra-metrics", &series(6, 0)]);
+    let b = Sim::start("pod-b", &["--extra-metrics", &series(1, 45)]);
+    let c = Sim::start("pod-c", &["--extra-metrics", &series(9, 0)]);
+    let envoy = gateway("custom-metrics.yaml", &[&a, &b, &c], 2);
+    let picks = count_picks(&envoy, (0..12).map(completion));
+    assert_eq!(picks, BTreeMap::from([("pod-b".to_string(), 12)]));
+
+    // The load moves: pod-c now runs the fewest llama-3-8b requests.
+    let load = serde_json::json!({ "extra_metrics": series(0, 50).replace("\\n", "\n") });
+    c.admin("load", &load.to_string());
+    c.wait_for_scrapes(3);
+    let picks = count_picks(&envoy, (100..112).map(completion));
+    assert_eq!(picks, BTreeMap::from([("pod-c".to_string(), 12)]));
+}
+
+#[test]
+fn seed_validation_burst_spreads_over_every_healthy_pod() {
+    // Slow pods (real-time decode, 10 ms per token), a burst of 50 with 20 in flight.
+    let slow = ["--time-scale", "1", "--max-num-seqs", "4"];
+    let sims: Vec<Sim> = ["pod-a", "pod-b", "pod-c", "pod-d"]
+        .iter()
+        .map(|name| Sim::start(name, &slow))
+        .collect();
+    let refs: Vec<&Sim> = sims.iter().collect();
+    let envoy = Arc::new(gateway("active-request.yaml", &refs, 2));
+    let picks = Arc::new(Mutex::new(BTreeMap::<String, usize>::new()));
+    let next = Arc::new(Mutex::new(0usize));
+    let workers: Vec<_> = (0..20)
+        .map(|_| {
+            let (envoy, picks, next) = (envoy.clone(), picks.clone(), next.clone());
+            std::thread::spawn(move || loop {
+                let n = {
+                    let mut next = next.lock().unwrap();
+                    if *next == 50 {
+                        return;
+                    }
+                    *next += 1;
+                    *next
+                };
+                let body =
+                    format!(r#"{{"model":"{MODEL}","prompt":"hello","max_tokens":8,"n":{n}}}"#);
+                let response = envoy.post("/v1/completions", &body);
+                assert_eq!(response.status, 200, "{}", response.text());
+                *picks.lock().unwrap().entry(response.pod()).or_insert(0) += 1;
+            })
+        })
+        .collect();
+    for worker in workers {
+        worker.join().expect("burst worker");
+    }
+    let picks = picks.lock().unwrap().clone();
+    assert_eq!(picks.values().sum::<usize>(), 50);
+    assert_eq!(picks.len(), 4, "every healthy pod takes part: {picks:?}");
+    assert!(
+        picks.values().all(|&n| (6..=20).contains(&n)),
+        "not pinned, roughly even: {picks:?}"
+    );
+}
+
+#[test]
+fn shared_system_prompt_sticks_to_the_pod_that_served_it_first() {
+    // One worker: each Envoy worker keeps its own prefix index until state is shared.
+    let sims: Vec<Sim> = ["pod-a", "pod-b", "pod-c"]
+        .iter()
+        .map(|name| Sim::start(name, &[]))
+        .collect();
+    let refs: Vec<&Sim> = sims.iter().collect();
+    let envoy = gateway("prefix-and-load.yaml", &refs, 1);
+    let system = "You are a meticulous assistant for the billing team. ".repeat(40);
+    let body = |n: usize| {
+        format!(
+            r#"{{"model":"{MODEL}","messages":[{{"role":"system","content":"{system}"}},{{"role":"user","content":"question {n}"}}],"max_tokens":4}}"#
+        )
+    };
+    let first = envoy.post("/v1/chat/completions", &body(0));
+    assert_eq!(first.status, 200, "{}", first.text());
+    let home = first.pod();
+    for n in 1..12 {
+        let response = envoy.post("/v1/chat/completions", &body(n));
+        assert_eq!(response.pod(), home, "request {n} left the warm pod");
+    }
+    // The pod's own prefix cache confirms the hits.
+    let stats = refs.iter().find(|s| s.name == home).unwrap().stats();
+    assert!(stats["prefix_hits"].as_u64().unwrap() > 0, "{stats}");
+    // A different system prompt is cold: the no-hit LRU scorer sends it elsewhere.
+    let other = "Answer as a pirate would, always. ".repeat(40);
+    let cold = format!(
+        r#"{{"model":"{MODEL}","messages":[{{"role":"system","content":"{other}"}},{{"role":"user","content":"hi"}}],"max_tokens":4}}"#
+    );
+    assert_ne!(envoy.post("/v1/chat/completions", &cold).pod(), home);
+}
+
+#[test]
+fn session_token_is_returned_and_honoured() {
+    let a = Sim::start("pod-a", &[]);
+    let b = Sim::start("pod-b", &[]);
+    let c = Sim::start("pod-c", &[]);
+    let envoy = gateway("session-affinity.yaml", &[&a, &b, &c], 2);
+    let first = envoy.post("/v1/completions", &completion(0));
+    let token = first
+        .header("x-session-token")
+        .expect("token on the response")
+        .to_string();
+    let home = first.pod();
+    // Make the home pod the most loaded: the session still wins.
+    let home_sim = [&a, &b, &c].into_iter().find(|s| s.name == home).unwrap();
+    home_sim.admin("load", r#"{"background_waiting":5}"#);
+    home_sim.wait_for_scrapes(3);
+    for n in 1..10 {
+        let response = envoy.post_with(
+            "/v1/completions",
+            &[
+                ("content-type", "application/json"),
+                ("x-session-token", &token),
+            ],
+            &completion(n),
+        );
+        assert_eq!(response.pod(), home);
+        assert_eq!(response.header("x-session-token"), Some(token.as_str()));
+    }
+    // Without the token the loaded pod is avoided.
+    assert_ne!(envoy.post("/v1/completions", &completion(99)).pod(), home);
+}
+
+#[test]
+fn disaggregated_requests_carry_the_prefill_endpoint() {
+    let prefill = Sim::start("prefill-a", &[]);
+    let decode_b = Sim::start("decode-b", &[]);
+    let decode_c = Sim::start("decode-c", &[]);
+    let envoy = gateway(
+        "pd-disaggregation.yaml",
+        &[&prefill, &decode_b, &decode_c],
+        2,
+    );
+    // Distinct from the first character on, so no decode pod holds any of them.
+    let long = |n: usize| {
+        format!(
+            r#"{{"model":"{MODEL}","prompt":"{n} {}","max_tokens":4}}"#,
+            "a long document to summarise ".repeat(30)
+        )
+    };
+    for n in 0..4 {
+        let response = envoy.post_with(
+            "/v1/completions",
+            &[
+                ("content-type", "application/json"),
+                ("x-prefiller-host-port", "6.6.6.6:1"),
+            ],
+            &long(n),
+        );
+        assert_eq!(response.status, 200, "{}", response.text());
+        assert!(response.pod().starts_with("decode-"), "{}", response.pod());
+    }
+    let short = envoy.post_with(
+        "/v1/completions",
+        &[
+            ("content-type", "application/json"),
+            ("x-prefiller-host-port", "6.6.6.6:1"),
+        ],
+        &completion(1),
+    );
+    assert!(short.pod().starts_with("decode-"));
+    let mut seen = BTreeMap::new();
+    for sim in [&decode_b, &decode_c] {
+        if let Some(map) = sim.stats()["prefillers_seen"].as_object() {
+            for (address, count) in map {
+                *seen.entry(address.clone()).or_insert(0) += count.as_u64().unwrap();
+            }
+        }
+    }
+    // Every long request named the prefill pod; the client's value never got through.
+    assert_eq!(seen, BTreeMap::from([(prefill.address.clone(), 4)]));
+    assert_eq!(
+        prefill.requests_total(),
+        0,
+        "the prefill pod is not a decode target"
+    );
+}
+
+#[test]
+fn model_rewrite_header_changes_the_served_model() {
+    let a = Sim::start("pod-a", &[]);
+    let envoy = gateway("active-request.yaml", &[&a], 2);
+    let body = r#"{"model":"alias-of-llama","prompt":"hi","max_tokens":2}"#;
+    let plain = envoy.post("/v1/completions", body);
+    assert_eq!(plain.status, 404, "the pod does not know the alias");
+    let rewritten = envoy.post_with(
+        "/v1/completions",
+        &[
+            ("content-type", "application/json"),
+            ("x-gateway-model-name-rewrite", MODEL),
+        ],
+        body,
+    );
+    assert_eq!(rewritten.status, 200, "{}", rewritten.text());
+    assert_eq!(rewritten.json()["model"], MODEL);
+}
