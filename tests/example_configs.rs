@@ -275,3 +275,31 @@ fn filters_example_keeps_the_selected_pods_and_returns_a_fallback() {
         "the testing filter only narrows the pool"
     );
 }
+
+#[test]
+fn readme_plugin_table_lists_every_registered_type() {
+    let readme = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md"))
+        .expect("README.md");
+    let table: Vec<&str> = readme
+        .lines()
+        .skip_while(|line| !line.starts_with("### Plugins"))
+        .take_while(|line| !line.starts_with("### Requests"))
+        .filter(|line| line.starts_with("| `"))
+        .collect();
+    for type_name in inference_picker::scheduling::plugins::all_types() {
+        let named = format!("`{type_name}`");
+        assert!(
+            table
+                .iter()
+                .any(|row| row.split('|').nth(1).is_some_and(|c| c.contains(&named))),
+            "README plugin table has no row for {type_name}"
+        );
+    }
+    for row in &table {
+        let first = row.split('`').nth(1).unwrap_or("");
+        assert!(
+            inference_picker::scheduling::plugins::known_type(first).is_some(),
+            "README lists {first}, which is not registered"
+        );
+    }
+}
