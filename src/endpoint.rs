@@ -48,6 +48,9 @@ pub struct EndpointState {
     /// Tokens of the requests routed there since its last scrape: work the scraped metrics
     /// cannot show yet, which the cost model assumes is running.
     pub placed_tokens_since_scrape: u64,
+    /// The same two counts from the other Envoy workers, as of their last tick.
+    pub remote_in_flight: u32,
+    pub remote_in_flight_tokens: u64,
 }
 
 impl EndpointState {
@@ -64,7 +67,20 @@ impl EndpointState {
             in_flight: 0,
             in_flight_tokens: 0,
             placed_tokens_since_scrape: 0,
+            remote_in_flight: 0,
+            remote_in_flight_tokens: 0,
         }
+    }
+
+    /// Requests in flight there from the whole Envoy: this worker's exact count plus the
+    /// others' as of their last tick.
+    pub fn total_in_flight(&self) -> u32 {
+        self.in_flight.saturating_add(self.remote_in_flight)
+    }
+
+    pub fn total_in_flight_tokens(&self) -> u64 {
+        self.in_flight_tokens
+            .saturating_add(self.remote_in_flight_tokens)
     }
 
     pub fn label(&self, key: &str) -> Option<&str> {
@@ -131,6 +147,31 @@ impl Pool {
             endpoint.last_scrape_ok_ms = Some(now_ms);
             endpoint.last_scrape_failed = false;
             set_health(endpoint, Health::Fresh, &mut self.transitions);
+        }
+    }
+
+    /// Applies a scrape result another worker published: metrics taken at `ok_ms`, or a failure.
+    /// Older results than the ones already held are ignored.
+    pub fn apply_shared(
+        &mut self,
+        index: usize,
+        ok_ms: Option<u64>,
+        failed: bool,
+        metrics: &EndpointMetrics,
+    ) {
+        let Some(endpoint) = self.endpoints.get(index) else {
+            return;
+        };
+        if failed {
+            if !endpoint.last_scrape_failed {
+                self.record_scrape_failure(index);
+            }
+            return;
+        }
+        match (ok_ms, endpoint.last_scrape_ok_ms) {
+            (Some(at), Some(held)) if at <= held && !endpoint.last_scrape_failed => {}
+            (Some(at), _) => self.record_scrape_ok(index, at, metrics.clone()),
+            (None, _) => {}
         }
     }
 

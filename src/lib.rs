@@ -19,6 +19,7 @@ pub mod prometheus;
 pub mod request;
 pub mod request_flow;
 pub mod scheduling;
+pub mod shared_state;
 
 #[cfg(target_arch = "wasm32")]
 pub mod filter;

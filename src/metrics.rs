@@ -49,7 +49,7 @@ impl Engine {
 }
 
 /// LoRA adapters a vLLM pod has loaded or queued (`vllm:lora_requests_info`).
-#[derive(Debug, Clone, Default, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct LoraInfo {
     pub max_lora: u32,
     pub running: Vec<String>,
@@ -57,7 +57,7 @@ pub struct LoraInfo {
 }
 
 /// vLLM's `vllm:cache_config_info`: used to size the prefix index per pod.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct CacheConfig {
     pub block_size: u32,
     pub num_gpu_blocks: u64,
@@ -78,7 +78,7 @@ impl MetricSelector {
 }
 
 /// One pod's metrics as of its last good scrape.
-#[derive(Debug, Clone, Default, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct EndpointMetrics {
     pub waiting_queue: f64,
     pub running_requests: f64,

@@ -68,12 +68,18 @@ impl Picker {
             settings: config.pool,
             selectors: config.metric_selectors,
             scrape_pending: vec![false; count],
-            all_unfresh: false,
+            // Nothing is scraped yet: not worth a warning until metrics were fresh once.
+            all_unfresh: true,
         }
     }
 
     pub fn pool(&self) -> &Pool {
         &self.pool
+    }
+
+    /// For the shared-state exchange on ticks.
+    pub fn pool_mut(&mut self) -> &mut Pool {
+        &mut self.pool
     }
 
     pub fn settings(&self) -> &PoolConfig {

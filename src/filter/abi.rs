@@ -9,6 +9,7 @@ use std::ptr::null_mut;
 const OK: u32 = 0;
 const NOT_FOUND: u32 = 1;
 const EMPTY: u32 = 7;
+const CAS_MISMATCH: u32 = 8;
 
 #[allow(clashing_extern_declarations)]
 extern "C" {
@@ -36,6 +37,20 @@ extern "C" {
         key_size: usize,
         value_data: *const u8,
         value_size: usize,
+    ) -> u32;
+    fn proxy_get_shared_data(
+        key_data: *const u8,
+        key_size: usize,
+        return_value_data: *mut *mut u8,
+        return_value_size: *mut usize,
+        return_cas: *mut u32,
+    ) -> u32;
+    fn proxy_set_shared_data(
+        key_data: *const u8,
+        key_size: usize,
+        value_data: *const u8,
+        value_size: usize,
+        cas: u32,
     ) -> u32;
     fn proxy_remove_header_map_value(map_type: u32, key_data: *const u8, key_size: usize) -> u32;
     fn proxy_set_buffer_bytes(
@@ -161,6 +176,38 @@ pub fn replace_header(map_type: MapType, name: &str, value: &str) -> Result<(), 
             value.len(),
         )
     })
+}
+
+/// A shared-data value and its CAS token; `None` when the key was never set.
+pub fn shared_data(key: &str) -> Result<Option<(Vec<u8>, u32)>, HostError> {
+    let mut data = null_mut();
+    let mut size = 0usize;
+    let mut cas = 0u32;
+    let status =
+        unsafe { proxy_get_shared_data(key.as_ptr(), key.len(), &mut data, &mut size, &mut cas) };
+    match status {
+        OK => Ok(Some((unsafe { take_host_buffer(data, size) }, cas))),
+        NOT_FOUND => Ok(None),
+        status => Err(HostError {
+            call: "proxy_get_shared_data",
+            status,
+        }),
+    }
+}
+
+/// Stores a shared-data value if its CAS is still `cas` (0: unconditionally); false on a
+/// CAS mismatch.
+pub fn set_shared_data(key: &str, value: &[u8], cas: u32) -> Result<bool, HostError> {
+    let status =
+        unsafe { proxy_set_shared_data(key.as_ptr(), key.len(), value.as_ptr(), value.len(), cas) };
+    match status {
+        OK => Ok(true),
+        CAS_MISMATCH => Ok(false),
+        status => Err(HostError {
+            call: "proxy_set_shared_data",
+            status,
+        }),
+    }
 }
 
 pub fn remove_header(map_type: MapType, name: &str) -> Result<(), HostError> {

@@ -6,6 +6,7 @@ mod abi;
 use crate::config;
 use crate::picker::{duration_ms, Picker};
 use crate::request_flow::{Flow, HostError, HttpHost, Outcome, RequestFlow, DESTINATION_HEADER};
+use crate::shared_state::{Coordinator, Role, SharedStore};
 use hashbrown::HashMap;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{Action, BufferType, ContextType, MapType};
@@ -20,9 +21,23 @@ proxy_wasm::main! {{
 
 type SharedPicker = Rc<RefCell<Picker>>;
 
+/// Envoy's process-wide shared data, for the [`Coordinator`].
+struct EnvoyShared;
+
+impl SharedStore for EnvoyShared {
+    fn get(&self, key: &str) -> Result<Option<(Vec<u8>, u32)>, HostError> {
+        abi::shared_data(key)
+    }
+
+    fn set(&self, key: &str, value: &[u8], cas: Option<u32>) -> Result<bool, HostError> {
+        abi::set_shared_data(key, value, cas.unwrap_or(0))
+    }
+}
+
 struct PickerRoot {
     context_id: u32,
     picker: Option<SharedPicker>,
+    coordinator: Option<Coordinator>,
     /// Callout token -> endpoint index being scraped.
     scrapes: HashMap<u32, usize>,
     targets: Vec<usize>,
@@ -34,6 +49,7 @@ impl PickerRoot {
         PickerRoot {
             context_id,
             picker: None,
+            coordinator: None,
             scrapes: HashMap::new(),
             targets: Vec::new(),
             last_tick_ms: 0,
@@ -69,6 +85,62 @@ impl PickerRoot {
         for index in unsent {
             picker.on_scrape_failed(index);
         }
+    }
+}
+
+impl PickerRoot {
+    /// Elects the scraper, shares scrape results and in-flight counts between the VMs.
+    fn coordinate(&mut self, picker: &mut Picker) -> Role {
+        let Some(coordinator) = self.coordinator.as_mut() else {
+            return Role::Scraper;
+        };
+        let now = self.last_tick_ms;
+        let role = match coordinator.elect(&EnvoyShared, now) {
+            Ok((role, true)) => {
+                log::debug!(
+                    "inference-picker: context {} is now the {role:?}",
+                    self.context_id
+                );
+                role
+            }
+            Ok((role, false)) => role,
+            Err(error) => {
+                // Without shared data every VM scrapes for itself, as if alone.
+                log::warn!("inference-picker: shared data unavailable: {error}");
+                return Role::Scraper;
+            }
+        };
+        let shared = match role {
+            Role::Scraper => coordinator.publish_snapshot(&EnvoyShared, picker.pool()),
+            Role::Follower => coordinator
+                .apply_snapshot(&EnvoyShared, picker.pool_mut())
+                .map(|_| ()),
+        }
+        .and_then(|()| coordinator.exchange_load(&EnvoyShared, picker.pool_mut(), now));
+        if let Err(error) = shared {
+            log::warn!("inference-picker: sharing state: {error}");
+        }
+        role
+    }
+}
+
+fn log_health(transitions: &[crate::endpoint::HealthTransition], all_unfresh: Option<bool>) {
+    for transition in transitions {
+        log::warn!(
+            "inference-picker: endpoint {} is now {:?} (was {:?})",
+            transition.address,
+            transition.to,
+            transition.from
+        );
+    }
+    match all_unfresh {
+        Some(true) => log::warn!(
+            "inference-picker: no endpoint has fresh metrics; routing by in-flight requests"
+        ),
+        Some(false) => {
+            log::info!("inference-picker: endpoints have fresh metrics; scoring on them")
+        }
+        None => {}
     }
 }
 
@@ -160,6 +232,12 @@ impl RootContext for PickerRoot {
             return false;
         }
         let endpoints = loaded.pool.endpoints.len();
+        // A config update starts a fresh namespace, so old VMs' leases do not interfere.
+        let namespace = format!(
+            "inference-picker/{:x}",
+            crate::hash::hash_bytes(0, text.as_bytes())
+        );
+        self.coordinator = Some(Coordinator::new(&namespace, seed, u64::from(interval)));
         self.picker = Some(Rc::new(RefCell::new(Picker::new(loaded))));
         self.scrapes.clear();
         log::info!(
@@ -177,23 +255,13 @@ impl RootContext for PickerRoot {
         let Ok(mut picker) = shared.try_borrow_mut() else {
             return;
         };
+        let role = self.coordinate(&mut picker);
         let (transitions, all_unfresh) = picker.on_tick(self.last_tick_ms);
-        for transition in transitions {
-            log::warn!(
-                "inference-picker: endpoint {} is now {:?} (was {:?})",
-                transition.address,
-                transition.to,
-                transition.from
-            );
+        if role == Role::Scraper {
+            // Every VM sees the same transitions; only the scraper logs them.
+            log_health(&transitions, all_unfresh);
+            self.dispatch_scrapes(&mut picker);
         }
-        match all_unfresh {
-            Some(true) => log::warn!(
-                "inference-picker: no endpoint has fresh metrics; routing by in-flight requests"
-            ),
-            Some(false) => log::info!("inference-picker: fresh metrics again; scoring resumes"),
-            None => {}
-        }
-        self.dispatch_scrapes(&mut picker);
     }
 
     fn create_http_context(&self, _context_id: u32) -> Option<Box<dyn HttpContext>> {

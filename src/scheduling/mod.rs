@@ -576,7 +576,7 @@ fn least_in_flight_reachable(pool: &Pool) -> Result<Decision, ScheduleError> {
         .iter()
         .enumerate()
         .filter(|(_, endpoint)| endpoint.health != Health::Unreachable)
-        .min_by_key(|(_, endpoint)| endpoint.in_flight)
+        .min_by_key(|(_, endpoint)| endpoint.total_in_flight())
         .map(|(index, _)| index)
         .ok_or(ScheduleError::NoReachableEndpoint)?;
     Ok(Decision {

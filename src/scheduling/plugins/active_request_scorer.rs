@@ -50,7 +50,7 @@ pub fn build(parameters: &Value) -> Result<Plugin, String> {
 
 impl Scorer for ActiveRequestScorer {
     fn score(&mut self, ctx: &SchedulingContext<'_>, candidates: &[usize], scores: &mut [f64]) {
-        let count = |i: usize| ctx.pool.get(i).map_or(0, |e| e.in_flight);
+        let count = |i: usize| ctx.pool.get(i).map_or(0, |e| e.total_in_flight());
         let max = candidates.iter().map(|&i| count(i)).max().unwrap_or(0);
         for (score, &i) in scores.iter_mut().zip(candidates) {
             let c = count(i);
@@ -97,6 +97,20 @@ mod tests {
             ..Parameters::default()
         };
         assert_eq!(scores(parameters, &[1, 2, 4]), [1.0, 0.25, 0.0]);
+    }
+
+    #[test]
+    fn other_workers_requests_count_too() {
+        let mut pool = queues(&[0.0, 0.0]);
+        pool.endpoints[0].in_flight = 1;
+        pool.endpoints[1].remote_in_flight = 2;
+        let request = InferenceRequest::empty();
+        let mut out = [0.0; 2];
+        ActiveRequestScorer {
+            parameters: Parameters::default(),
+        }
+        .score(&SchedulingContext::new(&request, &pool), &[0, 1], &mut out);
+        assert_eq!(out, [0.5, 0.0]);
     }
 
     #[test]

@@ -37,7 +37,7 @@ impl Scorer for TokenLoadScorer {
     fn score(&mut self, ctx: &SchedulingContext<'_>, candidates: &[usize], scores: &mut [f64]) {
         let threshold = self.parameters.queue_threshold_tokens as f64;
         for (score, &i) in scores.iter_mut().zip(candidates) {
-            let tokens = ctx.pool.get(i).map_or(0, |e| e.in_flight_tokens) as f64;
+            let tokens = ctx.pool.get(i).map_or(0, |e| e.total_in_flight_tokens()) as f64;
             *score = 1.0 - (tokens / threshold).min(1.0);
         }
     }

@@ -1,0 +1,351 @@
+//! One picker per Envoy rather than one per worker VM. Every VM ticks; through the host's
+//! shared data (process-wide, compare-and-swap) they agree that one of them, the lease holder,
+//! scrapes the pods and publishes the metrics snapshot, and each publishes its own in-flight
+//! counts so every VM schedules with the whole Envoy's load. All of it happens on ticks: the
+//! request path makes no shared-data calls.
+
+use crate::endpoint::Pool;
+use crate::metrics::EndpointMetrics;
+use crate::request_flow::HostError;
+use serde::{Deserialize, Serialize};
+
+/// The host's shared data: values with a compare-and-swap token.
+pub trait SharedStore {
+    /// The value and its CAS token, or `None` when the key was never set.
+    fn get(&self, key: &str) -> Result<Option<(Vec<u8>, u32)>, HostError>;
+    /// Stores `value` if the key's CAS still equals `cas` (`None`: unconditionally). Returns
+    /// false when another VM wrote in between.
+    fn set(&self, key: &str, value: &[u8], cas: Option<u32>) -> Result<bool, HostError>;
+}
+
+/// What this VM does this tick.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// Holds the lease: scrapes every pod and publishes the snapshot.
+    Scraper,
+    /// Reads the snapshot another VM published.
+    Follower,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+struct Lease {
+    owner: u64,
+    expires_ms: u64,
+}
+
+/// One endpoint's latest scrape result, as published.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+struct SharedEndpoint {
+    address: String,
+    ok_ms: Option<u64>,
+    failed: bool,
+    metrics: EndpointMetrics,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+struct Snapshot {
+    seq: u64,
+    endpoints: Vec<SharedEndpoint>,
+}
+
+/// One VM's in-flight counts per endpoint, stamped so a VM that went away stops counting.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+struct Load {
+    stamp_ms: u64,
+    /// `(requests, tokens)` per pool index.
+    counts: Vec<(u32, u64)>,
+}
+
+pub struct Coordinator {
+    vm_id: u64,
+    lease_key: String,
+    snapshot_key: String,
+    vms_key: String,
+    load_key: String,
+    namespace: String,
+    /// A lease lasts two scrape intervals, so a VM that stops renewing is replaced within two.
+    lease_ms: u64,
+    role: Role,
+    published_seq: u64,
+    applied_seq: u64,
+    others: Vec<u64>,
+}
+
+/// Attempts at a contended compare-and-swap before giving up until the next tick.
+const CAS_ATTEMPTS: usize = 8;
+
+impl Coordinator {
+    /// `namespace` separates configurations (a config update starts a fresh one); `vm_id` must
+    /// differ between VMs.
+    pub fn new(namespace: &str, vm_id: u64, interval_ms: u64) -> Self {
+        Coordinator {
+            vm_id,
+            lease_key: format!("{namespace}/lease"),
+            snapshot_key: format!("{namespace}/snapshot"),
+            vms_key: format!("{namespace}/vms"),
+            load_key: format!("{namespace}/load/{vm_id:x}"),
+            namespace: namespace.to_owned(),
+            lease_ms: interval_ms.saturating_mul(2).max(1),
+            role: Role::Follower,
+            published_seq: 0,
+            applied_seq: 0,
+            others: Vec::new(),
+        }
+    }
+
+    pub fn role(&self) -> Role {
+        self.role
+    }
+
+    /// Takes or renews the lease when it is free, expired or ours. Returns the role for this
+    /// tick and whether it changed.
+    pub fn elect(
+        &mut self,
+        store: &impl SharedStore,
+        now_ms: u64,
+    ) -> Result<(Role, bool), HostError> {
+        let current = store.get(&self.lease_key)?;
+        let held = current
+            .as_ref()
+            .and_then(|(bytes, _)| serde_json::from_slice::<Lease>(bytes).ok());
+        let free = held
+            .as_ref()
+            .is_none_or(|lease| lease.owner == self.vm_id || lease.expires_ms <= now_ms);
+        let mut role = Role::Follower;
+        if free {
+            let lease = Lease {
+                owner: self.vm_id,
+                expires_ms: now_ms.saturating_add(self.lease_ms),
+            };
+            let bytes = serde_json::to_vec(&lease).unwrap_or_default();
+            if store.set(&self.lease_key, &bytes, current.map(|(_, cas)| cas))? {
+                role = Role::Scraper;
+            }
+        }
+        let changed = role != self.role;
+        self.role = role;
+        Ok((role, changed))
+    }
+
+    /// The scraper publishes every endpoint's latest result.
+    pub fn publish_snapshot(
+        &mut self,
+        store: &impl SharedStore,
+        pool: &Pool,
+    ) -> Result<(), HostError> {
+        self.published_seq = self.published_seq.max(self.applied_seq) + 1;
+        let snapshot = Snapshot {
+            seq: self.published_seq,
+            endpoints: pool
+                .endpoints
+                .iter()
+                .map(|e| SharedEndpoint {
+                    address: e.address.clone(),
+                    ok_ms: e.last_scrape_ok_ms,
+                    failed: e.last_scrape_failed,
+                    metrics: e.metrics.clone(),
+                })
+                .collect(),
+        };
+        let bytes = serde_json::to_vec(&snapshot).unwrap_or_default();
+        store.set(&self.snapshot_key, &bytes, None).map(|_| ())
+    }
+
+    /// A follower takes in the snapshot if it is newer than the last one it applied. Returns
+    /// whether anything was applied.
+    pub fn apply_snapshot(
+        &mut self,
+        store: &impl SharedStore,
+        pool: &mut Pool,
+    ) -> Result<bool, HostError> {
+        let Some((bytes, _)) = store.get(&self.snapshot_key)? else {
+            return Ok(false);
+        };
+        let Ok(snapshot) = serde_json::from_slice::<Snapshot>(&bytes) else {
+            return Ok(false);
+        };
+        if snapshot.seq <= self.applied_seq {
+            return Ok(false);
+        }
+        self.applied_seq = snapshot.seq;
+        for shared in &snapshot.endpoints {
+            if let Some(index) = pool.index_of(&shared.address) {
+                pool.apply_shared(index, shared.ok_ms, shared.failed, &shared.metrics);
+            }
+        }
+        Ok(true)
+    }
+
+    /// Publishes this VM's in-flight counts and sums the other VMs' into the pool.
+    pub fn exchange_load(
+        &mut self,
+        store: &impl SharedStore,
+        pool: &mut Pool,
+        now_ms: u64,
+    ) -> Result<(), HostError> {
+        self.register(store)?;
+        let own = Load {
+            stamp_ms: now_ms,
+            counts: pool
+                .endpoints
+                .iter()
+                .map(|e| (e.in_flight, e.in_flight_tokens))
+                .collect(),
+        };
+        store.set(
+            &self.load_key,
+            &serde_json::to_vec(&own).unwrap_or_default(),
+            None,
+        )?;
+        for endpoint in &mut pool.endpoints {
+            endpoint.remote_in_flight = 0;
+            endpoint.remote_in_flight_tokens = 0;
+        }
+        let fresh_after = now_ms.saturating_sub(self.lease_ms.saturating_mul(3));
+        for &vm in &self.others {
+            let key = format!("{}/load/{vm:x}", self.namespace);
+            let Some((bytes, _)) = store.get(&key)? else {
+                continue;
+            };
+            let Ok(load) = serde_json::from_slice::<Load>(&bytes) else {
+                continue;
+            };
+            if load.stamp_ms < fresh_after {
+                continue;
+            }
+            for (endpoint, &(requests, tokens)) in pool.endpoints.iter_mut().zip(&load.counts) {
+                endpoint.remote_in_flight = endpoint.remote_in_flight.saturating_add(requests);
+                endpoint.remote_in_flight_tokens =
+                    endpoint.remote_in_flight_tokens.saturating_add(tokens);
+            }
+        }
+        Ok(())
+    }
+
+    /// Makes sure this VM is in the shared list of VMs and refreshes the list of the others.
+    /// A racing writer that overwrote our entry is caught by reading back on the next attempt
+    /// (create-if-absent cannot be a CAS: a CAS of `None` overwrites).
+    fn register(&mut self, store: &impl SharedStore) -> Result<(), HostError> {
+        for _ in 0..CAS_ATTEMPTS {
+            let current = store.get(&self.vms_key)?;
+            let mut vms: Vec<u64> = current
+                .as_ref()
+                .and_then(|(bytes, _)| serde_json::from_slice(bytes).ok())
+                .unwrap_or_default();
+            if vms.contains(&self.vm_id) {
+                vms.retain(|&vm| vm != self.vm_id);
+                self.others = vms;
+                return Ok(());
+            }
+            vms.push(self.vm_id);
+            let bytes = serde_json::to_vec(&vms).unwrap_or_default();
+            store.set(&self.vms_key, &bytes, current.map(|(_, cas)| cas))?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::endpoint::{EndpointState, Health};
+    use std::cell::RefCell;
+    use std::collections::{BTreeMap, HashMap};
+
+    /// Envoy's shared data semantics: a CAS token per key, bumped on every write.
+    #[derive(Default)]
+    struct FakeStore {
+        data: RefCell<HashMap<String, (Vec<u8>, u32)>>,
+    }
+
+    impl SharedStore for FakeStore {
+        fn get(&self, key: &str) -> Result<Option<(Vec<u8>, u32)>, HostError> {
+            Ok(self.data.borrow().get(key).cloned())
+        }
+        fn set(&self, key: &str, value: &[u8], cas: Option<u32>) -> Result<bool, HostError> {
+            let mut data = self.data.borrow_mut();
+            let current = data.get(key).map_or(0, |(_, c)| *c);
+            if cas.is_some_and(|cas| cas != current) {
+                return Ok(false);
+            }
+            data.insert(key.into(), (value.to_vec(), current + 1));
+            Ok(true)
+        }
+    }
+
+    fn pool() -> Pool {
+        Pool::new(
+            (1..=2)
+                .map(|i| EndpointState::new(format!("10.0.0.{i}:8000"), BTreeMap::new()))
+                .collect(),
+        )
+    }
+
+    #[test]
+    fn one_scraper_and_takeover_within_two_intervals() {
+        let store = FakeStore::default();
+        let mut a = Coordinator::new("ns", 1, 50);
+        let mut b = Coordinator::new("ns", 2, 50);
+        assert_eq!(a.elect(&store, 1000).unwrap(), (Role::Scraper, true));
+        assert_eq!(b.elect(&store, 1000).unwrap(), (Role::Follower, false));
+        assert_eq!(
+            a.elect(&store, 1050).unwrap(),
+            (Role::Scraper, false),
+            "renewed"
+        );
+        assert_eq!(b.elect(&store, 1120).unwrap().0, Role::Follower);
+        // a stops ticking; its lease (renewed at 1050) ends at 1150.
+        assert_eq!(b.elect(&store, 1150).unwrap(), (Role::Scraper, true));
+        assert_eq!(a.elect(&store, 1160).unwrap(), (Role::Follower, true));
+    }
+
+    #[test]
+    fn followers_apply_newer_snapshots_only() {
+        let store = FakeStore::default();
+        let mut scraper = Coordinator::new("ns", 1, 50);
+        let mut follower = Coordinator::new("ns", 2, 50);
+        let mut source = pool();
+        source.record_scrape_ok(
+            0,
+            900,
+            EndpointMetrics {
+                waiting_queue: 3.0,
+                ..EndpointMetrics::default()
+            },
+        );
+        source.record_scrape_failure(1);
+        scraper.publish_snapshot(&store, &source).unwrap();
+        let mut local = pool();
+        assert!(follower.apply_snapshot(&store, &mut local).unwrap());
+        assert!(
+            !follower.apply_snapshot(&store, &mut local).unwrap(),
+            "same seq"
+        );
+        assert_eq!(local.endpoints[0].metrics.waiting_queue, 3.0);
+        assert_eq!(local.endpoints[0].last_scrape_ok_ms, Some(900));
+        local.refresh_health(1000, 2000);
+        assert_eq!(local.endpoints[0].health, Health::Fresh);
+        assert_eq!(local.endpoints[1].health, Health::Unreachable);
+    }
+
+    #[test]
+    fn in_flight_counts_are_summed_across_vms() {
+        let store = FakeStore::default();
+        let mut a = Coordinator::new("ns", 1, 50);
+        let mut b = Coordinator::new("ns", 2, 50);
+        let (mut pool_a, mut pool_b) = (pool(), pool());
+        pool_a.add_in_flight(0, 100);
+        pool_b.add_in_flight(0, 10);
+        pool_b.add_in_flight(1, 5);
+        a.exchange_load(&store, &mut pool_a, 1000).unwrap();
+        b.exchange_load(&store, &mut pool_b, 1000).unwrap();
+        a.exchange_load(&store, &mut pool_a, 1050).unwrap();
+        assert_eq!(pool_a.endpoints[0].total_in_flight(), 2);
+        assert_eq!(pool_a.endpoints[0].total_in_flight_tokens(), 110);
+        assert_eq!(pool_a.endpoints[1].total_in_flight(), 1);
+        assert_eq!(pool_b.endpoints[0].remote_in_flight, 1);
+        // b goes away: after three lease periods its counts stop counting.
+        a.exchange_load(&store, &mut pool_a, 1000 + 301).unwrap();
+        assert_eq!(pool_a.endpoints[1].total_in_flight(), 0);
+    }
+}
