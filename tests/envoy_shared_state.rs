@@ -3,7 +3,6 @@
 
 mod support;
 
-use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use support::{example_config, shipped_picker_config, with_endpoints, Envoy, Sim, MODEL};
