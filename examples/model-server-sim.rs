@@ -10,7 +10,8 @@
 //! --loaded-adapters a,b (resident at start), --background-waiting N (queued work from
 //! elsewhere), --background-running N, --background-kv F, --extra-metrics TEXT (raw exposition
 //! lines appended to /metrics, `\n` separated), --fault MODE (none|error|slow|hang|die).
-//! Runtime control: `POST /admin/fault` and `POST /admin/load` with a JSON body,
+//! Runtime control: `POST /admin/fault` (`{"mode":"error","status":500,"scope":"inference"}`;
+//! the scope spares `/metrics`) and `POST /admin/load` with a JSON body,
 //! `GET /admin/stats` for counters. A request header `x-sim-response-id` pins the response id
 //! so tests can compare responses byte for byte.
 
@@ -71,6 +72,8 @@ struct Engine {
     requests_total: u64,
     metrics_scrapes: u64,
     fault: Option<Fault>,
+    /// The fault spares `/metrics`: the pod looks healthy to scrapes but fails requests.
+    fault_spares_metrics: bool,
 }
 
 struct Sim {
@@ -271,7 +274,14 @@ fn handle(sim: &Sim, request: &HttpRequest, out: &mut TcpStream) -> bool {
     if path.starts_with("/admin/") {
         return admin(sim, request, path, out);
     }
-    let fault = lock(sim).fault.clone();
+    let fault = {
+        let engine = lock(sim);
+        if engine.fault_spares_metrics && path == "/metrics" {
+            None
+        } else {
+            engine.fault.clone()
+        }
+    };
     match fault {
         Some(Fault::Error(status)) => {
             return respond_json(
@@ -326,7 +336,10 @@ fn admin(sim: &Sim, request: &HttpRequest, path: &str, out: &mut TcpStream) -> b
     match path {
         "/admin/fault" => {
             let fault = fault_from(&body);
-            lock(sim).fault = fault;
+            let mut engine = lock(sim);
+            engine.fault = fault;
+            engine.fault_spares_metrics =
+                body.get("scope").and_then(Value::as_str) == Some("inference");
         }
         "/admin/load" => {
             let mut engine = lock(sim);

@@ -51,6 +51,9 @@ pub struct EndpointState {
     /// The same two counts from the other Envoy workers, as of their last tick.
     pub remote_in_flight: u32,
     pub remote_in_flight_tokens: u64,
+    /// Host time (ms) until which the endpoint is avoided after answering a request with 5xx
+    /// or refusing the connection (passive health).
+    pub backoff_until_ms: u64,
 }
 
 impl EndpointState {
@@ -69,7 +72,13 @@ impl EndpointState {
             placed_tokens_since_scrape: 0,
             remote_in_flight: 0,
             remote_in_flight_tokens: 0,
+            backoff_until_ms: 0,
         }
+    }
+
+    /// Fresh metrics and not backing off after a failed request.
+    pub fn routable(&self, now_ms: u64) -> bool {
+        self.health == Health::Fresh && self.backoff_until_ms <= now_ms
     }
 
     /// Requests in flight there from the whole Envoy: this worker's exact count plus the
@@ -111,6 +120,8 @@ pub struct HealthTransition {
 #[derive(Debug, Clone, Default)]
 pub struct Pool {
     pub endpoints: Vec<EndpointState>,
+    /// Host time of the last tick.
+    now_ms: u64,
     /// Health changes since the last `refresh_health`, for the log.
     transitions: Vec<HealthTransition>,
 }
@@ -119,8 +130,24 @@ impl Pool {
     pub fn new(endpoints: Vec<EndpointState>) -> Self {
         Pool {
             endpoints,
+            now_ms: 0,
             transitions: Vec::new(),
         }
+    }
+
+    pub fn now_ms(&self) -> u64 {
+        self.now_ms
+    }
+
+    /// A request routed to `index` failed at the pod (5xx, refused, reset): avoid it until
+    /// `until_ms` even if its metrics look fine. Returns true if it was not already avoided.
+    pub fn back_off(&mut self, index: usize, until_ms: u64) -> bool {
+        let now = self.now_ms;
+        self.endpoints.get_mut(index).is_some_and(|endpoint| {
+            let fresh = endpoint.backoff_until_ms <= now;
+            endpoint.backoff_until_ms = endpoint.backoff_until_ms.max(until_ms);
+            fresh
+        })
     }
 
     pub fn len(&self) -> usize {
@@ -186,6 +213,7 @@ impl Pool {
     /// Ages every endpoint's metrics so the request path only reads a flag; returns the health
     /// changes since the last call.
     pub fn refresh_health(&mut self, now_ms: u64, staleness_ms: u64) -> Vec<HealthTransition> {
+        self.now_ms = now_ms;
         for endpoint in &mut self.endpoints {
             let health = endpoint.health_at(now_ms, staleness_ms);
             set_health(endpoint, health, &mut self.transitions);

@@ -9,6 +9,16 @@ use crate::request::{parse_body, rewrite_model, ApiKind, InferenceRequest, Reque
 use crate::scheduling::plugins::session_affinity_scorer;
 use crate::scheduling::{ScheduleError, Scheduler};
 
+/// What changed on a tick, for the log.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct TickReport {
+    pub transitions: Vec<HealthTransition>,
+    /// The pool entered (true) or left (false) the "no fresh metrics anywhere" state.
+    pub all_unfresh: Option<bool>,
+    /// The pool became saturated (true) or not (false), per the saturation detector.
+    pub saturated: Option<bool>,
+}
+
 /// The routing outcome handed back to the host edge.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Routed {
@@ -40,6 +50,7 @@ pub struct Picker {
     /// Per endpoint: a scrape is in flight, so the next tick does not pile another on.
     scrape_pending: Vec<bool>,
     all_unfresh: bool,
+    saturated: bool,
     /// A session-affinity scorer is configured, so responses carry the session token.
     issues_session_tokens: bool,
     /// Per custom selector: its label mismatch was already reported.
@@ -70,6 +81,7 @@ impl Picker {
             scrape_pending: vec![false; count],
             // Nothing is scraped yet: not worth a warning until metrics were fresh once.
             all_unfresh: true,
+            saturated: false,
         }
     }
 
@@ -90,9 +102,8 @@ impl Picker {
         &self.scheduler
     }
 
-    /// Recomputes health; returns the transitions worth a log line, plus a pool-wide one when
-    /// the pool enters or leaves the "no fresh metrics anywhere" state.
-    pub fn on_tick(&mut self, now_ms: u64) -> (Vec<HealthTransition>, Option<bool>) {
+    /// Recomputes health; reports the changes worth a log line.
+    pub fn on_tick(&mut self, now_ms: u64) -> TickReport {
         let staleness = duration_ms(self.settings.metrics_staleness_threshold);
         let transitions = self.pool.refresh_health(now_ms, staleness);
         let all_unfresh = !self
@@ -100,9 +111,26 @@ impl Picker {
             .endpoints
             .iter()
             .any(|e| e.health == Health::Fresh);
-        let changed = (all_unfresh != self.all_unfresh).then_some(all_unfresh);
+        let unfresh_changed = (all_unfresh != self.all_unfresh).then_some(all_unfresh);
         self.all_unfresh = all_unfresh;
-        (transitions, changed)
+        let saturated = self.scheduler.pool_saturated(&self.pool, now_ms);
+        let saturation_changed = (saturated != self.saturated).then_some(saturated);
+        self.saturated = saturated;
+        TickReport {
+            transitions,
+            all_unfresh: unfresh_changed,
+            saturated: saturation_changed,
+        }
+    }
+
+    /// A request routed to `routed.primary` failed at the pod (5xx or no connection): avoid
+    /// the pod for `pool.passiveHealthBackoff`. Returns true when that starts a back-off.
+    pub fn report_upstream_failure(&mut self, routed: &Routed) -> bool {
+        let until = self
+            .pool
+            .now_ms()
+            .saturating_add(duration_ms(self.settings.passive_health_backoff));
+        self.pool.back_off(routed.primary, until)
     }
 
     /// Endpoints to scrape now (those without a scrape already in flight), marked pending.
@@ -212,6 +240,16 @@ impl Picker {
     }
 
     pub fn route_parsed(&mut self, request: &InferenceRequest) -> Result<Routed, RequestError> {
+        if request.priority < 0
+            && self
+                .scheduler
+                .pool_saturated(&self.pool, self.pool.now_ms())
+        {
+            return Err(RequestError::TooManyRequests(format!(
+                "the pool is saturated and the request is sheddable (priority {})",
+                request.priority
+            )));
+        }
         let decision =
             self.scheduler
                 .schedule(request, &self.pool)
@@ -360,8 +398,8 @@ pool:
             );
         }
         // All metrics stale: still routed, to a reachable endpoint, flagged degraded.
-        let (_, all_unfresh) = picker.on_tick(10_000);
-        assert_eq!(all_unfresh, Some(true));
+        let report = picker.on_tick(10_000);
+        assert_eq!(report.all_unfresh, Some(true));
         let routed = route(&mut picker, ApiKind::Completions, Some(BODY)).unwrap();
         assert!(routed.degraded);
         assert_ne!(routed.primary, 2);

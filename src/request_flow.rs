@@ -42,6 +42,7 @@ pub trait HttpHost {
     fn request_body(&self, size: usize) -> Result<Vec<u8>, HostError>;
     /// Replaces the first `size` bytes of the buffered body (all of it) with `body`.
     fn replace_request_body(&self, size: usize, body: &[u8]) -> Result<(), HostError>;
+    fn response_header(&self, name: &str) -> Option<Vec<u8>>;
     fn set_response_header(&self, name: &str, value: &str) -> Result<(), HostError>;
     fn send_local_reply(&self, status: u16, json_body: &[u8]) -> Result<(), HostError>;
 }
@@ -154,13 +155,22 @@ impl RequestFlow {
         }
     }
 
-    /// Response headers: hand the session token back so the client can stick to the pod.
-    pub fn on_response_headers(&mut self, host: &impl HttpHost) {
-        if let Outcome::Routed(Routed {
-            session_token: Some(token),
-            ..
-        }) = &self.outcome
-        {
+    /// Response headers: a 5xx (from the pod, or Envoy's own when it could not connect)
+    /// backs the pod off; the session token goes back so the client can stick to the pod.
+    pub fn on_response_headers(&mut self, host: &impl HttpHost, picker: &mut Picker) {
+        let Outcome::Routed(routed) = &self.outcome else {
+            return;
+        };
+        let status = host.response_header(":status").unwrap_or_default();
+        if status.first() == Some(&b'5') && picker.report_upstream_failure(routed) {
+            log::warn!(
+                "inference-picker: endpoint {} answered {}; avoiding it for {:?}",
+                routed.destination,
+                String::from_utf8_lossy(&status),
+                picker.settings().passive_health_backoff
+            );
+        }
+        if let Some(token) = &routed.session_token {
             if let Err(error) = host.set_response_header(SESSION_TOKEN_HEADER, token) {
                 log::warn!("inference-picker: setting {SESSION_TOKEN_HEADER}: {error}");
             }
@@ -279,6 +289,12 @@ mod tests {
         fn replace_request_body(&self, size: usize, body: &[u8]) -> Result<(), HostError> {
             self.body.borrow_mut().splice(..size, body.iter().copied());
             Ok(())
+        }
+        fn response_header(&self, name: &str) -> Option<Vec<u8>> {
+            self.response_headers
+                .borrow()
+                .get(name)
+                .map(|v| v.as_bytes().to_vec())
         }
         fn set_response_header(&self, name: &str, value: &str) -> Result<(), HostError> {
             self.response_headers
@@ -469,5 +485,24 @@ mod tests {
                 .insert((*name).into(), (*value).into());
         }
         host
+    }
+
+    #[test]
+    fn a_5xx_answer_backs_the_pod_off() {
+        let mut picker = picker();
+        let host = host("/v1/completions", r#"{"model":"m","prompt":"x"}"#);
+        let mut flow = routed(&host, &mut picker);
+        host.response_headers
+            .borrow_mut()
+            .insert(":status".into(), "503".into());
+        flow.on_response_headers(&host, &mut picker);
+        flow.on_done(&mut picker);
+        assert!(picker.pool().endpoints[0].backoff_until_ms > 0);
+        // The only pod is backing off: the request still goes somewhere (degraded).
+        let flow = routed(&host, &mut picker);
+        let Outcome::Routed(routed) = &flow.outcome else {
+            panic!("{:?}", flow.outcome);
+        };
+        assert!(routed.degraded);
     }
 }

@@ -148,22 +148,48 @@ pub fn load(text: &str, seed: u64) -> Result<FilterConfig, ConfigError> {
     let handler = profile_handler(&mut instances, &profiles)?;
     warn_unused(&instances, &profiles, handler, &mut warnings);
     warn_missing_prefix_scorer(&instances, &mut warnings);
-    if let Some(detector) = &raw.saturation_detector {
-        return Err(ConfigError::invalid(
-            "saturationDetector.pluginRef",
-            format!(
-                "{:?} is not a saturation detector plugin",
-                detector.plugin_ref
-            ),
-        ));
-    }
+    let detector = saturation_detector(&raw, &mut instances)?;
+    let mut scheduler = Scheduler::new(instances, profiles, handler, seed);
+    scheduler.set_saturation_detector(detector);
     Ok(FilterConfig {
-        scheduler: Scheduler::new(instances, profiles, handler, seed),
+        scheduler,
         pool,
         metric_selectors: wiring.extractors.into_iter().map(|(_, s)| s).collect(),
         feature_gates: raw.feature_gates,
         warnings,
     })
+}
+
+/// The plugin `saturationDetector.pluginRef` names, or GIE's default `utilization-detector`.
+fn saturation_detector(
+    raw: &RawConfig,
+    instances: &mut Vec<PluginInstance>,
+) -> Result<usize, ConfigError> {
+    let Some(reference) = &raw.saturation_detector else {
+        instances.push(PluginInstance {
+            name: "utilization-detector (default)".into(),
+            type_name: plugins::utilization_detector::TYPE,
+            plugin: plugins::build(plugins::utilization_detector::TYPE, &Value::Null)
+                .map_err(|reason| ConfigError::invalid("saturationDetector", reason))?,
+        });
+        return Ok(instances.len() - 1);
+    };
+    let key = "saturationDetector.pluginRef";
+    let name = &reference.plugin_ref;
+    match instances.iter().position(|p| p.name == *name) {
+        Some(index) => match instances.get(index).map(|p| &p.plugin) {
+            Some(Plugin::SaturationDetector(_)) => Ok(index),
+            Some(other) => Err(ConfigError::invalid(
+                key,
+                format!("{name:?} is a {}, not a saturation detector", other.kind()),
+            )),
+            None => Err(ConfigError::invalid(key, "unresolvable plugin")),
+        },
+        None => Err(ConfigError::invalid(
+            key,
+            format!("no plugin named {name:?} is declared"),
+        )),
+    }
 }
 
 const DATA_LAYER_GATE: &str = "dataLayer";
@@ -446,6 +472,7 @@ fn build_profiles(
     warnings: &mut Vec<String>,
 ) -> Result<Vec<Profile>, ConfigError> {
     let implicit;
+    let explicit = !raw.is_empty();
     let raw = if raw.is_empty() {
         implicit = [implicit_profile(instances)];
         &implicit[..]
@@ -509,10 +536,12 @@ fn build_profiles(
         let picker = match picker {
             Some(picker) => picker,
             None => {
-                warnings.push(format!(
-                    "profile {:?} names no picker; using max-score-picker",
-                    spec.name
-                ));
+                if explicit {
+                    warnings.push(format!(
+                        "profile {:?} names no picker; using max-score-picker",
+                        spec.name
+                    ));
+                }
                 default_picker(instances)
             }
         };
@@ -602,7 +631,10 @@ fn warn_unused(
     for (index, instance) in instances.iter().enumerate() {
         let wired_elsewhere = matches!(
             instance.plugin,
-            Plugin::DataLayer(_) | Plugin::PdDecider(_) | Plugin::BuiltIn(_)
+            Plugin::DataLayer(_)
+                | Plugin::PdDecider(_)
+                | Plugin::BuiltIn(_)
+                | Plugin::SaturationDetector(_)
         );
         let used = index == handler
             || wired_elsewhere

@@ -43,6 +43,9 @@ pub struct PoolConfig {
     /// Request bodies above this get a 413 before any parsing.
     pub max_request_body_bytes: usize,
     pub objectives: Vec<ObjectiveConfig>,
+    /// How long an endpoint is avoided after a request there got a 5xx or no connection.
+    #[serde(with = "serde_go")]
+    pub passive_health_backoff: Duration,
 }
 
 impl Default for PoolConfig {
@@ -56,6 +59,7 @@ impl Default for PoolConfig {
             metrics_timeout: Duration::from_secs(1),
             max_request_body_bytes: 4 << 20,
             objectives: Vec::new(),
+            passive_health_backoff: Duration::from_secs(5),
         }
     }
 }

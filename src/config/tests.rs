@@ -295,7 +295,8 @@ fn plugin_defaults_through_the_loader() {
             "request-cost-scorer",
             "no-hit-lru-scorer",
             "weighted-random-picker",
-            "single-profile-handler"
+            "single-profile-handler",
+            "utilization-detector"
         ]
     );
     let profile = &config.scheduler.profiles()[0];
@@ -434,4 +435,19 @@ schedulingProfiles:
         error_text(&pd.replace("pluginRef: prefill-filter}]", "pluginRef: decider}]"))
             .contains("not a filter, scorer or picker")
     );
+}
+
+#[test]
+fn saturation_detector_reference_is_resolved() {
+    let config = load_with_pool(
+        "plugins:\n- {name: cap, type: concurrency-detector, parameters: {maxConcurrency: 2}}\n- type: queue-scorer\nsaturationDetector: {pluginRef: cap}\n",
+    )
+    .unwrap();
+    assert!(config.warnings.is_empty(), "{:?}", config.warnings);
+    assert!(error_text(
+        "plugins:\n- type: queue-scorer\nsaturationDetector: {pluginRef: queue-scorer}\n"
+    )
+    .contains("not a saturation detector"));
+    assert!(error_text("saturationDetector: {pluginRef: nothing}\n")
+        .contains("saturationDetector.pluginRef"));
 }

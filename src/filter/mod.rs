@@ -124,8 +124,8 @@ impl PickerRoot {
     }
 }
 
-fn log_health(transitions: &[crate::endpoint::HealthTransition], all_unfresh: Option<bool>) {
-    for transition in transitions {
+fn log_health(report: &crate::picker::TickReport) {
+    for transition in &report.transitions {
         log::warn!(
             "inference-picker: endpoint {} is now {:?} (was {:?})",
             transition.address,
@@ -133,7 +133,14 @@ fn log_health(transitions: &[crate::endpoint::HealthTransition], all_unfresh: Op
             transition.from
         );
     }
-    match all_unfresh {
+    match report.saturated {
+        Some(true) => {
+            log::warn!("inference-picker: the pool is saturated; shedding sheddable requests")
+        }
+        Some(false) => log::info!("inference-picker: the pool is no longer saturated"),
+        None => {}
+    }
+    match report.all_unfresh {
         Some(true) => log::warn!(
             "inference-picker: no endpoint has fresh metrics; routing by in-flight requests"
         ),
@@ -161,35 +168,58 @@ impl Context for PickerRoot {
         let Ok(mut picker) = picker.try_borrow_mut() else {
             return;
         };
-        let status = if num_headers == 0 {
-            None
-        } else {
-            abi::header(MapType::HttpCallResponseHeaders, ":status")
-                .ok()
-                .flatten()
-        };
-        let address = picker.address(index).unwrap_or("?").to_owned();
-        if status.as_deref() != Some(b"200".as_slice()) {
-            let shown = status.map_or("no response (timeout or reset)".to_owned(), |s| {
-                format!("status {}", String::from_utf8_lossy(&s))
-            });
-            log::debug!("inference-picker: scrape of {address} failed: {shown}");
-            picker.on_scrape_failed(index);
-            return;
-        }
-        match abi::buffer(BufferType::HttpCallResponseBody, 0, body_size) {
-            Ok(body) => {
-                let text = String::from_utf8_lossy(&body);
-                match picker.on_scrape_ok(index, self.last_tick_ms, &text) {
-                    Ok(None) => {}
-                    Ok(Some(warning)) => log::warn!("inference-picker: {warning}"),
-                    Err(error) => log::debug!("inference-picker: scrape of {address}: {error}"),
+        // Stamped on arrival, so the age other workers see is the real one.
+        let now = abi::current_time_ms().unwrap_or(self.last_tick_ms);
+        record_scrape(&mut picker, index, num_headers, body_size, now);
+        // The round is complete: publish it now rather than at the next tick.
+        if self.scrapes.is_empty() {
+            if let Some(coordinator) = self.coordinator.as_mut() {
+                if coordinator.role() == Role::Scraper {
+                    if let Err(error) = coordinator.publish_snapshot(&EnvoyShared, picker.pool()) {
+                        log::warn!("inference-picker: sharing state: {error}");
+                    }
                 }
             }
-            Err(error) => {
-                log::warn!("inference-picker: reading scrape of {address}: {error}");
-                picker.on_scrape_failed(index);
+        }
+    }
+}
+
+/// Feeds one `/metrics` callout's answer to the picker.
+fn record_scrape(
+    picker: &mut Picker,
+    index: usize,
+    num_headers: usize,
+    body_size: usize,
+    now: u64,
+) {
+    let status = if num_headers == 0 {
+        None
+    } else {
+        abi::header(MapType::HttpCallResponseHeaders, ":status")
+            .ok()
+            .flatten()
+    };
+    let address = picker.address(index).unwrap_or("?").to_owned();
+    if status.as_deref() != Some(b"200".as_slice()) {
+        let shown = status.map_or("no response (timeout or reset)".to_owned(), |s| {
+            format!("status {}", String::from_utf8_lossy(&s))
+        });
+        log::debug!("inference-picker: scrape of {address} failed: {shown}");
+        picker.on_scrape_failed(index);
+        return;
+    }
+    match abi::buffer(BufferType::HttpCallResponseBody, 0, body_size) {
+        Ok(body) => {
+            let text = String::from_utf8_lossy(&body);
+            match picker.on_scrape_ok(index, now, &text) {
+                Ok(None) => {}
+                Ok(Some(warning)) => log::warn!("inference-picker: {warning}"),
+                Err(error) => log::debug!("inference-picker: scrape of {address}: {error}"),
             }
+        }
+        Err(error) => {
+            log::warn!("inference-picker: reading scrape of {address}: {error}");
+            picker.on_scrape_failed(index);
         }
     }
 }
@@ -256,10 +286,10 @@ impl RootContext for PickerRoot {
             return;
         };
         let role = self.coordinate(&mut picker);
-        let (transitions, all_unfresh) = picker.on_tick(self.last_tick_ms);
+        let report = picker.on_tick(self.last_tick_ms);
         if role == Role::Scraper {
             // Every VM sees the same transitions; only the scraper logs them.
-            log_health(&transitions, all_unfresh);
+            log_health(&report);
             self.dispatch_scrapes(&mut picker);
         }
     }
@@ -300,6 +330,12 @@ impl HttpHost for EnvoyRequest {
 
     fn replace_request_body(&self, size: usize, body: &[u8]) -> Result<(), HostError> {
         abi::set_buffer(BufferType::HttpRequestBody, 0, size, body)
+    }
+
+    fn response_header(&self, name: &str) -> Option<Vec<u8>> {
+        abi::header(MapType::HttpResponseHeaders, name)
+            .ok()
+            .flatten()
     }
 
     fn set_response_header(&self, name: &str, value: &str) -> Result<(), HostError> {
@@ -384,7 +420,11 @@ impl HttpContext for PickerHttp {
     }
 
     fn on_http_response_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
-        self.flow.on_response_headers(&EnvoyRequest);
+        if let Some(shared) = &self.picker {
+            if let Ok(mut picker) = shared.try_borrow_mut() {
+                self.flow.on_response_headers(&EnvoyRequest, &mut picker);
+            }
+        }
         Action::Continue
     }
 

@@ -5,7 +5,7 @@ pub mod plugins;
 pub mod prefix_index;
 pub mod rng;
 
-use crate::endpoint::{Health, Pool};
+use crate::endpoint::{EndpointState, Health, Pool};
 use crate::request::InferenceRequest;
 use rng::Rng;
 use std::fmt::Write;
@@ -148,6 +148,11 @@ pub trait PdDecider {
     fn disaggregate(&self, ctx: &SchedulingContext<'_>, decode_endpoint: usize) -> bool;
 }
 
+/// Says whether an endpoint can take more work; the pool is saturated when none can.
+pub trait SaturationDetector {
+    fn saturated(&self, endpoint: &EndpointState, now_ms: u64) -> bool;
+}
+
 /// Plugins that only exist so that configs written for GIE/llm-d load unchanged; the
 /// behaviour they stand for is built into the filter (e.g. `disagg-headers-handler`).
 pub struct BuiltIn;
@@ -158,6 +163,7 @@ pub enum Plugin {
     Picker(Box<dyn Picker>),
     ProfileHandler(Box<dyn ProfileHandler>),
     PdDecider(Box<dyn PdDecider>),
+    SaturationDetector(Box<dyn SaturationDetector>),
     /// A metrics data source or extractor: wired through `dataLayer`, not into profiles.
     DataLayer(DataLayerPlugin),
     BuiltIn(BuiltIn),
@@ -184,6 +190,7 @@ impl Plugin {
             Plugin::Picker(_) => "picker",
             Plugin::ProfileHandler(_) => "profile handler",
             Plugin::PdDecider(_) => "P/D decider",
+            Plugin::SaturationDetector(_) => "saturation detector",
             Plugin::DataLayer(DataLayerPlugin::Source { .. }) => "data source",
             Plugin::DataLayer(DataLayerPlugin::Extractor(_)) => "metric extractor",
             Plugin::BuiltIn(_) => "built-in handler",
@@ -300,6 +307,7 @@ pub struct Scheduler {
     plugins: Vec<PluginInstance>,
     profiles: Vec<Profile>,
     handler: usize,
+    saturation_detector: Option<usize>,
     rng: Rng,
     base: Vec<usize>,
     cycle: CycleState,
@@ -319,12 +327,32 @@ impl Scheduler {
             plugins,
             profiles,
             handler,
+            saturation_detector: None,
             rng: Rng::new(seed),
             base: Vec::new(),
             cycle: CycleState::default(),
             traces: Vec::new(),
             traces_used: 0,
         }
+    }
+
+    /// Set by the loader: the plugin `saturationDetector.pluginRef` names.
+    pub fn set_saturation_detector(&mut self, index: usize) {
+        self.saturation_detector = Some(index);
+    }
+
+    /// True when no endpoint can take more work (per the configured detector).
+    pub fn pool_saturated(&self, pool: &Pool, now_ms: u64) -> bool {
+        let Some(Plugin::SaturationDetector(detector)) = self
+            .saturation_detector
+            .and_then(|i| self.plugins.get(i))
+            .map(|p| &p.plugin)
+        else {
+            return false;
+        };
+        pool.endpoints
+            .iter()
+            .all(|endpoint| detector.saturated(endpoint, now_ms))
     }
 
     pub fn profiles(&self) -> &[Profile] {
@@ -361,7 +389,7 @@ impl Scheduler {
             pool.endpoints
                 .iter()
                 .enumerate()
-                .filter(|(_, endpoint)| endpoint.health == Health::Fresh)
+                .filter(|(_, endpoint)| endpoint.routable(pool.now_ms()))
                 .map(|(index, _)| index),
         );
         self.cycle.prefix = None;

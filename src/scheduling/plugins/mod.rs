@@ -4,6 +4,7 @@
 pub mod active_request_scorer;
 pub mod always_disagg_pd_decider;
 pub mod by_label;
+pub mod concurrency_detector;
 pub mod context_length_aware;
 pub mod decode_filter;
 pub mod disagg_headers_handler;
@@ -31,6 +32,7 @@ pub mod running_requests_size_scorer;
 pub mod session_affinity_scorer;
 pub mod single_profile_handler;
 pub mod token_load_scorer;
+pub mod utilization_detector;
 pub mod weighted_random_picker;
 
 use super::Plugin;
@@ -116,6 +118,9 @@ const REGISTRY: &[(&str, Builder)] = &[
         disagg_headers_handler::LEGACY_TYPE,
         disagg_headers_handler::build,
     ),
+    // Saturation detectors (`saturationDetector.pluginRef`).
+    (utilization_detector::TYPE, utilization_detector::build),
+    (concurrency_detector::TYPE, concurrency_detector::build),
 ];
 
 /// The canonical type name (`&'static`) for a configured type, if known.

@@ -1,0 +1,131 @@
+//! `utilization-detector` (GIE's default saturation detector): an endpoint is saturated when
+//! its waiting queue reaches `queueDepthThreshold`, its KV-cache usage reaches
+//! `kvCacheUtilThreshold`, or its metrics are older than `metricsStalenessThreshold` (or
+//! missing); each threshold is raised by `headroom` (0.2 = 20 % more). The pool is saturated
+//! when every endpoint is; sheddable requests (priority < 0) then get 429.
+
+use crate::duration::serde_go;
+use crate::endpoint::{EndpointState, Health};
+use crate::scheduling::{Plugin, SaturationDetector};
+use serde_yaml::Value;
+use std::time::Duration;
+
+pub const TYPE: &str = "utilization-detector";
+
+#[derive(Debug, Clone, PartialEq, serde::Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase", default)]
+pub struct Parameters {
+    pub queue_depth_threshold: f64,
+    pub kv_cache_util_threshold: f64,
+    #[serde(with = "serde_go")]
+    pub metrics_staleness_threshold: Duration,
+    pub headroom: f64,
+}
+
+impl Default for Parameters {
+    fn default() -> Self {
+        Parameters {
+            queue_depth_threshold: 5.0,
+            kv_cache_util_threshold: 0.8,
+            metrics_staleness_threshold: Duration::from_millis(200),
+            headroom: 0.0,
+        }
+    }
+}
+
+pub struct UtilizationDetector {
+    parameters: Parameters,
+    staleness_ms: u64,
+}
+
+pub fn build(parameters: &Value) -> Result<Plugin, String> {
+    Ok(Plugin::SaturationDetector(Box::new(
+        UtilizationDetector::new(super::parameters(parameters)?)?,
+    )))
+}
+
+impl UtilizationDetector {
+    pub fn new(parameters: Parameters) -> Result<Self, String> {
+        let p = &parameters;
+        if !(p.queue_depth_threshold > 0.0 && p.kv_cache_util_threshold > 0.0) {
+            return Err("queueDepthThreshold and kvCacheUtilThreshold must be above 0".into());
+        }
+        if !(p.headroom >= 0.0 && p.headroom.is_finite()) {
+            return Err(format!("headroom {} must be >= 0", p.headroom));
+        }
+        let staleness_ms = crate::picker::duration_ms(p.metrics_staleness_threshold);
+        Ok(UtilizationDetector {
+            parameters,
+            staleness_ms,
+        })
+    }
+}
+
+impl SaturationDetector for UtilizationDetector {
+    fn saturated(&self, endpoint: &EndpointState, now_ms: u64) -> bool {
+        let p = &self.parameters;
+        let stale = endpoint.health != Health::Fresh
+            || endpoint
+                .last_scrape_ok_ms
+                .is_none_or(|at| now_ms.saturating_sub(at) > self.staleness_ms);
+        let scale = 1.0 + p.headroom;
+        stale
+            || endpoint.metrics.waiting_queue >= p.queue_depth_threshold * scale
+            || endpoint.metrics.kv_cache_usage >= p.kv_cache_util_threshold * scale
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::metrics::EndpointMetrics;
+    use std::collections::BTreeMap;
+
+    fn endpoint(queue: f64, kv: f64, scraped_ms: u64) -> EndpointState {
+        let mut endpoint = EndpointState::new("10.0.0.1:8000".into(), BTreeMap::new());
+        endpoint.metrics = EndpointMetrics {
+            waiting_queue: queue,
+            kv_cache_usage: kv,
+            ..EndpointMetrics::default()
+        };
+        endpoint.health = Health::Fresh;
+        endpoint.last_scrape_ok_ms = Some(scraped_ms);
+        endpoint
+    }
+
+    #[test]
+    fn thresholds_staleness_and_headroom() {
+        let detector = UtilizationDetector::new(Parameters::default()).unwrap();
+        assert!(!detector.saturated(&endpoint(4.0, 0.79, 1000), 1100));
+        assert!(detector.saturated(&endpoint(5.0, 0.0, 1000), 1100));
+        assert!(detector.saturated(&endpoint(0.0, 0.8, 1000), 1100));
+        assert!(
+            detector.saturated(&endpoint(0.0, 0.0, 1000), 1201),
+            "older than 200ms"
+        );
+        let mut unscraped = endpoint(0.0, 0.0, 0);
+        unscraped.last_scrape_ok_ms = None;
+        assert!(detector.saturated(&unscraped, 0));
+        let roomy = UtilizationDetector::new(Parameters {
+            headroom: 0.5,
+            ..Parameters::default()
+        })
+        .unwrap();
+        assert!(
+            !roomy.saturated(&endpoint(7.0, 0.0, 1000), 1100),
+            "5 x 1.5 = 7.5"
+        );
+        assert!(roomy.saturated(&endpoint(7.5, 0.0, 1000), 1100));
+    }
+
+    #[test]
+    fn parameters() {
+        let value: Value = serde_yaml::from_str(
+            "{queueDepthThreshold: 10, kvCacheUtilThreshold: 0.9, metricsStalenessThreshold: 1s, headroom: 0.1}",
+        )
+        .unwrap();
+        assert!(build(&value).is_ok());
+        let bad: Value = serde_yaml::from_str("{headroom: -1}").unwrap();
+        assert!(build(&bad).is_err());
+    }
+}

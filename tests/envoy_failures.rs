@@ -1,0 +1,178 @@
+//! When pods fail or the pool is saturated, and when clients send garbage: the filter keeps
+//! serving, sheds only what may be shed, and never routes outside the pool.
+
+mod support;
+
+use support::{completion, request, shipped_picker_config, with_endpoints, Envoy, Sim, MODEL};
+
+/// The shipped picker config for these pods, with `pool` keys adjusted.
+fn config(sims: &[&Sim], pool_extra: &str) -> String {
+    let mut config: serde_yaml::Value =
+        serde_yaml::from_str(&with_endpoints(&shipped_picker_config(), sims)).unwrap();
+    let extra: serde_yaml::Mapping = serde_yaml::from_str(pool_extra).unwrap();
+    for (key, value) in extra {
+        config["pool"][key] = value;
+    }
+    serde_yaml::to_string(&config).unwrap()
+}
+
+fn gateway(sims: &[&Sim], pool_extra: &str) -> Envoy {
+    let envoy = Envoy::start(&config(sims, pool_extra), 2);
+    for sim in sims {
+        sim.wait_for_scrapes(3);
+    }
+    envoy
+}
+
+const OBJECTIVES: &str =
+    "objectives: [{name: interactive, priority: 10}, {name: batch, priority: -1}]";
+
+fn post_objective(envoy: &Envoy, objective: Option<&str>, n: usize) -> support::Response {
+    let mut headers = vec![("content-type", "application/json")];
+    if let Some(objective) = objective {
+        headers.push(("x-gateway-inference-objective", objective));
+    }
+    envoy.post_with("/v1/completions", &headers, &completion(n))
+}
+
+#[test]
+fn saturated_pool_sheds_only_sheddable_requests() {
+    let a = Sim::start("pod-a", &["--background-waiting", "6"]);
+    let b = Sim::start("pod-b", &["--background-waiting", "9"]);
+    let envoy = gateway(&[&a, &b], OBJECTIVES);
+    let shed = post_objective(&envoy, Some("batch"), 0);
+    assert_eq!(shed.status, 429, "{}", shed.text());
+    assert_eq!(shed.json()["error"]["type"], "rate_limit_exceeded");
+    assert!(shed.json()["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("saturated"));
+    for objective in [Some("interactive"), None, Some("unknown-objective")] {
+        let response = post_objective(&envoy, objective, 1);
+        assert_eq!(response.status, 200, "{objective:?}: {}", response.text());
+    }
+    assert!(envoy.wait_for_log_line("the pool is saturated").is_some());
+
+    // One pod recovers: the pool is no longer saturated and batch requests flow again.
+    a.admin("load", r#"{"background_waiting":0}"#);
+    a.wait_for_scrapes(3);
+    let served = post_objective(&envoy, Some("batch"), 2);
+    assert_eq!(served.status, 200, "{}", served.text());
+    assert_eq!(served.pod(), "pod-a");
+}
+
+#[test]
+fn a_pod_that_fails_requests_is_avoided_before_its_next_scrape_says_so() {
+    // pod-a has the shorter queue, so it is preferred, but it answers every request with 500
+    // while its /metrics stays healthy.
+    let a = Sim::start("pod-a", &[]);
+    let b = Sim::start("pod-b", &["--background-waiting", "2"]);
+    a.admin(
+        "fault",
+        r#"{"mode":"error","status":500,"scope":"inference"}"#,
+    );
+    let envoy = gateway(&[&a, &b], "passiveHealthBackoff: 30s");
+    let mut failures = 0;
+    for n in 0..12 {
+        let response = envoy.post("/v1/completions", &completion(n));
+        match response.status {
+            200 => assert_eq!(response.pod(), "pod-b"),
+            500 => failures += 1,
+            other => panic!("unexpected {other}: {}", response.text()),
+        }
+    }
+    // Each Envoy worker learns it once (two workers).
+    assert!((1..=2).contains(&failures), "{failures} failures");
+    assert!(envoy
+        .wait_for_log_line("answered 500; avoiding it")
+        .is_some());
+}
+
+#[test]
+fn bad_input_is_refused_with_json_and_nothing_reaches_a_pod() {
+    let a = Sim::start("pod-a", &[]);
+    let envoy = gateway(&[&a], "maxRequestBodyBytes: 2000");
+    let nested = format!(
+        r#"{{"model":"{MODEL}","prompt":"x","extra":{}{}}}"#,
+        "[".repeat(100),
+        "]".repeat(100)
+    );
+    let big = format!(r#"{{"model":"{MODEL}","prompt":"{}"}}"#, "y".repeat(3000));
+    let cases: [(&str, Vec<u8>, u16, &str); 6] = [
+        ("/v1/completions", big.into_bytes(), 413, "2000"),
+        ("/v1/completions", nested.into_bytes(), 400, "nested"),
+        (
+            "/v1/completions",
+            b"{\"model\":\"m\",\"prompt\":\"\xff\xfe\"}".to_vec(),
+            400,
+            "not valid",
+        ),
+        (
+            "/v1/completions",
+            br#"{"model":5,"prompt":"x"}"#.to_vec(),
+            400,
+            "invalid type",
+        ),
+        (
+            "/v1/chat/completions",
+            br#"{"model":"m","messages":"hi"}"#.to_vec(),
+            400,
+            "not valid",
+        ),
+        (
+            "/v1/embeddings",
+            br#"{"model":"m"}"#.to_vec(),
+            400,
+            "\"input\"",
+        ),
+    ];
+    for (path, body, status, needle) in cases {
+        let response = request(
+            &envoy.address(),
+            "POST",
+            path,
+            &[("content-type", "application/json")],
+            &body,
+        );
+        assert_eq!(response.status, status, "{path}: {}", response.text());
+        let error = &response.json()["error"];
+        assert_eq!(error["code"], status);
+        assert!(
+            error["message"].as_str().unwrap_or("").contains(needle),
+            "{error}"
+        );
+    }
+    assert_eq!(a.requests_total(), 0);
+    // And the filter is still serving.
+    assert_eq!(envoy.post("/v1/completions", &completion(1)).status, 200);
+}
+
+#[test]
+fn nothing_a_client_sends_routes_outside_the_pool() {
+    let a = Sim::start("pod-a", &[]);
+    let outsider = Sim::start("outsider", &[]);
+    let envoy = gateway(&[&a], "");
+    let token = inference_picker::scheduling::plugins::session_affinity_scorer::token_for(
+        &outsider.address,
+    );
+    let steering = [
+        ("x-gateway-destination-endpoint", outsider.address.as_str()),
+        (
+            "x-gateway-destination-endpoint-fallback",
+            outsider.address.as_str(),
+        ),
+        ("x-prefiller-host-port", outsider.address.as_str()),
+        ("x-session-token", token.as_str()),
+        ("test-epp-endpoint-selection", outsider.address.as_str()),
+    ];
+    for n in 0..5 {
+        let mut headers = vec![("content-type", "application/json")];
+        headers.extend_from_slice(&steering);
+        let response = envoy.post_with("/v1/completions", &headers, &completion(n));
+        assert_eq!(response.status, 200, "{}", response.text());
+        assert_eq!(response.pod(), "pod-a");
+        let models = request(&envoy.address(), "GET", "/v1/models", &steering, b"");
+        assert_eq!(models.pod(), "pod-a");
+    }
+    assert_eq!(outsider.requests_total(), 0);
+}
