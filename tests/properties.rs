@@ -1,0 +1,238 @@
+//! Properties of the scoring core and the parsers, over generated pools, requests and inputs:
+//! every scorer stays in [0, 1], a pick is always a distinct subset of the candidates, scaling
+//! every weight never changes a decision, and no input makes a parser panic.
+
+use inference_picker::config::load;
+use inference_picker::endpoint::{EndpointState, Health, Pool};
+use inference_picker::metrics::{CacheConfig, EndpointMetrics, LoraInfo};
+use inference_picker::request::{parse_body, ApiKind, InferenceRequest, RequestHeaders};
+use inference_picker::scheduling::plugins::{self, session_affinity_scorer};
+use inference_picker::scheduling::rng::Rng;
+use inference_picker::scheduling::{CycleState, Plugin, PrefixMatches, SchedulingContext};
+use proptest::prelude::*;
+use serde_yaml::Value;
+use std::collections::BTreeMap;
+
+#[derive(Debug, Clone)]
+struct PodSpec {
+    waiting: f64,
+    running: f64,
+    kv: f64,
+    in_flight: u32,
+    tokens: u64,
+    matched: usize,
+    role: Option<&'static str>,
+    lora: bool,
+}
+
+fn pod() -> impl Strategy<Value = PodSpec> {
+    (
+        0.0..200.0f64,
+        0.0..200.0f64,
+        0.0..=1.0f64,
+        0u32..50,
+        0u64..10_000_000,
+        0usize..40,
+        prop::option::of(prop::sample::select(vec![
+            "decode", "prefill", "both", "encode",
+        ])),
+        any::<bool>(),
+    )
+        .prop_map(
+            |(waiting, running, kv, in_flight, tokens, matched, role, lora)| PodSpec {
+                waiting,
+                running,
+                kv,
+                in_flight,
+                tokens,
+                matched,
+                role,
+                lora,
+            },
+        )
+}
+
+fn pool_of(specs: &[PodSpec]) -> Pool {
+    let mut pool = Pool::new(
+        specs
+            .iter()
+            .enumerate()
+            .map(|(i, spec)| {
+                let mut labels = BTreeMap::new();
+                if let Some(role) = spec.role {
+                    labels.insert("llm-d.ai/role".to_string(), role.to_string());
+                }
+                labels.insert(
+                    "llm-d.ai/context-length-range".into(),
+                    format!("0-{}", i * 500),
+                );
+                let mut endpoint =
+                    EndpointState::new(format!("10.0.{}.{}:8000", i / 200, i % 200), labels);
+                endpoint.metrics = EndpointMetrics {
+                    waiting_queue: spec.waiting,
+                    running_requests: spec.running,
+                    kv_cache_usage: spec.kv,
+                    lora: spec.lora.then(|| LoraInfo {
+                        max_lora: 2,
+                        running: vec!["a".into()],
+                        waiting: vec![],
+                    }),
+                    cache_config: Some(CacheConfig {
+                        block_size: 16,
+                        num_gpu_blocks: 1 + i as u64 * 100,
+                    }),
+                    custom: vec![Some(spec.running)],
+                };
+                endpoint.health = Health::Fresh;
+                endpoint.last_scrape_ok_ms = Some(0);
+                endpoint.in_flight = spec.in_flight;
+                endpoint.in_flight_tokens = spec.tokens;
+                endpoint.placed_tokens_since_scrape = spec.tokens / 2;
+                endpoint
+            })
+            .collect(),
+    );
+    pool.refresh_health(0, 1000);
+    pool
+}
+
+/// Every scorer type, with the parameters it needs.
+fn scorers() -> Vec<(&'static str, Plugin)> {
+    plugins::all_types()
+        .filter_map(|type_name| {
+            let parameters: Value = match type_name {
+                "metric-scorer" => {
+                    serde_yaml::from_str("{metricName: m, min: 0, max: 100}").ok()?
+                }
+                _ => Value::Null,
+            };
+            match plugins::build(type_name, &parameters) {
+                Ok(plugin @ Plugin::Scorer(_)) => Some((type_name, plugin)),
+                _ => None,
+            }
+        })
+        .collect()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(200))]
+
+    #[test]
+    fn every_scorer_stays_within_zero_and_one(
+        specs in prop::collection::vec(pod(), 1..12),
+        prompt_tokens in 0u32..200_000,
+        max_tokens in prop::option::of(0u32..100_000),
+        session in any::<bool>(),
+    ) {
+        let pool = pool_of(&specs);
+        let mut request = InferenceRequest {
+            model: "a".into(),
+            prompt_tokens,
+            max_tokens,
+            headers: RequestHeaders {
+                session_token: session.then(|| session_affinity_scorer::token_for("10.0.0.0:8000")),
+                ..RequestHeaders::default()
+            },
+            ..InferenceRequest::default()
+        };
+        request.prompt = "x".repeat(prompt_tokens as usize % 3000);
+        let cycle = CycleState {
+            prefix: Some(PrefixMatches {
+                matched_blocks: specs.iter().map(|s| s.matched).collect(),
+                total_blocks: 40,
+                block_tokens: 16,
+            }),
+        };
+        let ctx = SchedulingContext { request: &request, pool: &pool, cycle: &cycle };
+        let candidates: Vec<usize> = (0..specs.len()).collect();
+        for (type_name, plugin) in scorers() {
+            let Plugin::Scorer(mut scorer) = plugin else { continue };
+            let mut scores = vec![0.0; candidates.len()];
+            scorer.score(&ctx, &candidates, &mut scores);
+            for score in scores {
+                prop_assert!((0.0..=1.0).contains(&score), "{type_name}: {score}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_pick_is_a_distinct_subset_of_the_candidates(
+        totals in prop::collection::vec(prop_oneof![Just(0.0), 0.0..10.0f64], 1..20),
+        max in 1usize..6,
+        seed in any::<u64>(),
+    ) {
+        let candidates: Vec<usize> = (0..totals.len()).map(|i| i * 3 + 1).collect();
+        let parameters: Value = serde_yaml::from_str(&format!("{{maxNumOfEndpoints: {max}}}")).unwrap();
+        for type_name in ["max-score-picker", "random-picker", "weighted-random-picker"] {
+            let Ok(Plugin::Picker(picker)) = plugins::build(type_name, &parameters) else {
+                panic!("{type_name} is a picker");
+            };
+            let mut picked = Vec::new();
+            picker.pick(&candidates, &totals, &mut Rng::new(seed), &mut picked);
+            prop_assert!(!picked.is_empty(), "{type_name}");
+            prop_assert!(picked.len() <= max.min(candidates.len()));
+            prop_assert!(picked.iter().all(|p| candidates.contains(p)));
+            let mut distinct = picked.clone();
+            distinct.sort_unstable();
+            distinct.dedup();
+            prop_assert_eq!(distinct.len(), picked.len());
+            if type_name == "max-score-picker" {
+                let best = totals.iter().cloned().fold(f64::MIN, f64::max);
+                let first = candidates.iter().position(|&c| c == picked[0]).unwrap();
+                prop_assert_eq!(totals[first], best);
+            }
+        }
+    }
+
+    #[test]
+    fn scaling_every_weight_never_changes_a_decision(
+        specs in prop::collection::vec(pod(), 2..10),
+        scale in 0.1..50.0f64,
+        seed in any::<u64>(),
+    ) {
+        let config = |k: f64| format!(
+            "plugins:\n- type: queue-scorer\n- type: kv-cache-utilization-scorer\n- type: active-request-scorer\n- type: load-aware-scorer\n\
+             schedulingProfiles:\n- name: default\n  plugins:\n  - {{pluginRef: queue-scorer, weight: {}}}\n  - {{pluginRef: kv-cache-utilization-scorer, weight: {}}}\n  - {{pluginRef: active-request-scorer, weight: {}}}\n  - {{pluginRef: load-aware-scorer, weight: {}}}\n\
+             pool:\n  endpoints: [{{address: '10.0.0.1:1'}}]\n",
+            2.0 * k, 1.0 * k, 3.0 * k, 0.5 * k
+        );
+        let pool = pool_of(&specs);
+        let request = InferenceRequest::empty();
+        let mut base = load(&config(1.0), seed).unwrap().scheduler;
+        let mut scaled = load(&config(scale), seed).unwrap().scheduler;
+        for _ in 0..5 {
+            let a = base.schedule(&request, &pool).unwrap();
+            let b = scaled.schedule(&request, &pool).unwrap();
+            prop_assert_eq!(a.targets(), b.targets());
+        }
+    }
+
+    #[test]
+    fn no_body_panics_the_parser(body in prop::collection::vec(any::<u8>(), 0..400)) {
+        for kind in [ApiKind::Completions, ApiKind::ChatCompletions, ApiKind::Embeddings, ApiKind::Responses] {
+            let _ = parse_body(kind, &body);
+        }
+    }
+
+    #[test]
+    fn no_json_shaped_body_panics_the_parser(body in r#"\{("(model|prompt|messages|input|max_tokens|role|content|text)":(\[|\{|"[a-z]*"|[0-9]+|null|true|,|\]|\})*)*\}"#) {
+        for kind in [ApiKind::Completions, ApiKind::ChatCompletions, ApiKind::Embeddings, ApiKind::Responses] {
+            let _ = parse_body(kind, body.as_bytes());
+        }
+    }
+
+    #[test]
+    fn no_text_panics_the_prometheus_parser(text in r#"([a-z_:]{0,12}(\{([a-z_]{0,5}="([^"\\]|\\.){0,6}",?){0,3}\})? ?(-?[0-9.e+]{0,8}|NaN|\+Inf|-Inf)( [0-9]{0,13})?\n|#[^\n]{0,20}\n|[^\n]{0,30}\n){0,20}"#) {
+        let mut count = 0usize;
+        inference_picker::prometheus::for_each_sample(&text, |_| count += 1);
+        for engine in ["vllm", "sglang", "trtllm-serve"] {
+            let engine = inference_picker::metrics::Engine::from_label(Some(engine));
+            let _ = inference_picker::metrics::extract(engine, &text, &[]);
+        }
+    }
+
+    #[test]
+    fn no_document_panics_the_config_loader(text in r#"(plugins|schedulingProfiles|pool|endpoints|type|parameters|weight|pluginRef|name|address|- |: |\{|\}|\[|\]|\n|  |queue-scorer|max-score-picker|10\.0\.0\.1:80|[0-9]{1,3}|featureGates|dataLayer){0,40}"#) {
+        let _ = load(&text, 1);
+    }
+}
