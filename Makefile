@@ -9,7 +9,10 @@ ENVOY_VERSION := 1.40.0
 WASM := target/wasm32-wasip1/release/inference_picker.wasm
 SIM := target/release/examples/model-server-sim
 
-.PHONY: all build sim envoy toolchain lint unit integration test demo clean
+FUZZ_SECONDS ?= 60
+FUZZ_TARGETS := body_parser prometheus_parser config_loader
+
+.PHONY: all build sim envoy toolchain lint unit integration test demo fuzz check clean
 
 all: build
 
@@ -49,6 +52,16 @@ test: lint unit integration
 ## demo: real Envoy (--concurrency 2), the filter, four simulated pods, a routing decision per request
 demo: build sim envoy
 	$(CARGO) run --release --example demo
+
+## fuzz: each libFuzzer target for FUZZ_SECONDS; new inputs go to fuzz/.work, seeds stay in fuzz/corpus
+fuzz:
+	@command -v cargo-fuzz >/dev/null || $(CARGO) install cargo-fuzz --locked
+	@set -o pipefail; for target in $(FUZZ_TARGETS); do \
+	  mkdir -p fuzz/.work/$$target; \
+	  echo "fuzzing $$target for $(FUZZ_SECONDS)s"; \
+	  (cd fuzz && $(CARGO) fuzz run -s none -O $$target .work/$$target corpus/$$target -- \
+	     -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1 2>&1 | grep -E "^(Done|stat::number_of_executed_units|==|SUMMARY|thread)") || exit 1; \
+	done
 
 clean:
 	$(CARGO) clean
