@@ -53,6 +53,11 @@ test: lint unit integration
 demo: build sim envoy
 	$(CARGO) run --release --example demo
 
+## check: load CONFIG with the filter's own loader; print errors, warnings, the effective config
+check:
+	@test -n "$(CONFIG)" || { echo "usage: make check CONFIG=path/to/config.yaml"; exit 2; }
+	$(CARGO) run --quiet --bin inference-picker -- check $(CONFIG)
+
 ## fuzz: each libFuzzer target for FUZZ_SECONDS; new inputs go to fuzz/.work, seeds stay in fuzz/corpus
 fuzz:
 	@command -v cargo-fuzz >/dev/null || $(CARGO) install cargo-fuzz --locked

@@ -317,6 +317,11 @@ impl Picker {
         )
     }
 
+    /// The last decision, row by row (the config checker prints these).
+    pub fn explain_rows(&self) -> Vec<crate::scheduling::ExplainRow<'_>> {
+        self.scheduler.explain_rows(&self.pool)
+    }
+
     /// Every scorer's score for the last decision, for the debug log.
     pub fn explain_last(&self) -> String {
         self.scheduler.explain(&self.pool)

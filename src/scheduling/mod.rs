@@ -525,40 +525,75 @@ impl Scheduler {
     /// scorer's score. Only built when someone will read it.
     pub fn explain(&self, pool: &Pool) -> String {
         let mut line = String::new();
+        let mut profile = "";
+        for row in self.explain_rows(pool) {
+            if row.profile != profile {
+                if !profile.is_empty() {
+                    line.push_str("] ");
+                }
+                profile = row.profile;
+                let _ = write!(line, "profile={profile} candidates=[");
+            } else {
+                line.push_str(", ");
+            }
+            let _ = write!(line, "{} total={:.3} (", row.address, row.total);
+            for (k, (name, score, weight)) in row.scores.iter().enumerate() {
+                let _ = write!(
+                    line,
+                    "{}{name}={score:.3}x{weight}",
+                    if k > 0 { " " } else { "" }
+                );
+            }
+            line.push(')');
+        }
+        if !profile.is_empty() {
+            line.push(']');
+        }
+        line
+    }
+
+    /// The last decision, one row per profile and candidate, in the order they ran.
+    pub fn explain_rows<'a>(&'a self, pool: &'a Pool) -> Vec<ExplainRow<'a>> {
+        let mut rows = Vec::new();
         for trace in self.traces.iter().take(self.traces_used) {
             let Some(profile) = self.profiles.get(trace.profile) else {
                 continue;
             };
-            let _ = write!(line, "profile={} candidates=[", profile.name);
             let n = trace.candidates.len();
             for (i, &endpoint) in trace.candidates.iter().enumerate() {
-                let address = pool.get(endpoint).map_or("?", |e| e.address.as_str());
-                let total = trace.totals.get(i).copied().unwrap_or(0.0);
-                let _ = write!(
-                    line,
-                    "{}{address} total={total:.3} (",
-                    if i > 0 { ", " } else { "" }
-                );
-                for (k, scorer) in profile.scorers.iter().enumerate() {
-                    let name = self
-                        .plugins
-                        .get(scorer.plugin)
-                        .map_or("?", |p| p.name.as_str());
-                    let score = trace.scores.get(k * n + i).copied().unwrap_or(0.0);
-                    let _ = write!(
-                        line,
-                        "{}{name}={score:.3}x{}",
-                        if k > 0 { " " } else { "" },
-                        scorer.weight
-                    );
-                }
-                line.push(')');
+                let scores = profile
+                    .scorers
+                    .iter()
+                    .enumerate()
+                    .map(|(k, scorer)| {
+                        let name = self
+                            .plugins
+                            .get(scorer.plugin)
+                            .map_or("?", |p| p.name.as_str());
+                        let score = trace.scores.get(k * n + i).copied().unwrap_or(0.0);
+                        (name, score, scorer.weight)
+                    })
+                    .collect();
+                rows.push(ExplainRow {
+                    profile: profile.name.as_str(),
+                    address: pool.get(endpoint).map_or("?", |e| e.address.as_str()),
+                    total: trace.totals.get(i).copied().unwrap_or(0.0),
+                    scores,
+                });
             }
-            line.push_str("] ");
         }
-        line.truncate(line.trim_end().len());
-        line
+        rows
     }
+}
+
+/// One candidate of one profile in the last decision.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ExplainRow<'a> {
+    pub profile: &'a str,
+    pub address: &'a str,
+    pub total: f64,
+    /// `(scorer name, clamped score, weight)`.
+    pub scores: Vec<(&'a str, f64, f64)>,
 }
 
 /// Runs a profile's scorers over the trace's candidates: clamped scores, weighted totals.

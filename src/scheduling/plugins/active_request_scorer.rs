@@ -12,7 +12,7 @@ use std::time::Duration;
 
 pub const TYPE: &str = "active-request-scorer";
 
-#[derive(Debug, Clone, PartialEq, serde::Deserialize)]
+#[derive(Debug, Clone, PartialEq, serde::Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase", default)]
 pub struct Parameters {
     pub idle_threshold: u32,

@@ -5,9 +5,9 @@ use serde_yaml::Value;
 
 pub const TYPE: &str = "always-disagg-pd-decider";
 
-#[derive(Debug, Default, serde::Deserialize)]
+#[derive(Debug, Default, serde::Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields)]
-struct Parameters {}
+pub struct Parameters {}
 
 pub struct AlwaysDisaggPdDecider;
 

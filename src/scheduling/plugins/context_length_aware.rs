@@ -9,7 +9,7 @@ use serde_yaml::Value;
 
 pub const TYPE: &str = "context-length-aware";
 
-#[derive(Debug, Clone, PartialEq, serde::Deserialize)]
+#[derive(Debug, Clone, PartialEq, serde::Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase", default)]
 pub struct Parameters {
     pub label: String,

@@ -8,9 +8,9 @@ use serde_yaml::Value;
 
 pub const TYPE: &str = "decode-filter";
 
-#[derive(Debug, Default, serde::Deserialize)]
+#[derive(Debug, Default, serde::Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields)]
-struct Parameters {}
+pub struct Parameters {}
 
 /// Keeps endpoints whose role is one of `roles` (or unlabelled, when `unlabelled` is set).
 pub struct RoleFilter {

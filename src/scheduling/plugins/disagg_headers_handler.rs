@@ -8,13 +8,12 @@ use serde_yaml::Value;
 pub const TYPE: &str = "disagg-headers-handler";
 pub const LEGACY_TYPE: &str = "prefill-header-handler";
 
-#[derive(Debug, Default, serde::Deserialize)]
+#[derive(Debug, Default, serde::Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
-struct Parameters {
+pub struct Parameters {
     /// Accepted for llm-d configs: the prefill profile is the profile handler's.
     #[serde(default)]
-    #[allow(dead_code)]
-    prefill_profile: Option<String>,
+    pub prefill_profile: Option<String>,
 }
 
 pub fn build(parameters: &Value) -> Result<Plugin, String> {

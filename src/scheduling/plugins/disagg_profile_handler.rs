@@ -14,7 +14,7 @@ use std::collections::BTreeMap;
 
 pub const TYPE: &str = "disagg-profile-handler";
 
-#[derive(Debug, Clone, PartialEq, serde::Deserialize)]
+#[derive(Debug, Clone, PartialEq, serde::Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase", default)]
 pub struct Parameters {
     /// Stage -> decider plugin name; only `prefill` is a stage here.

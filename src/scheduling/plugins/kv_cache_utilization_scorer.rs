@@ -7,9 +7,9 @@ pub const TYPE: &str = "kv-cache-utilization-scorer";
 /// The name older GIE configs use.
 pub const LEGACY_TYPE: &str = "kv-cache-scorer";
 
-#[derive(Debug, Default, serde::Deserialize)]
+#[derive(Debug, Default, serde::Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields)]
-struct Parameters {}
+pub struct Parameters {}
 
 pub struct KvCacheUtilizationScorer;
 

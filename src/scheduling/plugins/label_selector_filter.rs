@@ -12,7 +12,7 @@ pub const TYPE: &str = "label-selector-filter";
 /// The llm-d name.
 pub const ALIAS_TYPE: &str = "by-label-selector";
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
 pub enum Operator {
     In,
     NotIn,
@@ -20,7 +20,7 @@ pub enum Operator {
     DoesNotExist,
 }
 
-#[derive(Debug, Clone, PartialEq, serde::Deserialize)]
+#[derive(Debug, Clone, PartialEq, serde::Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct Expression {
     pub key: String,
@@ -29,7 +29,7 @@ pub struct Expression {
     pub values: Vec<String>,
 }
 
-#[derive(Debug, Clone, Default, PartialEq, serde::Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, serde::Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase", default)]
 pub struct Selector {
     pub match_labels: BTreeMap<String, String>,

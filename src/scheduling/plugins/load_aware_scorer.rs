@@ -6,7 +6,7 @@ use serde_yaml::Value;
 
 pub const TYPE: &str = "load-aware-scorer";
 
-#[derive(Debug, Clone, Copy, PartialEq, serde::Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, serde::Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase", default)]
 pub struct Parameters {
     pub threshold: f64,

@@ -11,9 +11,9 @@ const RUNNING: f64 = 1.0;
 const FREE_SLOT: f64 = 0.8;
 const WAITING: f64 = 0.6;
 
-#[derive(Debug, Default, serde::Deserialize)]
+#[derive(Debug, Default, serde::Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields)]
-struct Parameters {}
+pub struct Parameters {}
 
 pub struct LoraAffinityScorer;
 

@@ -40,108 +40,250 @@ use serde::de::DeserializeOwned;
 use serde_yaml::Value;
 
 type Builder = fn(&Value) -> Result<Plugin, String>;
+/// Parameters with every default filled in, for the config checker.
+type Effective = fn(&Value) -> Result<Value, String>;
 
-/// `(type, builder)`; older names and aliases users still write are their own entries.
-const REGISTRY: &[(&str, Builder)] = &[
+/// `(type, builder, effective parameters)`; older names and aliases users still write are
+/// their own entries.
+const REGISTRY: &[(&str, Builder, Effective)] = &[
     // Data layer (custom metrics).
-    (metrics_data_source::TYPE, metrics_data_source::build),
-    (prometheus_metric::TYPE, prometheus_metric::build),
+    (
+        metrics_data_source::TYPE,
+        metrics_data_source::build,
+        effective::<metrics_data_source::Parameters>,
+    ),
+    (
+        prometheus_metric::TYPE,
+        prometheus_metric::build,
+        effective::<prometheus_metric::Parameters>,
+    ),
     // Filters.
-    (decode_filter::TYPE, decode_filter::build),
-    (prefill_filter::TYPE, prefill_filter::build),
-    (encode_filter::TYPE, encode_filter::build),
-    (label_selector_filter::TYPE, label_selector_filter::build),
+    (
+        decode_filter::TYPE,
+        decode_filter::build,
+        effective::<decode_filter::Parameters>,
+    ),
+    (
+        prefill_filter::TYPE,
+        prefill_filter::build,
+        effective::<decode_filter::Parameters>,
+    ),
+    (
+        encode_filter::TYPE,
+        encode_filter::build,
+        effective::<decode_filter::Parameters>,
+    ),
+    (
+        label_selector_filter::TYPE,
+        label_selector_filter::build,
+        effective::<label_selector_filter::Selector>,
+    ),
     (
         label_selector_filter::ALIAS_TYPE,
         label_selector_filter::build,
+        effective::<label_selector_filter::Selector>,
     ),
-    (by_label::TYPE, by_label::build),
+    (
+        by_label::TYPE,
+        by_label::build,
+        effective::<by_label::Parameters>,
+    ),
     (
         prefix_cache_affinity_filter::TYPE,
         prefix_cache_affinity_filter::build,
+        effective::<prefix_cache_affinity_filter::Parameters>,
     ),
     (
         header_based_testing_filter::TYPE,
         header_based_testing_filter::build,
+        effective::<header_based_testing_filter::Parameters>,
     ),
     // Scorers.
-    (queue_scorer::TYPE, queue_scorer::build),
+    (
+        queue_scorer::TYPE,
+        queue_scorer::build,
+        effective::<queue_scorer::Parameters>,
+    ),
     (
         kv_cache_utilization_scorer::TYPE,
         kv_cache_utilization_scorer::build,
+        effective::<kv_cache_utilization_scorer::Parameters>,
     ),
     (
         kv_cache_utilization_scorer::LEGACY_TYPE,
         kv_cache_utilization_scorer::build,
+        effective::<kv_cache_utilization_scorer::Parameters>,
     ),
     (
         running_requests_size_scorer::TYPE,
         running_requests_size_scorer::build,
+        effective::<running_requests_size_scorer::Parameters>,
     ),
-    (lora_affinity_scorer::TYPE, lora_affinity_scorer::build),
-    (prefix_cache_scorer::TYPE, prefix_cache_scorer::build),
-    (prefix_cache_scorer::LEGACY_TYPE, prefix_cache_scorer::build),
-    (active_request_scorer::TYPE, active_request_scorer::build),
-    (load_aware_scorer::TYPE, load_aware_scorer::build),
-    (token_load_scorer::TYPE, token_load_scorer::build),
+    (
+        lora_affinity_scorer::TYPE,
+        lora_affinity_scorer::build,
+        effective::<lora_affinity_scorer::Parameters>,
+    ),
+    (
+        prefix_cache_scorer::TYPE,
+        prefix_cache_scorer::build,
+        effective::<prefix_cache_scorer::Parameters>,
+    ),
+    (
+        prefix_cache_scorer::LEGACY_TYPE,
+        prefix_cache_scorer::build,
+        effective::<prefix_cache_scorer::Parameters>,
+    ),
+    (
+        active_request_scorer::TYPE,
+        active_request_scorer::build,
+        effective::<active_request_scorer::Parameters>,
+    ),
+    (
+        load_aware_scorer::TYPE,
+        load_aware_scorer::build,
+        effective::<load_aware_scorer::Parameters>,
+    ),
+    (
+        token_load_scorer::TYPE,
+        token_load_scorer::build,
+        effective::<token_load_scorer::Parameters>,
+    ),
     (
         session_affinity_scorer::TYPE,
         session_affinity_scorer::build,
+        effective::<session_affinity_scorer::Parameters>,
     ),
-    (no_hit_lru_scorer::TYPE, no_hit_lru_scorer::build),
-    (context_length_aware::TYPE, context_length_aware::build),
-    (metric_scorer::TYPE, metric_scorer::build),
-    (request_cost_scorer::TYPE, request_cost_scorer::build),
+    (
+        no_hit_lru_scorer::TYPE,
+        no_hit_lru_scorer::build,
+        effective::<no_hit_lru_scorer::Parameters>,
+    ),
+    (
+        context_length_aware::TYPE,
+        context_length_aware::build,
+        effective::<context_length_aware::Parameters>,
+    ),
+    (
+        metric_scorer::TYPE,
+        metric_scorer::build,
+        effective::<metric_scorer::Parameters>,
+    ),
+    (
+        request_cost_scorer::TYPE,
+        request_cost_scorer::build,
+        effective::<request_cost_scorer::Parameters>,
+    ),
     // Pickers.
-    (max_score_picker::TYPE, max_score_picker::build),
-    (max_score_picker::LEGACY_TYPE, max_score_picker::build),
-    (random_picker::TYPE, random_picker::build),
-    (weighted_random_picker::TYPE, weighted_random_picker::build),
+    (
+        max_score_picker::TYPE,
+        max_score_picker::build,
+        effective::<PickerParameters>,
+    ),
+    (
+        max_score_picker::LEGACY_TYPE,
+        max_score_picker::build,
+        effective::<PickerParameters>,
+    ),
+    (
+        random_picker::TYPE,
+        random_picker::build,
+        effective::<PickerParameters>,
+    ),
+    (
+        weighted_random_picker::TYPE,
+        weighted_random_picker::build,
+        effective::<PickerParameters>,
+    ),
     // Profile handlers and P/D.
-    (single_profile_handler::TYPE, single_profile_handler::build),
+    (
+        single_profile_handler::TYPE,
+        single_profile_handler::build,
+        effective::<single_profile_handler::Parameters>,
+    ),
     (
         single_profile_handler::LEGACY_TYPE,
         single_profile_handler::build,
+        effective::<single_profile_handler::Parameters>,
     ),
-    (disagg_profile_handler::TYPE, disagg_profile_handler::build),
-    (pd_profile_handler::TYPE, pd_profile_handler::build),
+    (
+        disagg_profile_handler::TYPE,
+        disagg_profile_handler::build,
+        effective::<disagg_profile_handler::Parameters>,
+    ),
+    (
+        pd_profile_handler::TYPE,
+        pd_profile_handler::build,
+        effective::<pd_profile_handler::Parameters>,
+    ),
     (
         prefix_based_pd_decider::TYPE,
         prefix_based_pd_decider::build,
+        effective::<prefix_based_pd_decider::Parameters>,
     ),
     (
         always_disagg_pd_decider::TYPE,
         always_disagg_pd_decider::build,
+        effective::<always_disagg_pd_decider::Parameters>,
     ),
-    (disagg_headers_handler::TYPE, disagg_headers_handler::build),
+    (
+        disagg_headers_handler::TYPE,
+        disagg_headers_handler::build,
+        effective::<disagg_headers_handler::Parameters>,
+    ),
     (
         disagg_headers_handler::LEGACY_TYPE,
         disagg_headers_handler::build,
+        effective::<disagg_headers_handler::Parameters>,
     ),
     // Saturation detectors (`saturationDetector.pluginRef`).
-    (utilization_detector::TYPE, utilization_detector::build),
-    (concurrency_detector::TYPE, concurrency_detector::build),
+    (
+        utilization_detector::TYPE,
+        utilization_detector::build,
+        effective::<utilization_detector::Parameters>,
+    ),
+    (
+        concurrency_detector::TYPE,
+        concurrency_detector::build,
+        effective::<concurrency_detector::Parameters>,
+    ),
 ];
 
 /// The canonical type name (`&'static`) for a configured type, if known.
 pub fn known_type(type_name: &str) -> Option<&'static str> {
     REGISTRY
         .iter()
-        .find(|(name, _)| *name == type_name)
-        .map(|(name, _)| *name)
+        .find(|(name, _, _)| *name == type_name)
+        .map(|(name, _, _)| *name)
 }
 
 pub fn all_types() -> impl Iterator<Item = &'static str> {
-    REGISTRY.iter().map(|(name, _)| *name)
+    REGISTRY.iter().map(|(name, _, _)| *name)
 }
 
 /// Builds a plugin from its type and `parameters` (null when absent).
 pub fn build(type_name: &str, parameters: &Value) -> Result<Plugin, String> {
-    let (_, builder) = REGISTRY
+    let (_, builder, _) = REGISTRY
         .iter()
-        .find(|(name, _)| *name == type_name)
+        .find(|(name, _, _)| *name == type_name)
         .ok_or_else(|| format!("unknown plugin type {type_name:?}"))?;
     builder(parameters)
+}
+
+/// A plugin's parameters as the filter uses them: given values plus every default.
+pub fn effective_parameters(type_name: &str, parameters: &Value) -> Result<Value, String> {
+    let (_, _, effective) = REGISTRY
+        .iter()
+        .find(|(name, _, _)| *name == type_name)
+        .ok_or_else(|| format!("unknown plugin type {type_name:?}"))?;
+    effective(parameters)
+}
+
+fn effective<P: DeserializeOwned + serde::Serialize + Default>(
+    value: &Value,
+) -> Result<Value, String> {
+    let parsed: P = parameters(value)?;
+    serde_yaml::to_value(parsed).map_err(|error| error.to_string())
 }
 
 /// Deserializes a plugin's parameters; absent parameters mean all defaults.
@@ -153,7 +295,7 @@ pub fn parameters<P: DeserializeOwned + Default>(value: &Value) -> Result<P, Str
 }
 
 /// `maxNumOfEndpoints`, shared by every picker.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase", default)]
 pub struct PickerParameters {
     pub max_num_of_endpoints: usize,
@@ -199,6 +341,26 @@ mod tests {
                 !NEED_PARAMETERS.contains(&type_name),
                 "{type_name}"
             );
+        }
+    }
+
+    #[test]
+    fn effective_parameters_fill_in_defaults() {
+        let given: Value = serde_yaml::from_str("{threshold: 10}").unwrap();
+        let effective = effective_parameters("load-aware-scorer", &given).unwrap();
+        assert_eq!(effective["threshold"], 10.0);
+        let effective = effective_parameters("prefix-cache-scorer", &Value::Null).unwrap();
+        assert_eq!(effective["blockSizeTokens"], 16);
+        assert_eq!(effective["lruCapacityPerServer"], 31250);
+        let effective = effective_parameters("active-request-scorer", &Value::Null).unwrap();
+        assert_eq!(effective["requestTimeout"], "120s");
+        for type_name in all_types() {
+            if !NEED_PARAMETERS.contains(&type_name) {
+                assert!(
+                    effective_parameters(type_name, &Value::Null).is_ok(),
+                    "{type_name}"
+                );
+            }
         }
     }
 

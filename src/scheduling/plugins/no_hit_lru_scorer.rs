@@ -10,7 +10,7 @@ use serde_yaml::Value;
 
 pub const TYPE: &str = "no-hit-lru-scorer";
 
-#[derive(Debug, Clone, PartialEq, serde::Deserialize)]
+#[derive(Debug, Clone, PartialEq, serde::Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase", default)]
 pub struct Parameters {
     /// Accepted for llm-d configs; the prefix matches come from `prefix-cache-scorer`.

@@ -8,7 +8,7 @@ use serde_yaml::Value;
 
 pub const TYPE: &str = "pd-profile-handler";
 
-#[derive(Debug, Clone, PartialEq, serde::Deserialize)]
+#[derive(Debug, Clone, PartialEq, serde::Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase", default)]
 pub struct Parameters {
     pub threshold: u32,

@@ -7,7 +7,7 @@ use serde_yaml::Value;
 
 pub const TYPE: &str = "prefix-based-pd-decider";
 
-#[derive(Debug, Clone, PartialEq, serde::Deserialize)]
+#[derive(Debug, Clone, PartialEq, serde::Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase", default)]
 pub struct Parameters {
     pub non_cached_tokens: u32,

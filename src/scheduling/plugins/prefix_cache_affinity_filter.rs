@@ -7,7 +7,7 @@ use serde_yaml::Value;
 
 pub const TYPE: &str = "prefix-cache-affinity-filter";
 
-#[derive(Debug, Clone, Copy, PartialEq, serde::Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, serde::Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase", default)]
 pub struct Parameters {
     pub affinity_threshold: f64,

@@ -16,7 +16,7 @@ pub const TYPE: &str = "prefix-cache-scorer";
 /// The name older llm-d configs use.
 pub const LEGACY_TYPE: &str = "prefix-cache";
 
-#[derive(Debug, Clone, PartialEq, serde::Deserialize)]
+#[derive(Debug, Clone, PartialEq, serde::Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase", default)]
 pub struct Parameters {
     /// `blockSize` is the older llm-d spelling.

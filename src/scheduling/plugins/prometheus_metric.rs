@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 
 pub const TYPE: &str = "prometheus-metric";
 
-#[derive(Debug, Clone, Default, PartialEq, serde::Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, serde::Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase", default)]
 pub struct Parameters {
     pub metric_name: String,

@@ -19,7 +19,7 @@ use serde_yaml::Value;
 
 pub const TYPE: &str = "request-cost-scorer";
 
-#[derive(Debug, Clone, PartialEq, serde::Deserialize)]
+#[derive(Debug, Clone, PartialEq, serde::Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase", default)]
 pub struct Parameters {
     pub default_output_tokens: u32,

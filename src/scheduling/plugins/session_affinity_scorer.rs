@@ -8,9 +8,9 @@ use serde_yaml::Value;
 
 pub const TYPE: &str = "session-affinity-scorer";
 
-#[derive(Debug, Default, serde::Deserialize)]
+#[derive(Debug, Default, serde::Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields)]
-struct Parameters {}
+pub struct Parameters {}
 
 pub struct SessionAffinityScorer;
 

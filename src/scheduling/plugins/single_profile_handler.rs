@@ -10,9 +10,9 @@ pub const TYPE: &str = "single-profile-handler";
 /// The name older llm-d configs use.
 pub const LEGACY_TYPE: &str = "single-profile";
 
-#[derive(Debug, Default, serde::Deserialize)]
+#[derive(Debug, Default, serde::Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields)]
-struct Parameters {}
+pub struct Parameters {}
 
 pub struct SingleProfileHandler;
 

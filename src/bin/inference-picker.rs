@@ -1,0 +1,170 @@
+//! The config checker: loads a configuration with the exact loader the filter uses.
+//!
+//! ```text
+//! inference-picker check CONFIG
+//! inference-picker explain CONFIG --metrics FILE [--metrics FILE ...] --body FILE
+//!                          [--path /v1/completions] [--header name:value ...]
+//! ```
+//! `check` prints the errors (with the key or the line and column), the warnings, and the
+//! effective configuration with every default filled in. `explain` also feeds one `/metrics`
+//! file per endpoint (in `pool.endpoints` order) and a request body to the picker, and prints
+//! every scorer's score per endpoint and the winner.
+
+use inference_picker::config::{load, FilterConfig};
+use inference_picker::picker::Picker;
+use inference_picker::request::{ApiKind, RequestHeaders};
+use std::process::ExitCode;
+
+const USAGE: &str = "usage: inference-picker check CONFIG
+       inference-picker explain CONFIG --metrics FILE [--metrics FILE ...] --body FILE [--path PATH] [--header NAME:VALUE ...]";
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let result = match args.first().map(String::as_str) {
+        Some("check") => args
+            .get(1)
+            .ok_or(USAGE.to_string())
+            .and_then(|path| check(path)),
+        Some("explain") => explain(&args[1..]),
+        _ => Err(USAGE.to_string()),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(message) => {
+            eprintln!("{message}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn read(path: &str) -> Result<String, String> {
+    std::fs::read_to_string(path).map_err(|error| format!("{path}: {error}"))
+}
+
+fn load_file(path: &str) -> Result<FilterConfig, String> {
+    load(&read(path)?, 1).map_err(|error| format!("{path}: {error}"))
+}
+
+fn check(path: &str) -> Result<(), String> {
+    let config = load_file(path)?;
+    println!("{path}: ok");
+    for warning in &config.warnings {
+        println!("warning: {warning}");
+    }
+    println!("# effective configuration");
+    print!(
+        "{}",
+        serde_yaml::to_string(&config.effective).map_err(|e| e.to_string())?
+    );
+    Ok(())
+}
+
+struct ExplainArgs {
+    config: String,
+    metrics: Vec<String>,
+    body: Option<String>,
+    path: String,
+    headers: Vec<(String, String)>,
+}
+
+fn explain_args(args: &[String]) -> Result<ExplainArgs, String> {
+    let mut parsed = ExplainArgs {
+        config: args.first().cloned().ok_or(USAGE)?,
+        metrics: Vec::new(),
+        body: None,
+        path: "/v1/completions".into(),
+        headers: Vec::new(),
+    };
+    let mut rest = args.iter().skip(1);
+    while let Some(flag) = rest.next() {
+        let value = rest
+            .next()
+            .ok_or(format!("{flag} needs a value\n{USAGE}"))?;
+        match flag.as_str() {
+            "--metrics" => parsed.metrics.push(value.clone()),
+            "--body" => parsed.body = Some(value.clone()),
+            "--path" => parsed.path = value.clone(),
+            "--header" => {
+                let (name, value) = value
+                    .split_once(':')
+                    .ok_or(format!("--header {value}: expected NAME:VALUE"))?;
+                parsed
+                    .headers
+                    .push((name.trim().to_ascii_lowercase(), value.trim().to_owned()));
+            }
+            other => return Err(format!("unknown option {other}\n{USAGE}")),
+        }
+    }
+    Ok(parsed)
+}
+
+fn explain(args: &[String]) -> Result<(), String> {
+    let args = explain_args(args)?;
+    let mut picker = Picker::new(load_file(&args.config)?);
+    let endpoints = picker.pool().len();
+    if args.metrics.len() != endpoints {
+        return Err(format!(
+            "{} has {endpoints} endpoints but {} --metrics files were given (one per endpoint, in order)",
+            args.config,
+            args.metrics.len()
+        ));
+    }
+    for (index, path) in args.metrics.iter().enumerate() {
+        match picker.on_scrape_ok(index, 0, &read(path)?) {
+            Ok(Some(warning)) => println!("warning: {warning}"),
+            Ok(None) => {}
+            Err(error) => println!("warning: {path}: {error}; the endpoint counts as unreachable"),
+        }
+    }
+    picker.on_tick(0);
+    let body = args.body.as_deref().map(read).transpose()?;
+    let header = |name: &str| {
+        args.headers
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.clone())
+    };
+    let headers = RequestHeaders {
+        session_token: header("x-session-token"),
+        test_endpoint_selection: header("test-epp-endpoint-selection"),
+        objective: header("x-gateway-inference-objective"),
+        fairness_id: header("x-gateway-inference-fairness-id"),
+        model_rewrite: header("x-gateway-model-name-rewrite"),
+    };
+    let api = ApiKind::from_path(&args.path);
+    let routed = picker.route(api, body.as_deref().map(str::as_bytes), headers);
+    for row in picker.explain_rows() {
+        let scores: Vec<String> = row
+            .scores
+            .iter()
+            .map(|(name, score, weight)| format!("{name}={score:.3}x{weight}"))
+            .collect();
+        println!(
+            "{:<10} {:<24} total={:<8.3} {}",
+            row.profile,
+            row.address,
+            row.total,
+            scores.join(" ")
+        );
+    }
+    match routed {
+        Ok(routed) => {
+            println!("picked: {}", routed.destination);
+            if !routed.fallbacks.is_empty() {
+                println!("fallbacks: {}", routed.fallbacks);
+            }
+            if let Some(prefill) = routed.prefill {
+                println!("prefill: {prefill}");
+            }
+            if routed.degraded {
+                println!("(degraded: no endpoint had usable metrics)");
+            }
+            Ok(())
+        }
+        Err(error) => Err(format!(
+            "refused with {}: {}",
+            error.status(),
+            error.message()
+        )),
+    }
+}

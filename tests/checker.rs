@@ -1,0 +1,106 @@
+//! The config checker binary: `check` and `explain`, on the example configs.
+
+use std::path::Path;
+use std::process::Command;
+
+fn checker(args: &[&str]) -> (bool, String, String) {
+    let output = Command::new(env!("CARGO_BIN_EXE_inference-picker"))
+        .args(args)
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .expect("run inference-picker");
+    (
+        output.status.success(),
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn check_prints_an_effective_config_that_loads_again() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/configs");
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        let (ok, stdout, stderr) = checker(&["check", path.to_str().unwrap()]);
+        assert!(ok, "{}: {stderr}", path.display());
+        let effective = stdout
+            .split_once("# effective configuration\n")
+            .map(|(_, yaml)| yaml)
+            .expect("effective configuration printed");
+        let original =
+            inference_picker::config::load(&std::fs::read_to_string(&path).unwrap(), 1).unwrap();
+        let again = inference_picker::config::load(effective, 1).unwrap_or_else(|e| {
+            panic!(
+                "{}: effective config does not load: {e}\n{effective}",
+                path.display()
+            )
+        });
+        assert_eq!(
+            again.scheduler.profiles().len(),
+            original.scheduler.profiles().len()
+        );
+        assert_eq!(again.metric_selectors, original.metric_selectors);
+        assert_eq!(again.pool, original.pool);
+    }
+}
+
+#[test]
+fn check_names_the_key_of_an_error() {
+    let dir = std::env::temp_dir().join(format!("ip-check-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let bad = dir.join("bad.yaml");
+    std::fs::write(
+        &bad,
+        "plugins:\n- type: queue-scorer\nschedulingProfiles:\n- name: default\n  plugins:\n  - pluginRef: kv\npool: {endpoints: [{address: '10.0.0.1:8000'}]}\n",
+    )
+    .unwrap();
+    let (ok, _, stderr) = checker(&["check", bad.to_str().unwrap()]);
+    assert!(!ok);
+    assert!(
+        stderr.contains("schedulingProfiles[0].plugins[0].pluginRef") && stderr.contains("\"kv\""),
+        "{stderr}"
+    );
+    std::fs::write(&bad, "plugins: [\n").unwrap();
+    let (ok, _, stderr) = checker(&["check", bad.to_str().unwrap()]);
+    assert!(!ok);
+    assert!(
+        stderr.contains("line"),
+        "syntax errors carry a location: {stderr}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn explain_prints_every_score_and_the_winner() {
+    let (ok, stdout, stderr) = checker(&[
+        "explain",
+        "examples/configs/custom-metrics.yaml",
+        "--metrics",
+        "examples/explain/pod-1.metrics",
+        "--metrics",
+        "examples/explain/pod-2.metrics",
+        "--metrics",
+        "examples/explain/pod-3.metrics",
+        "--body",
+        "examples/explain/chat.json",
+        "--path",
+        "/v1/chat/completions",
+    ]);
+    assert!(ok, "{stderr}");
+    assert_eq!(stdout.matches("active-load-scorer=").count(), 3, "{stdout}");
+    assert!(stdout.contains("prefix-cache-scorer=0.000x60"), "{stdout}");
+    assert!(
+        stdout.trim_end().ends_with("picked: 127.0.0.1:8002"),
+        "{stdout}"
+    );
+    let (ok, _, stderr) = checker(&[
+        "explain",
+        "examples/configs/custom-metrics.yaml",
+        "--metrics",
+        "examples/explain/pod-1.metrics",
+        "--body",
+        "examples/explain/chat.json",
+    ]);
+    assert!(!ok);
+    assert!(stderr.contains("3 endpoints"), "{stderr}");
+}
