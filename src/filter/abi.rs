@@ -38,6 +38,14 @@ extern "C" {
         value_data: *const u8,
         value_size: usize,
     ) -> u32;
+    fn proxy_define_metric(
+        metric_type: u32,
+        name_data: *const u8,
+        name_size: usize,
+        return_id: *mut u32,
+    ) -> u32;
+    fn proxy_increment_metric(metric_id: u32, offset: i64) -> u32;
+    fn proxy_record_metric(metric_id: u32, value: u64) -> u32;
     fn proxy_get_shared_data(
         key_data: *const u8,
         key_size: usize,
@@ -175,6 +183,36 @@ pub fn replace_header(map_type: MapType, name: &str, value: &str) -> Result<(), 
             value.as_ptr(),
             value.len(),
         )
+    })
+}
+
+/// Envoy stat kinds for [`define_metric`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MetricKind {
+    Counter = 0,
+    Gauge = 1,
+    Histogram = 2,
+}
+
+/// Defines (or finds) an Envoy stat; Envoy prefixes its name with `wasmcustom.`.
+pub fn define_metric(kind: MetricKind, name: &str) -> Result<u32, HostError> {
+    let mut id = 0u32;
+    check("proxy_define_metric", unsafe {
+        proxy_define_metric(kind as u32, name.as_ptr(), name.len(), &mut id)
+    })?;
+    Ok(id)
+}
+
+pub fn increment_metric(id: u32, offset: i64) -> Result<(), HostError> {
+    check("proxy_increment_metric", unsafe {
+        proxy_increment_metric(id, offset)
+    })
+}
+
+/// Sets a gauge or records a histogram sample.
+pub fn record_metric(id: u32, value: u64) -> Result<(), HostError> {
+    check("proxy_record_metric", unsafe {
+        proxy_record_metric(id, value)
     })
 }
 

@@ -2,6 +2,7 @@
 //! [`RequestFlow`] with ticks, scrape results and request events. Nothing here decides.
 
 mod abi;
+mod stats;
 
 use crate::config;
 use crate::picker::{duration_ms, Picker};
@@ -10,6 +11,7 @@ use crate::shared_state::{Coordinator, Role, SharedStore};
 use hashbrown::HashMap;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{Action, BufferType, ContextType, MapType};
+use stats::Stats;
 use std::cell::RefCell;
 use std::rc::Rc;
 
@@ -37,6 +39,7 @@ impl SharedStore for EnvoyShared {
 struct PickerRoot {
     context_id: u32,
     picker: Option<SharedPicker>,
+    stats: Option<Rc<Stats>>,
     coordinator: Option<Coordinator>,
     /// Callout token -> endpoint index being scraped.
     scrapes: HashMap<u32, usize>,
@@ -49,6 +52,7 @@ impl PickerRoot {
         PickerRoot {
             context_id,
             picker: None,
+            stats: None,
             coordinator: None,
             scrapes: HashMap::new(),
             targets: Vec::new(),
@@ -170,7 +174,10 @@ impl Context for PickerRoot {
         };
         // Stamped on arrival, so the age other workers see is the real one.
         let now = abi::current_time_ms().unwrap_or(self.last_tick_ms);
-        record_scrape(&mut picker, index, num_headers, body_size, now);
+        let ok = record_scrape(&mut picker, index, num_headers, body_size, now);
+        if let Some(stats) = &self.stats {
+            stats.scrape(index, ok);
+        }
         // The round is complete: publish it now rather than at the next tick.
         if self.scrapes.is_empty() {
             if let Some(coordinator) = self.coordinator.as_mut() {
@@ -184,14 +191,14 @@ impl Context for PickerRoot {
     }
 }
 
-/// Feeds one `/metrics` callout's answer to the picker.
+/// Feeds one `/metrics` callout's answer to the picker; true when it gave usable metrics.
 fn record_scrape(
     picker: &mut Picker,
     index: usize,
     num_headers: usize,
     body_size: usize,
     now: u64,
-) {
+) -> bool {
     let status = if num_headers == 0 {
         None
     } else {
@@ -206,20 +213,27 @@ fn record_scrape(
         });
         log::debug!("inference-picker: scrape of {address} failed: {shown}");
         picker.on_scrape_failed(index);
-        return;
+        return false;
     }
     match abi::buffer(BufferType::HttpCallResponseBody, 0, body_size) {
         Ok(body) => {
             let text = String::from_utf8_lossy(&body);
             match picker.on_scrape_ok(index, now, &text) {
-                Ok(None) => {}
-                Ok(Some(warning)) => log::warn!("inference-picker: {warning}"),
-                Err(error) => log::debug!("inference-picker: scrape of {address}: {error}"),
+                Ok(None) => true,
+                Ok(Some(warning)) => {
+                    log::warn!("inference-picker: {warning}");
+                    true
+                }
+                Err(error) => {
+                    log::debug!("inference-picker: scrape of {address}: {error}");
+                    false
+                }
             }
         }
         Err(error) => {
             log::warn!("inference-picker: reading scrape of {address}: {error}");
             picker.on_scrape_failed(index);
+            false
         }
     }
 }
@@ -268,7 +282,9 @@ impl RootContext for PickerRoot {
             crate::hash::hash_bytes(0, text.as_bytes())
         );
         self.coordinator = Some(Coordinator::new(&namespace, seed, u64::from(interval)));
-        self.picker = Some(Rc::new(RefCell::new(Picker::new(loaded))));
+        let picker = Picker::new(loaded);
+        self.stats = Some(Rc::new(Stats::define(&picker)));
+        self.picker = Some(Rc::new(RefCell::new(picker)));
         self.scrapes.clear();
         log::info!(
             "inference-picker: configured with {endpoints} endpoints, scraping every {interval}ms"
@@ -290,6 +306,9 @@ impl RootContext for PickerRoot {
         if role == Role::Scraper {
             // Every VM sees the same transitions; only the scraper logs them.
             log_health(&report);
+            if let Some(stats) = &self.stats {
+                stats.metrics_age(&picker, self.last_tick_ms);
+            }
             self.dispatch_scrapes(&mut picker);
         }
     }
@@ -297,6 +316,7 @@ impl RootContext for PickerRoot {
     fn create_http_context(&self, _context_id: u32) -> Option<Box<dyn HttpContext>> {
         Some(Box::new(PickerHttp {
             picker: self.picker.clone(),
+            stats: self.stats.clone(),
             flow: RequestFlow::default(),
         }))
     }
@@ -349,6 +369,7 @@ impl HttpHost for EnvoyRequest {
 
 struct PickerHttp {
     picker: Option<SharedPicker>,
+    stats: Option<Rc<Stats>>,
     flow: RequestFlow,
 }
 
@@ -361,13 +382,35 @@ impl PickerHttp {
             return self.unavailable();
         };
         let was_pending = self.flow.outcome == Outcome::Pending;
+        let started_ns = if was_pending {
+            abi::current_time_ns().unwrap_or(0)
+        } else {
+            0
+        };
         let flow = step(&mut self.flow, &mut picker);
         if was_pending {
             log_decision(&self.flow, &picker);
+            self.count_decision(started_ns);
         }
         match flow {
             Flow::Continue => Action::Continue,
             Flow::Pause => Action::Pause,
+        }
+    }
+
+    fn count_decision(&self, started_ns: u64) {
+        let Some(stats) = &self.stats else {
+            return;
+        };
+        match &self.flow.outcome {
+            Outcome::Pending => {}
+            Outcome::Routed(routed) => {
+                let elapsed_ns = abi::current_time_ns()
+                    .unwrap_or(started_ns)
+                    .saturating_sub(started_ns);
+                stats.routed(routed.primary, elapsed_ns / 1000);
+            }
+            Outcome::Rejected(error) => stats.rejected(error),
         }
     }
 

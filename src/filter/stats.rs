@@ -1,0 +1,117 @@
+//! The filter's Envoy stats. Names carry their tags in dotted segments that the shipped Envoy
+//! config's `stats_tags` turn into labels, so `/stats/prometheus` shows, for example,
+//! `inference_picker_endpoint_picks{endpoint="10.0.0.7:8000"}`.
+
+use super::abi::{self, MetricKind};
+use crate::error_response::RequestError;
+use crate::picker::Picker;
+
+/// Outcomes of a request as the `decisions` counter tags them.
+const OUTCOMES: [&str; 5] = ["routed", "400", "413", "429", "503"];
+
+struct EndpointStats {
+    picks: u32,
+    scrape_success: u32,
+    scrape_failure: u32,
+    metrics_age_ms: u32,
+}
+
+pub struct Stats {
+    endpoints: Vec<Option<EndpointStats>>,
+    decisions: [Option<u32>; 5],
+    shed: Option<u32>,
+    scheduling_us: Option<u32>,
+}
+
+fn define(kind: MetricKind, name: &str) -> Option<u32> {
+    match abi::define_metric(kind, name) {
+        Ok(id) => Some(id),
+        Err(error) => {
+            log::warn!("inference-picker: defining stat {name}: {error}");
+            None
+        }
+    }
+}
+
+fn bump(id: Option<u32>) {
+    if let Some(id) = id {
+        let _ = abi::increment_metric(id, 1);
+    }
+}
+
+impl Stats {
+    pub fn define(picker: &Picker) -> Self {
+        let endpoints = picker
+            .pool()
+            .endpoints
+            .iter()
+            .map(|e| {
+                let stat = |kind, what: &str| {
+                    define(
+                        kind,
+                        &format!("inference_picker.endpoint.{}.{what}", e.address),
+                    )
+                };
+                Some(EndpointStats {
+                    picks: stat(MetricKind::Counter, "picks")?,
+                    scrape_success: stat(MetricKind::Counter, "scrape_success")?,
+                    scrape_failure: stat(MetricKind::Counter, "scrape_failure")?,
+                    metrics_age_ms: stat(MetricKind::Gauge, "metrics_age_ms")?,
+                })
+            })
+            .collect();
+        Stats {
+            endpoints,
+            decisions: OUTCOMES.map(|outcome| {
+                define(
+                    MetricKind::Counter,
+                    &format!("inference_picker.decisions.{outcome}"),
+                )
+            }),
+            shed: define(MetricKind::Counter, "inference_picker.shed"),
+            scheduling_us: define(MetricKind::Histogram, "inference_picker.scheduling_time_us"),
+        }
+    }
+
+    fn endpoint(&self, index: usize) -> Option<&EndpointStats> {
+        self.endpoints.get(index).and_then(Option::as_ref)
+    }
+
+    pub fn routed(&self, primary: usize, scheduling_us: u64) {
+        bump(self.decisions.first().copied().flatten());
+        bump(self.endpoint(primary).map(|e| e.picks));
+        if let Some(id) = self.scheduling_us {
+            let _ = abi::record_metric(id, scheduling_us);
+        }
+    }
+
+    pub fn rejected(&self, error: &RequestError) {
+        let status = error.status().to_string();
+        let slot = OUTCOMES.iter().position(|o| *o == status);
+        bump(slot.and_then(|i| self.decisions.get(i).copied().flatten()));
+        if matches!(error, RequestError::TooManyRequests(message) if message.contains("saturated"))
+        {
+            bump(self.shed);
+        }
+    }
+
+    pub fn scrape(&self, index: usize, ok: bool) {
+        let endpoint = self.endpoint(index);
+        bump(endpoint.map(|e| {
+            if ok {
+                e.scrape_success
+            } else {
+                e.scrape_failure
+            }
+        }));
+    }
+
+    /// Metrics age per endpoint, set by the VM that scrapes.
+    pub fn metrics_age(&self, picker: &Picker, now_ms: u64) {
+        for (index, endpoint) in picker.pool().endpoints.iter().enumerate() {
+            if let (Some(stats), Some(at)) = (self.endpoint(index), endpoint.last_scrape_ok_ms) {
+                let _ = abi::record_metric(stats.metrics_age_ms, now_ms.saturating_sub(at));
+            }
+        }
+    }
+}

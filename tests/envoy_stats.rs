@@ -1,0 +1,59 @@
+//! The filter's stats in Envoy's own `/stats/prometheus`, tagged so one query gives
+//! per-endpoint picks and decisions by outcome.
+
+mod support;
+
+use support::{completion, shipped_picker_config, with_endpoints, Envoy, Sim};
+
+/// The value of the Prometheus sample whose line starts with `series`.
+fn sample(text: &str, series: &str) -> Option<f64> {
+    text.lines()
+        .find(|line| line.starts_with(series))
+        .and_then(|line| line.rsplit(' ').next())
+        .and_then(|value| value.parse().ok())
+}
+
+#[test]
+fn picks_decisions_and_scrapes_are_envoy_stats() {
+    let a = Sim::start("pod-a", &[]);
+    let b = Sim::start("pod-b", &["--background-waiting", "4"]);
+    let envoy = Envoy::start(&with_endpoints(&shipped_picker_config(), &[&a, &b]), 2);
+    a.wait_for_scrapes(3);
+    for n in 0..7 {
+        assert_eq!(envoy.post("/v1/completions", &completion(n)).status, 200);
+    }
+    assert_eq!(envoy.post("/v1/completions", "{oops").status, 400);
+    let text = envoy.admin_get("/stats/prometheus").text();
+    let picks_a = format!(
+        "inference_picker_endpoint_picks{{endpoint=\"{}\"}}",
+        a.address
+    );
+    let picks_b = format!(
+        "inference_picker_endpoint_picks{{endpoint=\"{}\"}}",
+        b.address
+    );
+    assert_eq!(sample(&text, &picks_a), Some(7.0), "{text}");
+    assert_eq!(sample(&text, &picks_b), Some(0.0), "{text}");
+    assert_eq!(
+        sample(&text, "inference_picker_decisions{outcome=\"routed\"}"),
+        Some(7.0)
+    );
+    assert_eq!(
+        sample(&text, "inference_picker_decisions{outcome=\"400\"}"),
+        Some(1.0)
+    );
+    let scrapes = format!(
+        "inference_picker_endpoint_scrape_success{{endpoint=\"{}\"}}",
+        a.address
+    );
+    assert!(sample(&text, &scrapes).unwrap_or(0.0) >= 3.0, "{text}");
+    let age = format!(
+        "inference_picker_endpoint_metrics_age_ms{{endpoint=\"{}\"}}",
+        a.address
+    );
+    assert!(sample(&text, &age).is_some_and(|ms| ms < 2000.0), "{text}");
+    assert!(
+        text.contains("inference_picker_scheduling_time_us_bucket"),
+        "{text}"
+    );
+}
