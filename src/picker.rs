@@ -317,6 +317,18 @@ impl Picker {
         )
     }
 
+    /// Prefix-index entries learned here since the last call.
+    pub fn take_learned(&mut self, out: &mut Vec<crate::scheduling::LearnedPrefix>) {
+        self.scheduler.take_learned(out);
+    }
+
+    /// Replays prefix-index entries another worker learned.
+    pub fn learn_remote(&mut self, learned: &crate::scheduling::LearnedPrefix) {
+        if learned.endpoint < self.pool.len() {
+            self.scheduler.learn_remote(learned);
+        }
+    }
+
     /// The last decision, row by row (the config checker prints these).
     pub fn explain_rows(&self) -> Vec<crate::scheduling::ExplainRow<'_>> {
         self.scheduler.explain_rows(&self.pool)

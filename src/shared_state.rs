@@ -7,7 +7,9 @@
 use crate::endpoint::Pool;
 use crate::metrics::EndpointMetrics;
 use crate::request_flow::HostError;
+use crate::scheduling::LearnedPrefix;
 use serde::{Deserialize, Serialize};
+use std::collections::VecDeque;
 
 /// The host's shared data: values with a compare-and-swap token.
 pub trait SharedStore {
@@ -56,6 +58,16 @@ struct Load {
     counts: Vec<(u32, u64)>,
 }
 
+/// One tick's worth of a VM's prefix-index picks: `(endpoint, hashes as hex)`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+struct PrefixBatch {
+    seq: u64,
+    entries: Vec<(usize, String)>,
+}
+
+/// Batches a VM keeps published, so a reader that missed a few ticks still catches up.
+const KEPT_BATCHES: usize = 8;
+
 pub struct Coordinator {
     vm_id: u64,
     lease_key: String,
@@ -69,6 +81,11 @@ pub struct Coordinator {
     published_seq: u64,
     applied_seq: u64,
     others: Vec<u64>,
+    prefix_key: String,
+    prefix_batches: VecDeque<PrefixBatch>,
+    prefix_seq: u64,
+    /// Per other VM: the last prefix batch replayed from it.
+    prefix_seen: Vec<(u64, u64)>,
 }
 
 /// Attempts at a contended compare-and-swap before giving up until the next tick.
@@ -84,6 +101,10 @@ impl Coordinator {
             snapshot_key: format!("{namespace}/snapshot"),
             vms_key: format!("{namespace}/vms"),
             load_key: format!("{namespace}/load/{vm_id:x}"),
+            prefix_key: format!("{namespace}/prefix/{vm_id:x}"),
+            prefix_batches: VecDeque::new(),
+            prefix_seq: 0,
+            prefix_seen: Vec::new(),
             namespace: namespace.to_owned(),
             lease_ms: interval_ms.saturating_mul(2).max(1),
             role: Role::Follower,
@@ -222,6 +243,59 @@ impl Coordinator {
         Ok(())
     }
 
+    /// Publishes this VM's new prefix-index picks and returns the other VMs' new ones, so a
+    /// prompt served through one worker is a hit for all of them. Call after
+    /// [`Coordinator::exchange_load`], which refreshes the list of VMs.
+    pub fn exchange_prefixes(
+        &mut self,
+        store: &impl SharedStore,
+        own: &[LearnedPrefix],
+    ) -> Result<Vec<LearnedPrefix>, HostError> {
+        if !own.is_empty() {
+            self.prefix_seq += 1;
+            self.prefix_batches.push_back(PrefixBatch {
+                seq: self.prefix_seq,
+                entries: own
+                    .iter()
+                    .map(|l| (l.endpoint, encode_hashes(&l.hashes)))
+                    .collect(),
+            });
+            while self.prefix_batches.len() > KEPT_BATCHES {
+                self.prefix_batches.pop_front();
+            }
+            let bytes = serde_json::to_vec(&self.prefix_batches).unwrap_or_default();
+            store.set(&self.prefix_key, &bytes, None)?;
+        }
+        let mut remote = Vec::new();
+        for &vm in &self.others {
+            let key = format!("{}/prefix/{vm:x}", self.namespace);
+            let Some((bytes, _)) = store.get(&key)? else {
+                continue;
+            };
+            let Ok(batches) = serde_json::from_slice::<Vec<PrefixBatch>>(&bytes) else {
+                continue;
+            };
+            let seen = self
+                .prefix_seen
+                .iter()
+                .find(|(v, _)| *v == vm)
+                .map_or(0, |(_, seq)| *seq);
+            let mut newest = seen;
+            for batch in batches.iter().filter(|b| b.seq > seen) {
+                newest = newest.max(batch.seq);
+                remote.extend(batch.entries.iter().map(|(endpoint, hex)| LearnedPrefix {
+                    endpoint: *endpoint,
+                    hashes: decode_hashes(hex),
+                }));
+            }
+            match self.prefix_seen.iter_mut().find(|(v, _)| *v == vm) {
+                Some(entry) => entry.1 = newest,
+                None => self.prefix_seen.push((vm, newest)),
+            }
+        }
+        Ok(remote)
+    }
+
     /// Makes sure this VM is in the shared list of VMs and refreshes the list of the others.
     /// A racing writer that overwrote our entry is caught by reading back on the next attempt
     /// (create-if-absent cannot be a CAS: a CAS of `None` overwrites).
@@ -243,6 +317,27 @@ impl Coordinator {
         }
         Ok(())
     }
+}
+
+fn encode_hashes(hashes: &[u64]) -> String {
+    use std::fmt::Write;
+    let mut text = String::with_capacity(hashes.len() * 16);
+    for hash in hashes {
+        let _ = write!(text, "{hash:016x}");
+    }
+    text
+}
+
+/// Hashes from [`encode_hashes`]; a malformed tail is dropped.
+fn decode_hashes(text: &str) -> Vec<u64> {
+    text.as_bytes()
+        .chunks_exact(16)
+        .map_while(|chunk| {
+            std::str::from_utf8(chunk)
+                .ok()
+                .and_then(|hex| u64::from_str_radix(hex, 16).ok())
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -347,5 +442,30 @@ mod tests {
         // b goes away: after three lease periods its counts stop counting.
         a.exchange_load(&store, &mut pool_a, 1000 + 301).unwrap();
         assert_eq!(pool_a.endpoints[1].total_in_flight(), 0);
+    }
+
+    #[test]
+    fn prefix_picks_reach_every_other_vm_once() {
+        let store = FakeStore::default();
+        let mut a = Coordinator::new("ns", 1, 50);
+        let mut b = Coordinator::new("ns", 2, 50);
+        let (mut pool_a, mut pool_b) = (pool(), pool());
+        a.exchange_load(&store, &mut pool_a, 0).unwrap();
+        b.exchange_load(&store, &mut pool_b, 0).unwrap();
+        a.exchange_load(&store, &mut pool_a, 0).unwrap();
+        let learned = LearnedPrefix {
+            endpoint: 1,
+            hashes: vec![0, u64::MAX, 0x1234_5678_9abc_def0],
+        };
+        assert!(a
+            .exchange_prefixes(&store, std::slice::from_ref(&learned))
+            .unwrap()
+            .is_empty());
+        assert_eq!(b.exchange_prefixes(&store, &[]).unwrap(), [learned]);
+        assert!(
+            b.exchange_prefixes(&store, &[]).unwrap().is_empty(),
+            "replayed once"
+        );
+        assert_eq!(decode_hashes("zz"), Vec::<u64>::new());
     }
 }

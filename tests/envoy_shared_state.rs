@@ -81,3 +81,105 @@ fn every_worker_sees_the_requests_the_others_placed() {
         assert_eq!(picks.len(), 4, "round {round}: {picks:?}");
     }
 }
+
+#[test]
+fn shared_system_prompt_sticks_with_four_workers() {
+    let sims: Vec<Sim> = ["pod-a", "pod-b", "pod-c"]
+        .iter()
+        .map(|name| Sim::start(name, &[]))
+        .collect();
+    let refs: Vec<&Sim> = sims.iter().collect();
+    let envoy = Envoy::start(
+        &with_endpoints(&example_config("prefix-and-load.yaml"), &refs),
+        4,
+    );
+    for sim in &refs {
+        sim.wait_for_scrapes(3);
+    }
+    let system = "You answer questions about the quarterly billing report. ".repeat(40);
+    let body = |n: usize| {
+        format!(
+            r#"{{"model":"{MODEL}","messages":[{{"role":"system","content":"{system}"}},{{"role":"user","content":"question {n}"}}],"max_tokens":4}}"#
+        )
+    };
+    let home = envoy.post("/v1/chat/completions", &body(0)).pod();
+    // One tick for the other workers to replay the pick.
+    std::thread::sleep(Duration::from_millis(150));
+    for n in 1..16 {
+        let response = envoy.post("/v1/chat/completions", &body(n));
+        assert_eq!(response.status, 200, "{}", response.text());
+        assert_eq!(response.pod(), home, "request {n} left the warm pod");
+    }
+}
+
+/// The whole Envoy's in-flight requests per endpoint, from the filter's gauge.
+fn in_flight(envoy: &Envoy) -> u64 {
+    envoy
+        .admin_get("/stats/prometheus")
+        .text()
+        .lines()
+        .filter(|line| line.starts_with("inference_picker_endpoint_in_flight{"))
+        .filter_map(|line| line.rsplit(' ').next()?.parse::<u64>().ok())
+        .sum()
+}
+
+fn wait_for_in_flight(envoy: &Envoy, wanted: u64) -> u64 {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let now = in_flight(envoy);
+        if now == wanted || Instant::now() > deadline {
+            return now;
+        }
+        std::thread::sleep(Duration::from_millis(25));
+    }
+}
+
+#[test]
+fn aborted_streams_give_their_slots_back() {
+    use std::io::{Read, Write};
+    let slow = ["--time-scale", "1"];
+    let sims: Vec<Sim> = ["pod-a", "pod-b"]
+        .iter()
+        .map(|name| Sim::start(name, &slow))
+        .collect();
+    let refs: Vec<&Sim> = sims.iter().collect();
+    let envoy = Envoy::start(&with_endpoints(&shipped_picker_config(), &refs), 4);
+    for sim in &refs {
+        sim.wait_for_scrapes(3);
+    }
+    // Six streaming requests of ~3 s each; read the first bytes, then hang up.
+    let mut streams = Vec::new();
+    for n in 0..6 {
+        let body = format!(
+            r#"{{"model":"{MODEL}","prompt":"stream {n}","max_tokens":300,"stream":true}}"#
+        );
+        let mut stream = std::net::TcpStream::connect(envoy.address()).unwrap();
+        write!(
+            stream,
+            "POST /v1/completions HTTP/1.1\r\nhost: gw\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+            body.len()
+        )
+        .unwrap();
+        let mut first = [0u8; 64];
+        stream.read_exact(&mut first).unwrap();
+        streams.push(stream);
+    }
+    assert_eq!(
+        wait_for_in_flight(&envoy, 6),
+        6,
+        "all six counted while open"
+    );
+    drop(streams);
+    assert_eq!(
+        wait_for_in_flight(&envoy, 0),
+        0,
+        "every aborted stream released"
+    );
+    // And the pool still serves.
+    assert_eq!(
+        envoy
+            .post("/v1/completions", &support::completion(1))
+            .status,
+        200
+    );
+}

@@ -120,9 +120,17 @@ impl PickerRoot {
                 .apply_snapshot(&EnvoyShared, picker.pool_mut())
                 .map(|_| ()),
         }
-        .and_then(|()| coordinator.exchange_load(&EnvoyShared, picker.pool_mut(), now));
-        if let Err(error) = shared {
-            log::warn!("inference-picker: sharing state: {error}");
+        .and_then(|()| coordinator.exchange_load(&EnvoyShared, picker.pool_mut(), now))
+        .and_then(|()| {
+            let mut own = Vec::new();
+            picker.take_learned(&mut own);
+            coordinator.exchange_prefixes(&EnvoyShared, &own)
+        });
+        match shared {
+            Ok(remote) => remote
+                .iter()
+                .for_each(|learned| picker.learn_remote(learned)),
+            Err(error) => log::warn!("inference-picker: sharing state: {error}"),
         }
         role
     }
@@ -307,7 +315,7 @@ impl RootContext for PickerRoot {
             // Every VM sees the same transitions; only the scraper logs them.
             log_health(&report);
             if let Some(stats) = &self.stats {
-                stats.metrics_age(&picker, self.last_tick_ms);
+                stats.endpoint_gauges(&picker, self.last_tick_ms);
             }
             self.dispatch_scrapes(&mut picker);
         }

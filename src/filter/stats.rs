@@ -14,6 +14,7 @@ struct EndpointStats {
     scrape_success: u32,
     scrape_failure: u32,
     metrics_age_ms: u32,
+    in_flight: u32,
 }
 
 pub struct Stats {
@@ -57,6 +58,7 @@ impl Stats {
                     scrape_success: stat(MetricKind::Counter, "scrape_success")?,
                     scrape_failure: stat(MetricKind::Counter, "scrape_failure")?,
                     metrics_age_ms: stat(MetricKind::Gauge, "metrics_age_ms")?,
+                    in_flight: stat(MetricKind::Gauge, "in_flight")?,
                 })
             })
             .collect();
@@ -106,12 +108,17 @@ impl Stats {
         }));
     }
 
-    /// Metrics age per endpoint, set by the VM that scrapes.
-    pub fn metrics_age(&self, picker: &Picker, now_ms: u64) {
+    /// Per-endpoint gauges (metrics age, the whole Envoy's requests in flight), set by the
+    /// VM that scrapes.
+    pub fn endpoint_gauges(&self, picker: &Picker, now_ms: u64) {
         for (index, endpoint) in picker.pool().endpoints.iter().enumerate() {
-            if let (Some(stats), Some(at)) = (self.endpoint(index), endpoint.last_scrape_ok_ms) {
+            let Some(stats) = self.endpoint(index) else {
+                continue;
+            };
+            if let Some(at) = endpoint.last_scrape_ok_ms {
                 let _ = abi::record_metric(stats.metrics_age_ms, now_ms.saturating_sub(at));
             }
+            let _ = abi::record_metric(stats.in_flight, u64::from(endpoint.total_in_flight()));
         }
     }
 }

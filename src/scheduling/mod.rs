@@ -99,6 +99,12 @@ pub trait Scorer {
 
     fn filter(&mut self, _ctx: &SchedulingContext<'_>, _candidates: &mut Vec<usize>) {}
 
+    /// Picks this VM learned since the last call, to share with the other workers.
+    fn take_learned(&mut self, _out: &mut Vec<LearnedPrefix>) {}
+
+    /// A pick another worker learned.
+    fn learn_remote(&mut self, _learned: &LearnedPrefix) {}
+
     /// Called once by the loader with the wired metric extractors (`metric-scorer` finds its
     /// series here).
     fn resolve(&mut self, _wiring: &Wiring) -> Result<(), String> {
@@ -107,6 +113,15 @@ pub trait Scorer {
 
     /// Called with the profile's primary pick, so stateful scorers (the prefix index) learn.
     fn on_picked(&mut self, _ctx: &SchedulingContext<'_>, _endpoint: usize) {}
+}
+
+/// "Endpoint `endpoint` now holds these prompt blocks": what one worker's prefix index learned
+/// from a pick, replayed by the others. Indices match because every worker runs the same
+/// configuration.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LearnedPrefix {
+    pub endpoint: usize,
+    pub hashes: Vec<u64>,
 }
 
 /// What the loader wired up that plugins may refer to by name.
@@ -365,6 +380,24 @@ impl Scheduler {
 
     pub fn reseed(&mut self, seed: u64) {
         self.rng = Rng::new(seed);
+    }
+
+    /// Prefix-index entries learned here since the last call (for the other workers).
+    pub fn take_learned(&mut self, out: &mut Vec<LearnedPrefix>) {
+        for instance in &mut self.plugins {
+            if let Plugin::Scorer(scorer) = &mut instance.plugin {
+                scorer.take_learned(out);
+            }
+        }
+    }
+
+    /// Replays what another worker learned.
+    pub fn learn_remote(&mut self, learned: &LearnedPrefix) {
+        for instance in &mut self.plugins {
+            if let Plugin::Scorer(scorer) = &mut instance.plugin {
+                scorer.learn_remote(learned);
+            }
+        }
     }
 
     /// Randomness for callers outside a scheduling cycle (request ids).

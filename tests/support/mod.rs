@@ -220,12 +220,29 @@ impl Envoy {
         Envoy::start_with(picker_config, concurrency, |_| {})
     }
 
-    /// Starts Envoy; `adjust` may edit the rendered Envoy config first.
+    /// Starts Envoy; `adjust` may edit the rendered Envoy config first. A free port can be
+    /// taken by a parallel test between choosing it and binding it, so a start that fails to
+    /// bind is retried on new ports.
     pub fn start_with(
         picker_config: &str,
         concurrency: u32,
-        adjust: impl FnOnce(&mut serde_yaml::Value),
+        adjust: impl Fn(&mut serde_yaml::Value),
     ) -> Envoy {
+        for _ in 0..3 {
+            match Envoy::try_start(picker_config, concurrency, &adjust) {
+                Ok(envoy) => return envoy,
+                Err(log) if log.contains("ddress already in use") => continue,
+                Err(log) => panic!("envoy exited:\n{log}"),
+            }
+        }
+        panic!("envoy could not bind its ports three times");
+    }
+
+    fn try_start(
+        picker_config: &str,
+        concurrency: u32,
+        adjust: &impl Fn(&mut serde_yaml::Value),
+    ) -> Result<Envoy, String> {
         let dir = TempDir::new("envoy");
         let port = free_port();
         let admin_port = free_port();
@@ -267,15 +284,16 @@ impl Envoy {
             admin_port,
             dir,
         };
-        envoy.wait_ready();
-        envoy
+        envoy.wait_ready()?;
+        Ok(envoy)
     }
 
-    fn wait_ready(&mut self) {
+    /// Waits for `/ready`; the log if Envoy exited instead.
+    fn wait_ready(&mut self) -> Result<(), String> {
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
             if let Ok(Some(status)) = self.child.try_wait() {
-                panic!("envoy exited with {status}:\n{}", self.log());
+                return Err(format!("exit status {status}\n{}", self.log()));
             }
             if let Ok(response) = try_request(
                 &format!("127.0.0.1:{}", self.admin_port),
@@ -285,7 +303,7 @@ impl Envoy {
                 b"",
             ) {
                 if response.status == 200 {
-                    return;
+                    return Ok(());
                 }
             }
             assert!(

@@ -3,7 +3,8 @@
 //! spread over the pool instead of piling on one pod. Requests with a hit score 0.5 everywhere
 //! and leave the choice to the other scorers.
 //!
-//! Cold scores are by recency rank: never used or oldest 1.0, most recent 0.0, linear between.
+//! Cold scores are by recency rank: never used or oldest 1.0, most recent 0.0, linear between;
+//! endpoints used equally recently score alike.
 
 use crate::scheduling::{Plugin, SchedulingContext, Scorer};
 use serde_yaml::Value;
@@ -64,10 +65,18 @@ impl Scorer for NoHitLruScorer {
                 .map(|(slot, &i)| (self.last_cold_pick.get(i).copied().unwrap_or(0), slot)),
         );
         self.order.sort_unstable();
+        // Candidates used equally recently (e.g. never) score alike: ranking them by position
+        // would send every worker's cold requests to the same first pod.
         let last_rank = (self.order.len().max(2) - 1) as f64;
-        for (rank, &(_, slot)) in self.order.iter().enumerate() {
+        let mut older = 0;
+        let mut previous = None;
+        for (position, &(stamp, slot)) in self.order.iter().enumerate() {
+            if previous != Some(stamp) {
+                older = position;
+                previous = Some(stamp);
+            }
             if let Some(score) = scores.get_mut(slot) {
-                *score = 1.0 - rank as f64 / last_rank;
+                *score = 1.0 - older as f64 / last_rank;
             }
         }
     }
@@ -105,6 +114,12 @@ mod tests {
         scorer.score(&ctx, &[0, 1, 2], &mut scores);
         // 2 never used (1.0), then 1 (0.5), then 0 most recent (0.0).
         assert_eq!(scores, [0.0, 0.5, 1.0]);
+        let mut fresh = NoHitLruScorer::default();
+        fresh.score(&ctx, &[0, 1, 2], &mut scores);
+        assert_eq!(scores, [1.0, 1.0, 1.0], "never used: all alike");
+        fresh.on_picked(&ctx, 2);
+        fresh.score(&ctx, &[0, 1, 2], &mut scores);
+        assert_eq!(scores, [1.0, 1.0, 0.0]);
     }
 
     #[test]

@@ -9,7 +9,7 @@ use crate::hash::hash_bytes;
 use crate::request::InferenceRequest;
 use crate::request::CHARS_PER_TOKEN;
 use crate::scheduling::prefix_index::PrefixIndex;
-use crate::scheduling::{CycleState, Plugin, SchedulingContext, Scorer};
+use crate::scheduling::{CycleState, LearnedPrefix, Plugin, SchedulingContext, Scorer};
 use serde_yaml::Value;
 
 pub const TYPE: &str = "prefix-cache-scorer";
@@ -59,7 +59,12 @@ pub struct PrefixCacheScorer {
     /// Hashes of the request being scheduled, reused by `on_picked`.
     hashes: Vec<u64>,
     all_endpoints: Vec<usize>,
+    /// Own picks not yet handed to the other workers; bounded when nobody collects them.
+    learned: Vec<LearnedPrefix>,
 }
+
+/// Own picks kept for sharing between two collections.
+const MAX_UNSHARED: usize = 1024;
 
 pub fn build(parameters: &Value) -> Result<Plugin, String> {
     Ok(Plugin::Scorer(Box::new(PrefixCacheScorer::new(
@@ -82,6 +87,7 @@ impl PrefixCacheScorer {
             parameters,
             hashes: Vec::new(),
             all_endpoints: Vec::new(),
+            learned: Vec::new(),
         })
     }
 
@@ -179,6 +185,20 @@ impl Scorer for PrefixCacheScorer {
             }
         }
         self.index.insert(endpoint, &self.hashes);
+        if !self.hashes.is_empty() && self.learned.len() < MAX_UNSHARED {
+            self.learned.push(LearnedPrefix {
+                endpoint,
+                hashes: self.hashes.clone(),
+            });
+        }
+    }
+
+    fn take_learned(&mut self, out: &mut Vec<LearnedPrefix>) {
+        out.append(&mut self.learned);
+    }
+
+    fn learn_remote(&mut self, learned: &LearnedPrefix) {
+        self.index.insert(learned.endpoint, &learned.hashes);
     }
 }
 
@@ -273,5 +293,30 @@ mod tests {
         scorer.prepare(&req, &pool, &mut cycle);
         scorer.on_picked(&SchedulingContext::new(&req, &pool), 0);
         assert_eq!(scorer.index().capacity(0), 100);
+    }
+
+    #[test]
+    fn picks_are_shared_and_replayed() {
+        let pool = pool_with(vec![EndpointMetrics::default(), EndpointMetrics::default()]);
+        let parameters = Parameters {
+            block_size_tokens: 1,
+            auto_tune: false,
+            ..Parameters::default()
+        };
+        let mut here = PrefixCacheScorer::new(parameters.clone()).unwrap();
+        let mut there = PrefixCacheScorer::new(parameters).unwrap();
+        let req = request("aaaabbbbcccc");
+        let mut cycle = CycleState::default();
+        here.prepare(&req, &pool, &mut cycle);
+        here.on_picked(&SchedulingContext::new(&req, &pool), 1);
+        let mut learned = Vec::new();
+        here.take_learned(&mut learned);
+        assert_eq!(learned.len(), 1);
+        here.take_learned(&mut learned);
+        assert_eq!(learned.len(), 1, "taken once");
+        there.learn_remote(&learned[0]);
+        there.prepare(&req, &pool, &mut cycle);
+        assert_eq!(cycle.hit_ratio(1), 1.0);
+        assert_eq!(cycle.hit_ratio(0), 0.0);
     }
 }
