@@ -77,6 +77,13 @@ impl CycleState {
             .as_ref()
             .map_or(0, |p| p.cached_tokens(endpoint))
     }
+
+    /// Prompt tokens `endpoint` would have to prefill: those it does not probably cache.
+    pub fn uncached_prompt_tokens(&self, request: &InferenceRequest, endpoint: usize) -> u32 {
+        request
+            .prompt_tokens
+            .saturating_sub(self.cached_tokens(endpoint))
+    }
 }
 
 /// Removes candidates (endpoint indices into the pool). Order of the survivors is kept.
@@ -705,6 +712,7 @@ pub fn score_lower_is_better(values: impl Iterator<Item = f64> + Clone, scores: 
 
 #[cfg(test)]
 pub(crate) mod test_support {
+    use super::{CycleState, PrefixMatches};
     use crate::endpoint::{EndpointState, Health, Pool};
     use crate::metrics::EndpointMetrics;
     use std::collections::BTreeMap;
@@ -724,6 +732,17 @@ pub(crate) mod test_support {
                 })
                 .collect(),
         )
+    }
+
+    /// A cycle in which endpoint i holds `matched[i]` of `total` prompt blocks.
+    pub fn prefix_cycle(matched: Vec<usize>, total: usize, block_tokens: usize) -> CycleState {
+        CycleState {
+            prefix: Some(PrefixMatches {
+                matched_blocks: matched,
+                total_blocks: total,
+                block_tokens,
+            }),
+        }
     }
 
     pub fn queues(values: &[f64]) -> Pool {

@@ -5,14 +5,10 @@ use serde_yaml::Value;
 
 pub const TYPE: &str = "always-disagg-pd-decider";
 
-#[derive(Debug, Default, serde::Deserialize, serde::Serialize)]
-#[serde(deny_unknown_fields)]
-pub struct Parameters {}
-
 pub struct AlwaysDisaggPdDecider;
 
 pub fn build(parameters: &Value) -> Result<Plugin, String> {
-    let _: Parameters = super::parameters(parameters)?;
+    super::no_parameters(parameters)?;
     Ok(Plugin::PdDecider(Box::new(AlwaysDisaggPdDecider)))
 }
 

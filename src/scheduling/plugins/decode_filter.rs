@@ -8,10 +8,6 @@ use serde_yaml::Value;
 
 pub const TYPE: &str = "decode-filter";
 
-#[derive(Debug, Default, serde::Deserialize, serde::Serialize)]
-#[serde(deny_unknown_fields)]
-pub struct Parameters {}
-
 /// Keeps endpoints whose role is one of `roles` (or unlabelled, when `unlabelled` is set).
 pub struct RoleFilter {
     pub roles: &'static [&'static str],
@@ -39,7 +35,7 @@ impl Filter for RoleFilter {
 
 /// Builds a role filter after checking it was given no parameters.
 pub fn build_role_filter(parameters: &Value, filter: RoleFilter) -> Result<Plugin, String> {
-    let _: Parameters = super::parameters(parameters)?;
+    super::no_parameters(parameters)?;
     Ok(Plugin::Filter(Box::new(filter)))
 }
 

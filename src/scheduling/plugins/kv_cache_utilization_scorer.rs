@@ -7,14 +7,10 @@ pub const TYPE: &str = "kv-cache-utilization-scorer";
 /// The name older GIE configs use.
 pub const LEGACY_TYPE: &str = "kv-cache-scorer";
 
-#[derive(Debug, Default, serde::Deserialize, serde::Serialize)]
-#[serde(deny_unknown_fields)]
-pub struct Parameters {}
-
 pub struct KvCacheUtilizationScorer;
 
 pub fn build(parameters: &Value) -> Result<Plugin, String> {
-    let _: Parameters = super::parameters(parameters)?;
+    super::no_parameters(parameters)?;
     Ok(Plugin::Scorer(Box::new(KvCacheUtilizationScorer)))
 }
 

@@ -11,14 +11,10 @@ const RUNNING: f64 = 1.0;
 const FREE_SLOT: f64 = 0.8;
 const WAITING: f64 = 0.6;
 
-#[derive(Debug, Default, serde::Deserialize, serde::Serialize)]
-#[serde(deny_unknown_fields)]
-pub struct Parameters {}
-
 pub struct LoraAffinityScorer;
 
 pub fn build(parameters: &Value) -> Result<Plugin, String> {
-    let _: Parameters = super::parameters(parameters)?;
+    super::no_parameters(parameters)?;
     Ok(Plugin::Scorer(Box::new(LoraAffinityScorer)))
 }
 

@@ -61,17 +61,17 @@ const REGISTRY: &[(&str, Builder, Effective)] = &[
     (
         decode_filter::TYPE,
         decode_filter::build,
-        effective::<decode_filter::Parameters>,
+        effective::<NoParameters>,
     ),
     (
         prefill_filter::TYPE,
         prefill_filter::build,
-        effective::<decode_filter::Parameters>,
+        effective::<NoParameters>,
     ),
     (
         encode_filter::TYPE,
         encode_filter::build,
-        effective::<decode_filter::Parameters>,
+        effective::<NoParameters>,
     ),
     (
         label_selector_filter::TYPE,
@@ -96,33 +96,33 @@ const REGISTRY: &[(&str, Builder, Effective)] = &[
     (
         header_based_testing_filter::TYPE,
         header_based_testing_filter::build,
-        effective::<header_based_testing_filter::Parameters>,
+        effective::<NoParameters>,
     ),
     // Scorers.
     (
         queue_scorer::TYPE,
         queue_scorer::build,
-        effective::<queue_scorer::Parameters>,
+        effective::<NoParameters>,
     ),
     (
         kv_cache_utilization_scorer::TYPE,
         kv_cache_utilization_scorer::build,
-        effective::<kv_cache_utilization_scorer::Parameters>,
+        effective::<NoParameters>,
     ),
     (
         kv_cache_utilization_scorer::LEGACY_TYPE,
         kv_cache_utilization_scorer::build,
-        effective::<kv_cache_utilization_scorer::Parameters>,
+        effective::<NoParameters>,
     ),
     (
         running_requests_size_scorer::TYPE,
         running_requests_size_scorer::build,
-        effective::<running_requests_size_scorer::Parameters>,
+        effective::<NoParameters>,
     ),
     (
         lora_affinity_scorer::TYPE,
         lora_affinity_scorer::build,
-        effective::<lora_affinity_scorer::Parameters>,
+        effective::<NoParameters>,
     ),
     (
         prefix_cache_scorer::TYPE,
@@ -152,7 +152,7 @@ const REGISTRY: &[(&str, Builder, Effective)] = &[
     (
         session_affinity_scorer::TYPE,
         session_affinity_scorer::build,
-        effective::<session_affinity_scorer::Parameters>,
+        effective::<NoParameters>,
     ),
     (
         no_hit_lru_scorer::TYPE,
@@ -199,12 +199,12 @@ const REGISTRY: &[(&str, Builder, Effective)] = &[
     (
         single_profile_handler::TYPE,
         single_profile_handler::build,
-        effective::<single_profile_handler::Parameters>,
+        effective::<NoParameters>,
     ),
     (
         single_profile_handler::LEGACY_TYPE,
         single_profile_handler::build,
-        effective::<single_profile_handler::Parameters>,
+        effective::<NoParameters>,
     ),
     (
         disagg_profile_handler::TYPE,
@@ -224,7 +224,7 @@ const REGISTRY: &[(&str, Builder, Effective)] = &[
     (
         always_disagg_pd_decider::TYPE,
         always_disagg_pd_decider::build,
-        effective::<always_disagg_pd_decider::Parameters>,
+        effective::<NoParameters>,
     ),
     (
         disagg_headers_handler::TYPE,
@@ -292,6 +292,16 @@ pub fn parameters<P: DeserializeOwned + Default>(value: &Value) -> Result<P, Str
         return Ok(P::default());
     }
     serde_yaml::from_value(value.clone()).map_err(|error| error.to_string())
+}
+
+/// The parameters of plugins that take none: any given key is an error.
+#[derive(Debug, Default, serde::Deserialize, serde::Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct NoParameters {}
+
+/// Checks that a plugin that takes no parameters was given none.
+pub fn no_parameters(value: &Value) -> Result<(), String> {
+    parameters::<NoParameters>(value).map(|_| ())
 }
 
 /// `maxNumOfEndpoints`, shared by every picker.

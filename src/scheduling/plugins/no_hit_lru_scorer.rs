@@ -99,8 +99,8 @@ impl Scorer for NoHitLruScorer {
 mod tests {
     use super::*;
     use crate::request::InferenceRequest;
+    use crate::scheduling::test_support::prefix_cycle;
     use crate::scheduling::test_support::queues;
-    use crate::scheduling::{CycleState, PrefixMatches};
 
     #[test]
     fn cold_requests_rotate_through_the_least_recently_used() {
@@ -126,13 +126,7 @@ mod tests {
     fn a_hit_anywhere_makes_it_neutral() {
         let pool = queues(&[0.0, 0.0]);
         let request = InferenceRequest::empty();
-        let cycle = CycleState {
-            prefix: Some(PrefixMatches {
-                matched_blocks: vec![0, 3],
-                total_blocks: 4,
-                block_tokens: 16,
-            }),
-        };
+        let cycle = prefix_cycle(vec![0, 3], 4, 16);
         let ctx = SchedulingContext {
             request: &request,
             pool: &pool,

@@ -38,11 +38,9 @@ struct UncachedThreshold(u32);
 
 impl PdDecider for UncachedThreshold {
     fn disaggregate(&self, ctx: &SchedulingContext<'_>, decode_endpoint: usize) -> bool {
-        let uncached = ctx
-            .request
-            .prompt_tokens
-            .saturating_sub(ctx.cycle.cached_tokens(decode_endpoint));
-        uncached >= self.0
+        ctx.cycle
+            .uncached_prompt_tokens(ctx.request, decode_endpoint)
+            >= self.0
     }
 }
 

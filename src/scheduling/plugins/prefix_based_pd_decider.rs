@@ -40,11 +40,9 @@ impl PdDecider for PrefixBasedPdDecider {
         if self.non_cached_tokens == 0 {
             return false;
         }
-        let uncached = ctx
-            .request
-            .prompt_tokens
-            .saturating_sub(ctx.cycle.cached_tokens(decode_endpoint));
-        uncached >= self.non_cached_tokens
+        ctx.cycle
+            .uncached_prompt_tokens(ctx.request, decode_endpoint)
+            >= self.non_cached_tokens
     }
 }
 
@@ -52,8 +50,8 @@ impl PdDecider for PrefixBasedPdDecider {
 mod tests {
     use super::*;
     use crate::request::InferenceRequest;
+    use crate::scheduling::test_support::prefix_cycle;
     use crate::scheduling::test_support::queues;
-    use crate::scheduling::{CycleState, PrefixMatches};
 
     #[test]
     fn threshold_on_uncached_tokens() {
@@ -63,13 +61,7 @@ mod tests {
             ..InferenceRequest::default()
         };
         // Endpoint 1 holds 64 of the 100 tokens.
-        let cycle = CycleState {
-            prefix: Some(PrefixMatches {
-                matched_blocks: vec![0, 4],
-                total_blocks: 6,
-                block_tokens: 16,
-            }),
-        };
+        let cycle = prefix_cycle(vec![0, 4], 6, 16);
         let ctx = SchedulingContext {
             request: &request,
             pool: &pool,

@@ -50,19 +50,13 @@ impl Filter for PrefixCacheAffinityFilter {
 mod tests {
     use super::*;
     use crate::request::InferenceRequest;
+    use crate::scheduling::test_support::prefix_cycle;
     use crate::scheduling::test_support::queues;
-    use crate::scheduling::{CycleState, PrefixMatches};
 
     fn survivors(matched: Vec<usize>) -> Vec<usize> {
         let pool = queues(&[0.0; 3]);
         let request = InferenceRequest::empty();
-        let cycle = CycleState {
-            prefix: Some(PrefixMatches {
-                matched_blocks: matched,
-                total_blocks: 10,
-                block_tokens: 16,
-            }),
-        };
+        let cycle = prefix_cycle(matched, 10, 16);
         let ctx = SchedulingContext {
             request: &request,
             pool: &pool,

@@ -6,14 +6,10 @@ use serde_yaml::Value;
 
 pub const TYPE: &str = "queue-scorer";
 
-#[derive(Debug, Default, serde::Deserialize, serde::Serialize)]
-#[serde(deny_unknown_fields)]
-pub struct Parameters {}
-
 pub struct QueueScorer;
 
 pub fn build(parameters: &Value) -> Result<Plugin, String> {
-    let _: Parameters = super::parameters(parameters)?;
+    super::no_parameters(parameters)?;
     Ok(Plugin::Scorer(Box::new(QueueScorer)))
 }
 

@@ -79,9 +79,7 @@ impl RequestCostScorer {
             + endpoint.metrics.waiting_queue * self.parameters.queued_request_tokens as f64
             + endpoint.placed_tokens_since_scrape as f64;
         let request = ctx.request;
-        let uncached = request
-            .prompt_tokens
-            .saturating_sub(ctx.cycle.cached_tokens(index));
+        let uncached = ctx.cycle.uncached_prompt_tokens(request, index);
         let output = request
             .max_tokens
             .unwrap_or(self.parameters.default_output_tokens);
@@ -104,7 +102,7 @@ mod tests {
     use crate::metrics::{CacheConfig, EndpointMetrics};
     use crate::request::InferenceRequest;
     use crate::scheduling::test_support::pool_with;
-    use crate::scheduling::{CycleState, PrefixMatches};
+    use crate::scheduling::test_support::prefix_cycle;
 
     fn metrics(kv: f64, waiting: f64) -> EndpointMetrics {
         EndpointMetrics {
@@ -136,13 +134,7 @@ mod tests {
             ..InferenceRequest::default()
         };
         // Pod 0 holds 640 of the prompt's tokens (10 blocks of 64).
-        let cycle = CycleState {
-            prefix: Some(PrefixMatches {
-                matched_blocks: vec![10, 0, 0],
-                total_blocks: 15,
-                block_tokens: 64,
-            }),
-        };
+        let cycle = prefix_cycle(vec![10, 0, 0], 15, 64);
         let ctx = SchedulingContext {
             request: &request,
             pool: &pool,

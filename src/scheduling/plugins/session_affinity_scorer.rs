@@ -8,14 +8,10 @@ use serde_yaml::Value;
 
 pub const TYPE: &str = "session-affinity-scorer";
 
-#[derive(Debug, Default, serde::Deserialize, serde::Serialize)]
-#[serde(deny_unknown_fields)]
-pub struct Parameters {}
-
 pub struct SessionAffinityScorer;
 
 pub fn build(parameters: &Value) -> Result<Plugin, String> {
-    let _: Parameters = super::parameters(parameters)?;
+    super::no_parameters(parameters)?;
     Ok(Plugin::Scorer(Box::new(SessionAffinityScorer)))
 }
 

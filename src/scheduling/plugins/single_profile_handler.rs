@@ -10,14 +10,10 @@ pub const TYPE: &str = "single-profile-handler";
 /// The name older llm-d configs use.
 pub const LEGACY_TYPE: &str = "single-profile";
 
-#[derive(Debug, Default, serde::Deserialize, serde::Serialize)]
-#[serde(deny_unknown_fields)]
-pub struct Parameters {}
-
 pub struct SingleProfileHandler;
 
 pub fn build(parameters: &Value) -> Result<Plugin, String> {
-    let _: Parameters = super::parameters(parameters)?;
+    super::no_parameters(parameters)?;
     Ok(Plugin::ProfileHandler(Box::new(SingleProfileHandler)))
 }
 
