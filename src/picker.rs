@@ -26,6 +26,9 @@ pub struct Routed {
     pub destination: String,
     /// The other picks, best first, comma-separated (`maxNumOfEndpoints > 1`); may be empty.
     pub fallbacks: String,
+    /// The destination header's value: the primary, or with `pool.destinationList` the
+    /// primary and the fallbacks.
+    pub header: String,
     /// Pool index of the primary endpoint, whose in-flight count was raised.
     pub primary: usize,
     /// Tokens accounted to the primary until the request ends.
@@ -284,9 +287,15 @@ impl Picker {
         let session_token = self
             .issues_session_tokens
             .then(|| session_affinity_scorer::token_for(self.address(primary).unwrap_or("")));
+        let header = if self.settings.destination_list && !fallbacks.is_empty() {
+            format!("{destination},{fallbacks}")
+        } else {
+            destination.clone()
+        };
         Ok(Routed {
             destination,
             fallbacks,
+            header,
             primary,
             tokens,
             prefill,

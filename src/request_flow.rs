@@ -218,7 +218,7 @@ impl RequestFlow {
 /// Writes the decision into the request. The destination and prefiller headers always replace
 /// whatever the client sent: the ORIGINAL_DST cluster would otherwise go wherever it asked.
 fn apply_routing(host: &impl HttpHost, routed: &Routed, body_size: usize) -> Result<(), HostError> {
-    host.set_request_header(DESTINATION_HEADER, &routed.destination)?;
+    host.set_request_header(DESTINATION_HEADER, &routed.header)?;
     match routed
         .fallbacks
         .split(',')

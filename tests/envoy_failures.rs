@@ -176,3 +176,60 @@ fn nothing_a_client_sends_routes_outside_the_pool() {
     }
     assert_eq!(outsider.requests_total(), 0);
 }
+
+#[test]
+fn with_override_host_a_failed_attempt_is_retried_on_the_fallback() {
+    // pod-a is preferred (shorter queue) but fails every request; pod-b is the fallback.
+    let a = Sim::start("pod-a", &[]);
+    let b = Sim::start("pod-b", &["--background-waiting", "2"]);
+    let outsider = Sim::start("outsider", &[]);
+    a.admin(
+        "fault",
+        r#"{"mode":"error","status":503,"scope":"inference"}"#,
+    );
+    let pool = [&a, &b];
+    let picker = {
+        let mut config: serde_yaml::Value = serde_yaml::from_str(&with_endpoints(
+            &support::picker_config_of("envoy/envoy-override-host.yaml"),
+            &pool,
+        ))
+        .unwrap();
+        config["pool"]["passiveHealthBackoff"] = "1ms".into();
+        serde_yaml::to_string(&config).unwrap()
+    };
+    let envoy = Envoy::start_from("envoy/envoy-override-host.yaml", &picker, 2, |config| {
+        let endpoints: Vec<serde_yaml::Value> = pool
+            .iter()
+            .map(|sim| {
+                let (host, port) = sim.address.rsplit_once(':').unwrap();
+                serde_yaml::from_str(&format!(
+                    "endpoint: {{address: {{socket_address: {{address: '{host}', port_value: {port}}}}}}}"
+                ))
+                .unwrap()
+            })
+            .collect();
+        config["static_resources"]["clusters"][0]["load_assignment"]["endpoints"][0]
+            ["lb_endpoints"] = serde_yaml::Value::Sequence(endpoints);
+    });
+    a.wait_for_scrapes(3);
+    for n in 0..6 {
+        let response = envoy.post("/v1/completions", &completion(n));
+        assert_eq!(response.status, 200, "{}", response.text());
+        assert_eq!(response.pod(), "pod-b");
+    }
+    // The first attempts went to pod-a (its faults are not counted as requests), the retries
+    // to pod-b.
+    let log = envoy.access_log(6).join("\n");
+    assert!(log.contains("attempts=2"), "{log}");
+    // A client naming an address outside the cluster gets nowhere near it.
+    let response = envoy.post_with(
+        "/v1/completions",
+        &[
+            ("content-type", "application/json"),
+            ("x-gateway-destination-endpoint", outsider.address.as_str()),
+        ],
+        &completion(9),
+    );
+    assert_eq!(response.status, 200);
+    assert_eq!(outsider.requests_total(), 0);
+}

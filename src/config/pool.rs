@@ -43,6 +43,10 @@ pub struct PoolConfig {
     /// Request bodies above this get a 413 before any parsing.
     pub max_request_body_bytes: usize,
     pub objectives: Vec<ObjectiveConfig>,
+    /// Write the fallbacks into the destination header too (`primary,fallback,...`), for
+    /// Envoy's override_host load-balancing policy, which retries on the next address.
+    /// Off for the ORIGINAL_DST cluster, which needs one address there.
+    pub destination_list: bool,
     /// How long an endpoint is avoided after a request there got a 5xx or no connection.
     #[serde(with = "serde_go")]
     pub passive_health_backoff: Duration,
@@ -59,6 +63,7 @@ impl Default for PoolConfig {
             metrics_timeout: Duration::from_secs(1),
             max_request_body_bytes: 4 << 20,
             objectives: Vec::new(),
+            destination_list: false,
             passive_health_backoff: Duration::from_secs(5),
         }
     }

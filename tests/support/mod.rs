@@ -159,8 +159,12 @@ impl Drop for Sim {
 
 /// The picker configuration shipped in `envoy/envoy.yaml`.
 pub fn shipped_envoy_config() -> serde_yaml::Value {
-    let text = std::fs::read_to_string(repo().join("envoy/envoy.yaml")).expect("envoy/envoy.yaml");
-    serde_yaml::from_str(&text).expect("envoy.yaml parses")
+    envoy_config_file("envoy/envoy.yaml")
+}
+
+pub fn envoy_config_file(relative: &str) -> serde_yaml::Value {
+    let text = std::fs::read_to_string(repo().join(relative)).expect(relative);
+    serde_yaml::from_str(&text).expect("the Envoy config parses")
 }
 
 fn http_filters(config: &mut serde_yaml::Value) -> &mut serde_yaml::Value {
@@ -170,6 +174,15 @@ fn http_filters(config: &mut serde_yaml::Value) -> &mut serde_yaml::Value {
 
 fn wasm_config(config: &mut serde_yaml::Value) -> &mut serde_yaml::Value {
     &mut http_filters(config)[0]["typed_config"]["config"]
+}
+
+/// The picker configuration inside one of the repository's Envoy configs.
+pub fn picker_config_of(relative: &str) -> String {
+    let mut config = envoy_config_file(relative);
+    wasm_config(&mut config)["configuration"]["value"]
+        .as_str()
+        .expect("picker configuration string")
+        .to_string()
 }
 
 /// A config from `examples/configs/`.
@@ -228,8 +241,18 @@ impl Envoy {
         concurrency: u32,
         adjust: impl Fn(&mut serde_yaml::Value),
     ) -> Envoy {
+        Envoy::start_from("envoy/envoy.yaml", picker_config, concurrency, adjust)
+    }
+
+    /// Like `start_with`, from another Envoy config of the repository.
+    pub fn start_from(
+        base: &str,
+        picker_config: &str,
+        concurrency: u32,
+        adjust: impl Fn(&mut serde_yaml::Value),
+    ) -> Envoy {
         for _ in 0..3 {
-            match Envoy::try_start(picker_config, concurrency, &adjust) {
+            match Envoy::try_start(base, picker_config, concurrency, &adjust) {
                 Ok(envoy) => return envoy,
                 Err(log) if log.contains("ddress already in use") => continue,
                 Err(log) => panic!("envoy exited:\n{log}"),
@@ -239,6 +262,7 @@ impl Envoy {
     }
 
     fn try_start(
+        base: &str,
         picker_config: &str,
         concurrency: u32,
         adjust: &impl Fn(&mut serde_yaml::Value),
@@ -246,7 +270,7 @@ impl Envoy {
         let dir = TempDir::new("envoy");
         let port = free_port();
         let admin_port = free_port();
-        let mut config = shipped_envoy_config();
+        let mut config = envoy_config_file(base);
         config["admin"]["address"]["socket_address"]["port_value"] = admin_port.into();
         let listener = &mut config["static_resources"]["listeners"][0];
         listener["address"]["socket_address"]["port_value"] = port.into();
