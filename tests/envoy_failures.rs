@@ -233,3 +233,21 @@ fn with_override_host_a_failed_attempt_is_retried_on_the_fallback() {
     assert_eq!(response.status, 200);
     assert_eq!(outsider.requests_total(), 0);
 }
+
+#[test]
+fn a_pod_that_hangs_its_metrics_does_not_delay_the_others() {
+    let a = Sim::start("pod-a", &[]);
+    let b = Sim::start("pod-b", &["--background-waiting", "3"]);
+    let envoy = gateway(&[&a, &b], "metricsTimeout: 300ms");
+    a.admin("fault", r#"{"mode":"hang"}"#);
+    let before = b.metrics_scrapes();
+    std::thread::sleep(std::time::Duration::from_millis(1000));
+    let scraped = b.metrics_scrapes() - before;
+    assert!(scraped >= 12, "pod-b scraped only {scraped} times in 1 s");
+    // pod-a's scrape timed out: it is out of rotation, and requests go to pod-b at once.
+    for n in 0..5 {
+        let response = envoy.post("/v1/completions", &completion(n));
+        assert_eq!(response.status, 200, "{}", response.text());
+        assert_eq!(response.pod(), "pod-b");
+    }
+}
