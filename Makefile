@@ -12,7 +12,7 @@ SIM := target/release/examples/model-server-sim
 FUZZ_SECONDS ?= 60
 FUZZ_TARGETS := body_parser prometheus_parser config_loader
 
-.PHONY: all build sim envoy toolchain lint unit integration test demo fuzz check clean
+.PHONY: all build sim envoy toolchain lint unit integration test demo soak fuzz check clean
 
 all: build
 
@@ -52,6 +52,10 @@ test: lint unit integration
 ## demo: real Envoy (--concurrency 2), the filter, four simulated pods, a routing decision per request
 demo: build sim envoy
 	$(CARGO) run --release --example demo
+
+## soak: 200k requests, Envoy --concurrency 4, a pod dies and returns midway; errors, picks, Envoy memory
+soak: build sim envoy
+	$(CARGO) run --release --example soak
 
 ## check: load CONFIG with the filter's own loader; print errors, warnings, the effective config
 check:

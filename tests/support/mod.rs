@@ -79,8 +79,13 @@ pub struct Sim {
 
 impl Sim {
     pub fn start(name: &str, args: &[&str]) -> Sim {
+        Sim::start_at(name, 0, args)
+    }
+
+    /// A pod on a given port (0 = any), e.g. to bring a killed one back at its address.
+    pub fn start_at(name: &str, port: u16, args: &[&str]) -> Sim {
         let mut child = Command::new(sim_binary())
-            .args(["--port", "0", "--name", name])
+            .args(["--port", &port.to_string(), "--name", name])
             .args(args)
             .args(if args.contains(&"--time-scale") {
                 &[][..]
@@ -341,6 +346,10 @@ impl Envoy {
 
     pub fn address(&self) -> String {
         format!("127.0.0.1:{}", self.port)
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
     }
 
     pub fn post(&self, path: &str, body: &str) -> Response {

@@ -1,0 +1,231 @@
+//! `make soak`: 200,000 requests through Envoy with four workers and the filter in front of
+//! four simulated pods; one pod dies halfway and comes back at the same address. Reports
+//! errors, picks per pod and Envoy's memory at start and end, and fails if the memory grew by
+//! more than 10 % or more than 1 % of the requests failed.
+//!
+//! `cargo run --release --example soak -- [--requests N] [--clients N]`
+
+#[path = "../tests/support/mod.rs"]
+mod support;
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use support::{shipped_picker_config, with_endpoints, Envoy, Sim, MODEL};
+
+fn flag(name: &str, default: usize) -> usize {
+    let args: Vec<String> = std::env::args().collect();
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// Envoy's resident memory in KiB.
+fn rss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|status| {
+            status
+                .lines()
+                .find(|l| l.starts_with("VmRSS:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|kib| kib.parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+/// One keep-alive HTTP/1.1 connection; reconnects after an error.
+struct Client {
+    address: String,
+    reader: Option<BufReader<TcpStream>>,
+}
+
+impl Client {
+    /// Status and the pod that served it.
+    fn post(&mut self, body: &str) -> std::io::Result<(u16, String)> {
+        if self.reader.is_none() {
+            let stream = TcpStream::connect(&self.address)?;
+            stream.set_read_timeout(Some(Duration::from_secs(10)))?;
+            self.reader = Some(BufReader::new(stream));
+        }
+        let result = self.exchange(body);
+        if result.is_err() {
+            self.reader = None;
+        }
+        result
+    }
+
+    fn exchange(&mut self, body: &str) -> std::io::Result<(u16, String)> {
+        let reader = self
+            .reader
+            .as_mut()
+            .ok_or(std::io::ErrorKind::NotConnected)?;
+        write!(
+            reader.get_mut(),
+            "POST /v1/completions HTTP/1.1\r\nhost: soak\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+            body.len()
+        )?;
+        let mut line = String::new();
+        reader.read_line(&mut line)?;
+        let status = line
+            .split_whitespace()
+            .nth(1)
+            .and_then(|s| s.parse().ok())
+            .ok_or(std::io::ErrorKind::InvalidData)?;
+        let (mut length, mut pod, mut close) = (0usize, String::from("-"), false);
+        loop {
+            line.clear();
+            reader.read_line(&mut line)?;
+            let header = line.trim_end();
+            if header.is_empty() {
+                break;
+            }
+            let (name, value) = header.split_once(':').unwrap_or((header, ""));
+            match name.to_ascii_lowercase().as_str() {
+                "content-length" => length = value.trim().parse().unwrap_or(0),
+                "x-inference-pod" => pod = value.trim().to_string(),
+                "connection" => close = value.trim().eq_ignore_ascii_case("close"),
+                _ => {}
+            }
+        }
+        let mut body = vec![0; length];
+        reader.read_exact(&mut body)?;
+        if close {
+            self.reader = None;
+        }
+        Ok((status, pod))
+    }
+}
+
+fn main() {
+    let total = flag("--requests", 200_000);
+    let clients = flag("--clients", 32);
+    let fast = ["--time-scale", "0.001", "--max-num-seqs", "64"];
+    let mut sims: Vec<Sim> = (1..=4)
+        .map(|i| Sim::start(&format!("pod-{i}"), &fast))
+        .collect();
+    let refs: Vec<&Sim> = sims.iter().collect();
+    let envoy = Arc::new(Envoy::start(
+        &with_endpoints(&shipped_picker_config(), &refs),
+        4,
+    ));
+    for sim in &refs {
+        sim.wait_for_scrapes(3);
+    }
+    let rss_start = rss_kib(envoy.pid());
+    println!("soak: {total} requests, {clients} keep-alive clients, Envoy --concurrency 4, 4 pods");
+    println!("Envoy RSS at start: {} MiB", rss_start / 1024);
+
+    let next = Arc::new(AtomicUsize::new(0));
+    let outcomes = Arc::new(Mutex::new(BTreeMap::<(u16, String), usize>::new()));
+    let started = Instant::now();
+    let deadline = started + Duration::from_secs(900);
+    let threads: Vec<_> = (0..clients)
+        .map(|_| {
+            let (next, outcomes, address) = (next.clone(), outcomes.clone(), envoy.address());
+            std::thread::spawn(move || {
+                let mut client = Client { address, reader: None };
+                let mut local = BTreeMap::<(u16, String), usize>::new();
+                loop {
+                    let n = next.fetch_add(1, Ordering::Relaxed);
+                    if n >= total || Instant::now() > deadline {
+                        break;
+                    }
+                    let body = format!(
+                        r#"{{"model":"{MODEL}","prompt":"soak request {n} about topic {}","max_tokens":4}}"#,
+                        n % 97
+                    );
+                    let key = client.post(&body).unwrap_or((0, "connection error".into()));
+                    *local.entry(key).or_insert(0) += 1;
+                }
+                let mut outcomes = outcomes.lock().unwrap_or_else(|p| p.into_inner());
+                for (key, count) in local {
+                    *outcomes.entry(key).or_insert(0) += count;
+                }
+            })
+        })
+        .collect();
+
+    // Halfway, pod-1 dies; it comes back at the same address two seconds later.
+    while next.load(Ordering::Relaxed) < total / 2 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let address = sims[0].address.clone();
+    let port: u16 = address
+        .rsplit(':')
+        .next()
+        .and_then(|p| p.parse().ok())
+        .unwrap_or(0);
+    sims[0].kill();
+    println!(
+        "{:>7} requests sent: killed pod-1 ({address})",
+        next.load(Ordering::Relaxed)
+    );
+    std::thread::sleep(Duration::from_secs(2));
+    sims[0] = Sim::start_at("pod-1", port, &fast);
+    println!(
+        "{:>7} requests sent: pod-1 back",
+        next.load(Ordering::Relaxed)
+    );
+    let mut reported = 0;
+    while next.load(Ordering::Relaxed) < total && Instant::now() < deadline {
+        let sent = next.load(Ordering::Relaxed);
+        if sent >= reported + total / 10 {
+            reported = sent;
+            println!(
+                "{sent:>7} requests sent ({:.0} s)",
+                started.elapsed().as_secs_f64()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    for thread in threads {
+        let _ = thread.join();
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    std::thread::sleep(Duration::from_millis(500));
+    let rss_end = rss_kib(envoy.pid());
+
+    let outcomes = outcomes.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    let sent: usize = outcomes.values().sum();
+    let failed: usize = outcomes
+        .iter()
+        .filter(|((s, _), _)| *s != 200)
+        .map(|(_, c)| c)
+        .sum();
+    println!(
+        "{sent} requests in {elapsed:.1} s ({:.0}/s)",
+        sent as f64 / elapsed
+    );
+    println!("\npicks per pod (status 200):");
+    for ((status, pod), count) in &outcomes {
+        if *status == 200 {
+            println!("  {pod:<10} {count:>8}");
+        }
+    }
+    println!(
+        "errors: {failed} ({:.3} %)",
+        100.0 * failed as f64 / sent.max(1) as f64
+    );
+    for ((status, what), count) in &outcomes {
+        if *status != 200 {
+            println!("  status {status} {what}: {count}");
+        }
+    }
+    let growth = 100.0 * (rss_end as f64 - rss_start as f64) / rss_start.max(1) as f64;
+    println!(
+        "Envoy RSS: {} MiB at start, {} MiB at end ({growth:+.1} %)",
+        rss_start / 1024,
+        rss_end / 1024
+    );
+    let ok = growth <= 10.0 && failed * 100 <= sent && sent == total;
+    println!("{}", if ok { "soak: ok" } else { "soak: FAILED" });
+    drop(envoy);
+    drop(sims);
+    std::process::exit(if ok { 0 } else { 1 });
+}
