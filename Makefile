@@ -12,7 +12,7 @@ SIM := target/release/examples/model-server-sim
 FUZZ_SECONDS ?= 60
 FUZZ_TARGETS := body_parser prometheus_parser config_loader
 
-.PHONY: all build sim envoy toolchain lint unit integration test demo soak fuzz check clean
+.PHONY: all build sim envoy toolchain lint unit integration test demo soak bench bench-schedule bench-hop bench-quality fuzz check clean
 
 all: build
 
@@ -56,6 +56,19 @@ demo: build sim envoy
 ## soak: 200k requests, Envoy --concurrency 4, a pod dies and returns midway; errors, picks, Envoy memory
 soak: build sim envoy
 	$(CARGO) run --release --example soak
+
+## bench: scheduling cost, hop cost and routing quality; writes bench/RESULTS.md (+ CSV, SVG)
+bench: build sim envoy
+	$(CARGO) run --release --example bench -- all
+
+bench-schedule:
+	$(CARGO) run --release --example bench -- schedule
+
+bench-hop: build sim envoy
+	$(CARGO) run --release --example bench -- hop
+
+bench-quality: build sim envoy
+	$(CARGO) run --release --example bench -- quality
 
 ## check: load CONFIG with the filter's own loader; print errors, warnings, the effective config
 check:

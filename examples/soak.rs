@@ -9,12 +9,10 @@
 mod support;
 
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpStream;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use support::{shipped_picker_config, with_endpoints, Envoy, Sim, MODEL};
+use support::{shipped_picker_config, with_endpoints, Envoy, KeepAlive, Sim, MODEL};
 
 fn flag(name: &str, default: usize) -> usize {
     let args: Vec<String> = std::env::args().collect();
@@ -37,69 +35,6 @@ fn rss_kib(pid: u32) -> u64 {
                 .and_then(|kib| kib.parse().ok())
         })
         .unwrap_or(0)
-}
-
-/// One keep-alive HTTP/1.1 connection; reconnects after an error.
-struct Client {
-    address: String,
-    reader: Option<BufReader<TcpStream>>,
-}
-
-impl Client {
-    /// Status and the pod that served it.
-    fn post(&mut self, body: &str) -> std::io::Result<(u16, String)> {
-        if self.reader.is_none() {
-            let stream = TcpStream::connect(&self.address)?;
-            stream.set_read_timeout(Some(Duration::from_secs(10)))?;
-            self.reader = Some(BufReader::new(stream));
-        }
-        let result = self.exchange(body);
-        if result.is_err() {
-            self.reader = None;
-        }
-        result
-    }
-
-    fn exchange(&mut self, body: &str) -> std::io::Result<(u16, String)> {
-        let reader = self
-            .reader
-            .as_mut()
-            .ok_or(std::io::ErrorKind::NotConnected)?;
-        write!(
-            reader.get_mut(),
-            "POST /v1/completions HTTP/1.1\r\nhost: soak\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
-            body.len()
-        )?;
-        let mut line = String::new();
-        reader.read_line(&mut line)?;
-        let status = line
-            .split_whitespace()
-            .nth(1)
-            .and_then(|s| s.parse().ok())
-            .ok_or(std::io::ErrorKind::InvalidData)?;
-        let (mut length, mut pod, mut close) = (0usize, String::from("-"), false);
-        loop {
-            line.clear();
-            reader.read_line(&mut line)?;
-            let header = line.trim_end();
-            if header.is_empty() {
-                break;
-            }
-            let (name, value) = header.split_once(':').unwrap_or((header, ""));
-            match name.to_ascii_lowercase().as_str() {
-                "content-length" => length = value.trim().parse().unwrap_or(0),
-                "x-inference-pod" => pod = value.trim().to_string(),
-                "connection" => close = value.trim().eq_ignore_ascii_case("close"),
-                _ => {}
-            }
-        }
-        let mut body = vec![0; length];
-        reader.read_exact(&mut body)?;
-        if close {
-            self.reader = None;
-        }
-        Ok((status, pod))
-    }
 }
 
 fn main() {
@@ -129,7 +64,7 @@ fn main() {
         .map(|_| {
             let (next, outcomes, address) = (next.clone(), outcomes.clone(), envoy.address());
             std::thread::spawn(move || {
-                let mut client = Client { address, reader: None };
+                let mut client = KeepAlive::new(&address);
                 let mut local = BTreeMap::<(u16, String), usize>::new();
                 loop {
                     let n = next.fetch_add(1, Ordering::Relaxed);
@@ -140,7 +75,10 @@ fn main() {
                         r#"{{"model":"{MODEL}","prompt":"soak request {n} about topic {}","max_tokens":4}}"#,
                         n % 97
                     );
-                    let key = client.post(&body).unwrap_or((0, "connection error".into()));
+                    let key = client
+                        .post("/v1/completions", &body)
+                        .map(|e| (e.status, e.pod))
+                        .unwrap_or((0, "connection error".into()));
                     *local.entry(key).or_insert(0) += 1;
                 }
                 let mut outcomes = outcomes.lock().unwrap_or_else(|p| p.into_inner());

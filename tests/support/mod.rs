@@ -225,6 +225,13 @@ pub fn with_endpoints(picker_config: &str, sims: &[&Sim]) -> String {
     serde_yaml::to_string(&config).expect("serialize picker config")
 }
 
+/// `wasm:debug` (one decision line per request, which the tests read) unless
+/// `INFERENCE_PICKER_WASM_LOG` says otherwise; benchmarks run at `info`.
+fn wasm_log_level() -> String {
+    let level = std::env::var("INFERENCE_PICKER_WASM_LOG").unwrap_or_else(|_| "debug".into());
+    format!("wasm:{level}")
+}
+
 /// A real Envoy running `envoy/envoy.yaml` with its ports, paths and picker config replaced.
 pub struct Envoy {
     child: Child,
@@ -299,7 +306,7 @@ impl Envoy {
                 &concurrency.to_string(),
                 "--disable-hot-restart",
             ])
-            .args(["-l", "info", "--component-log-level", "wasm:debug"])
+            .args(["-l", "info", "--component-log-level", &wasm_log_level()])
             .args(["--file-flush-interval-msec", "100"])
             .arg("--log-path")
             .arg(dir.0.join("envoy.log"))
@@ -549,4 +556,113 @@ pub const MODEL: &str = "meta-llama/Llama-3.1-8B-Instruct";
 /// A completions body with a prompt unique to `n`, so prefix affinity does not interfere.
 pub fn completion(n: usize) -> String {
     format!(r#"{{"model":"{MODEL}","prompt":"request number {n}: say hello","max_tokens":4}}"#)
+}
+
+/// What one request through a [`KeepAlive`] connection measured.
+#[derive(Debug, Clone)]
+pub struct Exchange {
+    pub status: u16,
+    /// The pod that served it (`x-inference-pod`), `-` if none.
+    pub pod: String,
+    /// Until the first body bytes (for a stream: the first token's chunk).
+    pub first_byte: Duration,
+    pub total: Duration,
+}
+
+/// One HTTP/1.1 keep-alive connection for load generation; reconnects after an error.
+pub struct KeepAlive {
+    address: String,
+    reader: Option<BufReader<TcpStream>>,
+}
+
+impl KeepAlive {
+    pub fn new(address: &str) -> KeepAlive {
+        KeepAlive {
+            address: address.to_string(),
+            reader: None,
+        }
+    }
+
+    pub fn post(&mut self, path: &str, body: &str) -> std::io::Result<Exchange> {
+        if self.reader.is_none() {
+            let stream = TcpStream::connect(&self.address)?;
+            stream.set_read_timeout(Some(Duration::from_secs(60)))?;
+            stream.set_nodelay(true)?;
+            self.reader = Some(BufReader::new(stream));
+        }
+        let result = self.exchange(path, body);
+        if result.is_err() {
+            self.reader = None;
+        }
+        result
+    }
+
+    fn exchange(&mut self, path: &str, body: &str) -> std::io::Result<Exchange> {
+        let reader = self
+            .reader
+            .as_mut()
+            .ok_or(std::io::ErrorKind::NotConnected)?;
+        let started = Instant::now();
+        let head = format!(
+            "POST {path} HTTP/1.1\r\nhost: bench\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
+            body.len()
+        );
+        reader.get_mut().write_all(head.as_bytes())?;
+        reader.get_mut().write_all(body.as_bytes())?;
+        let mut line = String::new();
+        reader.read_line(&mut line)?;
+        let status = line
+            .split_whitespace()
+            .nth(1)
+            .and_then(|s| s.parse().ok())
+            .ok_or(std::io::ErrorKind::InvalidData)?;
+        let (mut length, mut chunked, mut close) = (None, false, false);
+        let mut pod = String::from("-");
+        loop {
+            line.clear();
+            reader.read_line(&mut line)?;
+            let header = line.trim_end();
+            if header.is_empty() {
+                break;
+            }
+            let (name, value) = header.split_once(':').unwrap_or((header, ""));
+            let value = value.trim();
+            match name.to_ascii_lowercase().as_str() {
+                "content-length" => length = value.parse::<usize>().ok(),
+                "transfer-encoding" => chunked = value.eq_ignore_ascii_case("chunked"),
+                "x-inference-pod" => pod = value.to_string(),
+                "connection" => close = value.eq_ignore_ascii_case("close"),
+                _ => {}
+            }
+        }
+        let mut first_byte = None;
+        if chunked {
+            loop {
+                line.clear();
+                reader.read_line(&mut line)?;
+                let size = usize::from_str_radix(line.trim().split(';').next().unwrap_or(""), 16)
+                    .map_err(|_| std::io::Error::from(std::io::ErrorKind::InvalidData))?;
+                first_byte.get_or_insert_with(|| started.elapsed());
+                let mut chunk = vec![0; size + 2];
+                reader.read_exact(&mut chunk)?;
+                if size == 0 {
+                    break;
+                }
+            }
+        } else {
+            let mut rest = vec![0; length.unwrap_or(0)];
+            reader.read_exact(&mut rest)?;
+            first_byte = Some(started.elapsed());
+        }
+        if close {
+            self.reader = None;
+        }
+        let total = started.elapsed();
+        Ok(Exchange {
+            status,
+            pod,
+            first_byte: first_byte.unwrap_or(total),
+            total,
+        })
+    }
 }
