@@ -286,7 +286,13 @@ struct HopCell {
 }
 
 /// Both gateways on one cell, alternating in rounds so drift on a shared machine hits both.
-fn hop_cell(plain: &Envoy, filter: &Envoy, clients: usize, count: usize, body: &str) -> [HopCell; 2] {
+fn hop_cell(
+    plain: &Envoy,
+    filter: &Envoy,
+    clients: usize,
+    count: usize,
+    body: &str,
+) -> [HopCell; 2] {
     const ROUNDS: usize = 4;
     let gateways = [plain, filter];
     let mut latencies = [Vec::new(), Vec::new()];
