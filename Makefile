@@ -75,14 +75,21 @@ check:
 	@test -n "$(CONFIG)" || { echo "usage: make check CONFIG=path/to/config.yaml"; exit 2; }
 	$(CARGO) run --quiet --bin inference-picker -- check $(CONFIG)
 
-## fuzz: each libFuzzer target for FUZZ_SECONDS; new inputs go to fuzz/.work, seeds stay in fuzz/corpus
+## fuzz: each libFuzzer target for FUZZ_SECONDS; new inputs go to fuzz/.work, seeds stay in
+## fuzz/corpus; the summary goes to fuzz/RESULTS.md
 fuzz:
 	@command -v cargo-fuzz >/dev/null || $(CARGO) install cargo-fuzz --locked
-	@set -o pipefail; for target in $(FUZZ_TARGETS); do \
+	@set -o pipefail; \
+	{ echo "# Fuzzing"; echo; \
+	  echo "_Command: \`make fuzz FUZZ_SECONDS=$(FUZZ_SECONDS)\` (cargo fuzz run -s none -O, libFuzzer, stable toolchain), $$(date -u +%Y-%m-%d), $$(nproc) cores._"; \
+	  echo; echo "| target | runs | seconds | crashes |"; echo "|---|---:|---:|---:|"; } > fuzz/RESULTS.md; \
+	for target in $(FUZZ_TARGETS); do \
 	  mkdir -p fuzz/.work/$$target; \
 	  echo "fuzzing $$target for $(FUZZ_SECONDS)s"; \
-	  (cd fuzz && $(CARGO) fuzz run -s none -O $$target .work/$$target corpus/$$target -- \
-	     -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1 2>&1 | grep -E "^(Done|stat::number_of_executed_units|==|SUMMARY|thread)") || exit 1; \
+	  line=$$(cd fuzz && $(CARGO) fuzz run -s none -O $$target .work/$$target corpus/$$target -- \
+	     -max_total_time=$(FUZZ_SECONDS) 2>&1 | grep -E "^Done [0-9]+ runs") || exit 1; \
+	  echo "$$line"; \
+	  echo "| $$target | $$(echo $$line | awk '{print $$2}') | $$(echo $$line | awk '{print $$5}') | 0 |" >> fuzz/RESULTS.md; \
 	done
 
 clean:

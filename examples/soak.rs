@@ -136,33 +136,40 @@ fn main() {
         .filter(|((s, _), _)| *s != 200)
         .map(|(_, c)| c)
         .sum();
-    println!(
-        "{sent} requests in {elapsed:.1} s ({:.0}/s)",
-        sent as f64 / elapsed
-    );
-    println!("\npicks per pod (status 200):");
-    for ((status, pod), count) in &outcomes {
-        if *status == 200 {
-            println!("  {pod:<10} {count:>8}");
-        }
-    }
-    println!(
-        "errors: {failed} ({:.3} %)",
+    let growth = 100.0 * (rss_end as f64 - rss_start as f64) / rss_start.max(1) as f64;
+    let ok = growth <= 10.0 && failed * 100 <= sent && sent == total;
+    let mut report = format!(
+        "# Soak\n\n_Command: `make soak` (`cargo run --release --example soak -- --requests {total} --clients {clients}`); \
+         Envoy --concurrency 4, 4 simulated pods, pod-1 killed at the halfway mark and restarted at the same address 2 s later; \
+         {} cores._\n\n\
+         - {sent} requests in {elapsed:.1} s ({:.0}/s)\n\
+         - errors: {failed} ({:.3} %)\n",
+        std::thread::available_parallelism().map_or(0, |n| n.get()),
+        sent as f64 / elapsed,
         100.0 * failed as f64 / sent.max(1) as f64
     );
     for ((status, what), count) in &outcomes {
         if *status != 200 {
-            println!("  status {status} {what}: {count}");
+            report.push_str(&format!("  - status {status} {what}: {count}\n"));
         }
     }
-    let growth = 100.0 * (rss_end as f64 - rss_start as f64) / rss_start.max(1) as f64;
-    println!(
-        "Envoy RSS: {} MiB at start, {} MiB at end ({growth:+.1} %)",
+    report.push_str("- picks per pod (status 200):");
+    for ((status, pod), count) in &outcomes {
+        if *status == 200 {
+            report.push_str(&format!(" {pod} {count};"));
+        }
+    }
+    report.push_str(&format!(
+        "\n- Envoy RSS: {} MiB at start, {} MiB at end ({growth:+.1} %)\n- result: {}\n",
         rss_start / 1024,
-        rss_end / 1024
-    );
-    let ok = growth <= 10.0 && failed * 100 <= sent && sent == total;
-    println!("{}", if ok { "soak: ok" } else { "soak: FAILED" });
+        rss_end / 1024,
+        if ok { "ok" } else { "FAILED" }
+    ));
+    print!("{report}");
+    let path = support::repo().join("bench/results/soak.md");
+    if let Err(error) = std::fs::write(&path, &report) {
+        eprintln!("writing {}: {error}", path.display());
+    }
     drop(envoy);
     drop(sims);
     std::process::exit(if ok { 0 } else { 1 });

@@ -251,3 +251,103 @@ fn a_pod_that_hangs_its_metrics_does_not_delay_the_others() {
         assert_eq!(response.pod(), "pod-b");
     }
 }
+
+/// Serves `listener` through Envoy's file-based LDS: written aside, then moved into place.
+fn write_lds(listener: &serde_yaml::Value, path: &str) {
+    let mut resource = listener.clone();
+    resource["@type"] = "type.googleapis.com/envoy.config.listener.v3.Listener".into();
+    let document = serde_yaml::Value::Mapping(
+        [(
+            "resources".into(),
+            serde_yaml::Value::Sequence(vec![resource]),
+        )]
+        .into_iter()
+        .collect(),
+    );
+    let staging = format!("{path}.new");
+    std::fs::write(&staging, serde_yaml::to_string(&document).unwrap()).unwrap();
+    std::fs::rename(&staging, path).unwrap();
+}
+
+#[test]
+fn a_config_update_keeps_serving_throughout() {
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    use std::sync::Arc;
+    let a = Sim::start("pod-a", &[]);
+    let b = Sim::start("pod-b", &[]);
+    let dir = support::TempDir::new("lds");
+    let lds = dir.0.join("lds.yaml");
+    let lds_path = lds.display().to_string();
+    let listener = Arc::new(std::sync::Mutex::new(serde_yaml::Value::Null));
+    let kept = listener.clone();
+    let envoy = Envoy::start_with(&config(&[&a, &b], ""), 2, |config| {
+        let listeners = std::mem::take(&mut config["static_resources"]["listeners"]);
+        let listener = listeners[0].clone();
+        write_lds(&listener, &lds_path);
+        *kept.lock().unwrap() = listener;
+        config["static_resources"]
+            .as_mapping_mut()
+            .unwrap()
+            .remove("listeners");
+        config["node"] = serde_yaml::from_str("{id: gateway, cluster: inference}").unwrap();
+        config["dynamic_resources"] = serde_yaml::from_str(&format!(
+            "{{lds_config: {{path_config_source: {{path: '{lds_path}'}}, resource_api_version: V3}}}}"
+        ))
+        .unwrap();
+    });
+    a.wait_for_scrapes(3);
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let (sent, failed) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let load = {
+        let (stop, sent, failed, address) =
+            (stop.clone(), sent.clone(), failed.clone(), envoy.address());
+        std::thread::spawn(move || {
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+            let mut n = 0;
+            while !stop.load(Ordering::Relaxed) && std::time::Instant::now() < deadline {
+                let response = support::try_request(
+                    &address,
+                    "POST",
+                    "/v1/completions",
+                    &[("content-type", "application/json")],
+                    completion(n).as_bytes(),
+                );
+                sent.fetch_add(1, Ordering::Relaxed);
+                if !response.is_ok_and(|r| r.status == 200) {
+                    failed.fetch_add(1, Ordering::Relaxed);
+                }
+                n += 1;
+            }
+        })
+    };
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    // A new picker configuration (another scrape interval), applied while requests flow.
+    let mut listener = listener.lock().unwrap().clone();
+    let wasm = &mut listener["filter_chains"][0]["filters"][0]["typed_config"]["http_filters"][0]
+        ["typed_config"]["config"]["configuration"]["value"];
+    let updated = wasm.as_str().unwrap().replace(
+        "refreshMetricsInterval: 50ms",
+        "refreshMetricsInterval: 40ms",
+    );
+    *wasm = updated.into();
+    let before = sent.load(Ordering::Relaxed);
+    write_lds(&listener, &lds.display().to_string());
+    assert!(
+        envoy.wait_for_log_line("scraping every 40ms").is_some(),
+        "the new configuration was applied:\n{}",
+        envoy.log()
+    );
+    std::thread::sleep(std::time::Duration::from_millis(800));
+    stop.store(true, Ordering::Relaxed);
+    load.join().unwrap();
+    let (sent, failed) = (sent.load(Ordering::Relaxed), failed.load(Ordering::Relaxed));
+    assert!(
+        sent > before + 20,
+        "requests kept flowing after the update: {before} -> {sent}"
+    );
+    assert_eq!(
+        failed, 0,
+        "{failed} of {sent} requests failed across the update"
+    );
+}
