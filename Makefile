@@ -12,7 +12,7 @@ SIM := target/release/examples/model-server-sim
 FUZZ_SECONDS ?= 60
 FUZZ_TARGETS := body_parser prometheus_parser config_loader
 
-.PHONY: all build sim envoy toolchain lint unit integration test demo soak bench bench-schedule bench-hop bench-quality fuzz check clean
+.PHONY: all build sim envoy toolchain lint unit integration test demo soak bench bench-quick bench-schedule bench-hop bench-quality fuzz check clean
 
 all: build
 
@@ -60,6 +60,10 @@ soak: build sim envoy
 ## bench: scheduling cost, hop cost and routing quality; writes bench/RESULTS.md (+ CSV, SVG)
 bench: build sim envoy
 	$(CARGO) run --release --example bench -- all
+
+## bench-quick: every part, small (under five minutes), into bench/RESULTS-quick.md
+bench-quick: build sim envoy
+	$(CARGO) run --release --example bench -- quick
 
 bench-schedule:
 	$(CARGO) run --release --example bench -- schedule

@@ -34,19 +34,37 @@ fn main() {
     // Decision lines cost a formatted string and a log write per request: measure without.
     std::env::set_var("INFERENCE_PICKER_WASM_LOG", "info");
     let part = std::env::args().nth(1).unwrap_or_else(|| "all".into());
-    let results = repo().join("bench/results");
-    std::fs::create_dir_all(&results).expect("bench/results");
+    // `quick` runs every part small (under five minutes) into results-quick/.
+    let quick = part == "quick";
+    let (dir, report) = if quick {
+        ("bench/results-quick", "bench/RESULTS-quick.md")
+    } else {
+        ("bench/results", "bench/RESULTS.md")
+    };
+    let results = repo().join(dir);
+    std::fs::create_dir_all(&results).expect("results directory");
     let header = machine_header();
-    if part == "schedule" || part == "all" {
-        write_part(&results, "1-schedule", &header, schedule_bench());
+    let all = part == "all" || quick;
+    if part == "schedule" || all {
+        write_part(&results, "1-schedule", &header, &part, schedule_bench());
     }
-    if part == "hop" || part == "all" {
-        write_part(&results, "2-hop", &header, hop_bench());
+    if part == "hop" || all {
+        write_part(&results, "2-hop", &header, &part, hop_bench(quick));
     }
-    if part == "quality" || part == "all" {
-        write_part(&results, "3-quality", &header, quality_bench());
+    if part == "quality" || all {
+        write_part(&results, "3-quality", &header, &part, quality_bench(quick));
     }
-    assemble(&results);
+    assemble(&results, report);
+}
+
+/// A goal from the issue, with what was measured.
+fn goal(text: &str, met: Option<bool>, measured: &str) -> String {
+    let verdict = match met {
+        Some(true) => "**met**",
+        Some(false) => "**not met**",
+        None => "**not measured**",
+    };
+    format!("- Goal: {text}: {verdict} ({measured})\n")
 }
 
 /// A part's report: markdown, CSV rows, and an optional SVG chart.
@@ -67,11 +85,8 @@ fn machine_header() -> String {
     format!("machine: {cores} cores; Envoy {version}")
 }
 
-fn write_part(dir: &Path, name: &str, header: &str, part: Part) {
-    let command = format!(
-        "cargo run --release --example bench -- {}",
-        name.split('-').nth(1).unwrap_or(name)
-    );
+fn write_part(dir: &Path, name: &str, header: &str, run: &str, part: Part) {
+    let command = format!("cargo run --release --example bench -- {run}");
     let markdown = format!("_Command: `{command}`; {header}._\n\n{}", part.markdown);
     std::fs::write(dir.join(format!("{name}.md")), markdown).expect("write md");
     std::fs::write(dir.join(format!("{name}.csv")), part.csv).expect("write csv");
@@ -80,23 +95,29 @@ fn write_part(dir: &Path, name: &str, header: &str, part: Part) {
     }
 }
 
-fn assemble(dir: &Path) {
+fn assemble(dir: &Path, report: &str) {
     let mut names: Vec<String> = std::fs::read_dir(dir)
         .expect("results")
         .filter_map(|e| e.ok()?.file_name().into_string().ok())
         .filter(|n| n.ends_with(".md"))
         .collect();
     names.sort();
-    let mut out = String::from(
-        "# Benchmark results\n\nProduced by `make bench` (parts: `make bench-schedule`, `make bench-hop`, `make bench-quality`). \
-         Raw numbers are in `bench/results/*.csv`, charts in `bench/results/*.svg`.\n\n",
+    let folder = dir
+        .file_name()
+        .and_then(|n| n.to_str())
+        .unwrap_or("results");
+    let mut out = format!(
+        "# Benchmark results\n\nProduced by `make bench` (parts: `make bench-schedule`, `make bench-hop`, \
+         `make bench-quality`; a small run: `make bench-quick`). Raw numbers are in `bench/{folder}/*.csv`, \
+         charts in `bench/{folder}/*.svg`. How to read them: `bench/README.md`.\n\n"
     );
     for name in names {
         out.push_str(&std::fs::read_to_string(dir.join(&name)).unwrap_or_default());
         out.push('\n');
     }
-    std::fs::write(repo().join("bench/RESULTS.md"), out).expect("RESULTS.md");
-    println!("wrote bench/RESULTS.md");
+    let out = out.replace("](results/", &format!("]({folder}/"));
+    std::fs::write(repo().join(report), out).expect("report");
+    println!("wrote {report}");
 }
 
 fn percentile(sorted: &[f64], p: f64) -> f64 {
@@ -326,7 +347,7 @@ fn hop_cell(
     })
 }
 
-fn hop_bench() -> Part {
+fn hop_bench(quick: bool) -> Part {
     println!("hop: Envoy without a filter vs Envoy + the wasm filter");
     let instant = ["--time-scale", "0"];
     let sims: Vec<Sim> = (1..=2)
@@ -352,17 +373,27 @@ fn hop_bench() -> Part {
         "body_bytes,clients,a_p50_ms,b_p50_ms,a_p99_ms,b_p99_ms,a_cpu_s_per_1k,b_cpu_s_per_1k,errors\n",
     );
     let mut bars = Vec::new();
-    for body_bytes in [1024usize, 32 * 1024, 220 * 1024, 1024 * 1024] {
+    let bodies: &[usize] = if quick {
+        &[1024, 220 * 1024]
+    } else {
+        &[1024, 32 * 1024, 220 * 1024, 1024 * 1024]
+    };
+    let concurrency: &[usize] = if quick { &[1, 16] } else { &[1, 16, 64] };
+    let mut small_added_p50 = f64::NAN;
+    for &body_bytes in bodies {
         let prompt = "x".repeat(body_bytes.saturating_sub(64));
         let body = format!(r#"{{"model":"{MODEL}","prompt":"{prompt}","max_tokens":1}}"#);
-        for clients in [1usize, 16, 64] {
+        for &clients in concurrency {
             let count = match body_bytes {
-                b if b >= 1024 * 1024 => 150,
+                b if b >= 1024 * 1024 => 160,
                 b if b >= 220 * 1024 => 400,
-                _ => 1500,
-            };
+                _ => 1600,
+            } / if quick { 4 } else { 1 };
             let [a, b] = hop_cell(&plain, &filter, clients, count, &body);
             let added50 = (b.p50_ms - a.p50_ms) * 1000.0;
+            if body_bytes == 1024 && clients == 1 {
+                small_added_p50 = added50;
+            }
             let added99 = (b.p99_ms - a.p99_ms) * 1000.0;
             println!(
                 "  {:>5} KB x{clients:<3} p50 {:.3} -> {:.3} ms (+{added50:.0} µs)",
@@ -415,11 +446,18 @@ fn hop_bench() -> Part {
          parse, prefix hashing, scheduling), over all cells, from the filter's own histogram \
          (µs): `{histogram}`.\n"
     );
-    markdown.push_str(
-        "\nThe ext_proc comparison (c) of the issue is not in this run: it needs a gRPC \
-         endpoint picker built from our core, which the project does not have yet.\n\n\
-         ![p50 latency at 1 client](results/2-hop.svg)\n",
-    );
+    markdown.push('\n');
+    markdown.push_str(&goal(
+        "the filter adds at most 50 µs at p50 with a 1 KB body",
+        Some(small_added_p50 <= 50.0),
+        &format!("{small_added_p50:.0} µs at 1 client"),
+    ));
+    markdown.push_str(&goal(
+        "at 220 KB the filter adds at least 10x less than an ext_proc picker",
+        None,
+        "the ext_proc baseline needs a gRPC picker built from our core, not built yet",
+    ));
+    markdown.push_str("\n![p50 latency at 1 client](results/2-hop.svg)\n");
     Part {
         markdown,
         csv,
@@ -583,24 +621,46 @@ fn quality_run(gateway: Gateway, requests: &[String], rate: f64) -> QualityRun {
     }
 }
 
-fn quality_bench() -> Part {
+/// Best achievable share of prompt tokens served from cache on the shared-prefix workload:
+/// each group's first request misses; the others hit the system prompt, not the question.
+fn best_hit_rate(per_group: usize) -> f64 {
+    let (system, question) = (2048.0, 128.0);
+    (per_group - 1) as f64 / per_group as f64 * system / (system + question)
+}
+
+fn quality_bench(quick: bool) -> Part {
     println!("quality: 8 pods, open-loop Poisson arrivals");
-    let gateways = [
-        Gateway::Envoy("ROUND_ROBIN"),
-        Gateway::Envoy("LEAST_REQUEST"),
-        Gateway::Envoy("RANDOM"),
-        Gateway::Picker("default"),
-        Gateway::Picker("prefix-and-load.yaml"),
-        Gateway::Picker("request-cost.yaml"),
-    ];
+    let gateways: &[Gateway] = if quick {
+        &[
+            Gateway::Envoy("ROUND_ROBIN"),
+            Gateway::Envoy("LEAST_REQUEST"),
+            Gateway::Picker("prefix-and-load.yaml"),
+        ]
+    } else {
+        &[
+            Gateway::Envoy("ROUND_ROBIN"),
+            Gateway::Envoy("LEAST_REQUEST"),
+            Gateway::Envoy("RANDOM"),
+            Gateway::Picker("default"),
+            Gateway::Picker("prefix-and-load.yaml"),
+            Gateway::Picker("request-cost.yaml"),
+        ]
+    };
+    let per_group = if quick { 8 } else { 16 };
     let mut rng = Rng::new(5);
-    let shared = shared_prefix_workload(16, 16, &mut rng);
-    let mixed = mixed_workload(200, &mut rng);
-    let workloads: [(&str, &[String], f64); 3] = [
-        ("shared prefix, 10 req/s", &shared, 10.0),
-        ("shared prefix, 45 req/s", &shared, 45.0),
-        ("mixed lengths, 20 req/s", &mixed, 20.0),
-    ];
+    let shared = shared_prefix_workload(16, per_group, &mut rng);
+    let mixed = mixed_workload(if quick { 60 } else { 200 }, &mut rng);
+    let workloads: Vec<(&str, &[String], f64)> = if quick {
+        vec![("shared prefix, 45 req/s", &shared, 45.0)]
+    } else {
+        vec![
+            ("shared prefix, 10 req/s", &shared, 10.0),
+            ("shared prefix, 45 req/s", &shared, 45.0),
+            ("mixed lengths, 20 req/s", &mixed, 20.0),
+        ]
+    };
+    // (workload, gateway) -> (p90, hit rate), for the goals.
+    let mut measured: BTreeMap<(String, String), (f64, f64)> = BTreeMap::new();
     let mut markdown = String::from(
         "## 3. Routing quality\n\n8 simulated pods (`max-num-seqs 2`, prefill 400 µs per \
          uncached token, decode 10 ms per token, time scale 0.2, prefix cache of 1024 blocks of 16 tokens, room for about 7 of the 16 system prompts); \
@@ -617,9 +677,9 @@ fn quality_bench() -> Part {
     let mut bars = Vec::new();
     // BENCH_ONLY=substring limits the runs (by "workload gateway") while tuning.
     let only = std::env::var("BENCH_ONLY").unwrap_or_default();
-    for (name, requests, rate) in workloads {
+    for &(name, requests, rate) in &workloads {
         let mut p90s = Vec::new();
-        for gateway in gateways {
+        for &gateway in gateways {
             if !format!("{name} {}", gateway.name()).contains(&only) {
                 continue;
             }
@@ -652,9 +712,12 @@ fn quality_bench() -> Part {
                 run.hit_rate
             );
             p90s.push(p90);
+            measured.insert((name.to_string(), gateway.name()), (p90, run.hit_rate));
         }
         bars.push((name.to_string(), p90s));
     }
+    markdown.push('\n');
+    markdown.push_str(&quality_goals(&measured, best_hit_rate(per_group)));
     markdown.push_str("\n![TTFT p90 per gateway](results/3-quality.svg)\n");
     let names: Vec<String> = gateways.iter().map(|g| g.name()).collect();
     let names: Vec<&str> = names.iter().map(String::as_str).collect();
@@ -663,6 +726,66 @@ fn quality_bench() -> Part {
         csv,
         svg: Some(bar_chart("TTFT p90 (ms)", &names, &bars)),
     }
+}
+
+/// The issue's routing-quality goals, judged on the best picker configuration of each workload.
+fn quality_goals(measured: &BTreeMap<(String, String), (f64, f64)>, best_hit: f64) -> String {
+    let of = |workload: &str, gateway: &str| {
+        measured
+            .get(&(workload.to_string(), gateway.to_string()))
+            .copied()
+    };
+    let best_picker = |workload: &str| {
+        measured
+            .iter()
+            .filter(|((w, g), _)| w == workload && g.starts_with("picker"))
+            .min_by(|a, b| a.1 .0.total_cmp(&b.1 .0))
+            .map(|((_, g), &v)| (g.clone(), v))
+    };
+    let mut out = String::new();
+    let heavy = "shared prefix, 45 req/s";
+    match (
+        best_picker(heavy),
+        of(heavy, "Envoy ROUND_ROBIN"),
+        of(heavy, "Envoy LEAST_REQUEST"),
+    ) {
+        (Some((picker, (p90, hit))), Some((rr, _)), Some((lr, _))) => {
+            out.push_str(&goal(
+                "near saturation, TTFT p90 at least 5x lower than ROUND_ROBIN",
+                Some(rr / p90 >= 5.0),
+                &format!("{picker}: {p90:.0} ms vs {rr:.0} ms, {:.1}x", rr / p90),
+            ));
+            out.push_str(&goal(
+                "near saturation, TTFT p90 at least 3x lower than LEAST_REQUEST",
+                Some(lr / p90 >= 3.0),
+                &format!("{picker}: {p90:.0} ms vs {lr:.0} ms, {:.1}x", lr / p90),
+            ));
+            out.push_str(&goal(
+                "prefix-cache hit rate within 10 % of the best achievable",
+                Some(hit >= 0.9 * best_hit),
+                &format!(
+                    "{:.1} % vs {:.1} % achievable",
+                    hit * 100.0,
+                    best_hit * 100.0
+                ),
+            ));
+        }
+        _ => out.push_str(&goal("near-saturation goals", None, "workload not run")),
+    }
+    let mixed = "mixed lengths, 20 req/s";
+    match (best_picker(mixed), of(mixed, "Envoy LEAST_REQUEST")) {
+        (Some((picker, (p90, _))), Some((lr, _))) => out.push_str(&goal(
+            "no shared prefix: no worse than LEAST_REQUEST (TTFT p90 within 5 %)",
+            Some(p90 <= lr * 1.05),
+            &format!("{picker}: {p90:.0} ms vs {lr:.0} ms"),
+        )),
+        _ => out.push_str(&goal(
+            "no shared prefix: no worse than LEAST_REQUEST",
+            None,
+            "workload not run",
+        )),
+    }
+    out
 }
 
 // ---------------------------------------------------------------- charts
