@@ -4,7 +4,8 @@
 //! ```text
 //! cargo run --release --example model-server-sim -- --port 8001 --name pod-a
 //! ```
-//! Flags (all optional): --port N (0 = any; the bound address is printed first), --name NAME,
+//! Flags (all optional): --port N (0 = any; the bound address is printed first), --host 127.x.y.z
+//! (another loopback address, default 127.0.0.1), --name NAME,
 //! --model NAME, --max-num-seqs N, --max-lora N, --adapters a,b, --prefill-us-per-token F,
 //! --decode-ms-per-token F, --kv-blocks N, --block-size N, --time-scale F,
 //! --loaded-adapters a,b (resident at start), --background-waiting N (queued work from
@@ -85,11 +86,19 @@ struct Sim {
 
 fn main() {
     let settings = parse_args();
-    let listener = match TcpListener::bind(("127.0.0.1", settings.port)) {
+    // Loopback only: 127.0.0.1 unless --host names another 127.x.y.z (a "pod IP" in tests).
+    let host = std::env::args()
+        .collect::<Vec<_>>()
+        .windows(2)
+        .find(|pair| pair[0] == "--host")
+        .map(|pair| pair[1].clone())
+        .filter(|host| host.starts_with("127."))
+        .unwrap_or_else(|| "127.0.0.1".into());
+    let listener = match TcpListener::bind((host.as_str(), settings.port)) {
         Ok(listener) => listener,
         Err(error) => {
             eprintln!(
-                "model-server-sim: cannot bind 127.0.0.1:{}: {error}",
+                "model-server-sim: cannot bind {host}:{}: {error}",
                 settings.port
             );
             std::process::exit(2);

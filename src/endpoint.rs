@@ -54,6 +54,9 @@ pub struct EndpointState {
     /// Host time (ms) until which the endpoint is avoided after answering a request with 5xx
     /// or refusing the connection (passive health).
     pub backoff_until_ms: u64,
+    /// Discovery no longer lists it. Kept (not deleted) so every index stays valid and the same
+    /// across workers; it is neither scraped nor routed to.
+    pub removed: bool,
 }
 
 impl EndpointState {
@@ -73,12 +76,21 @@ impl EndpointState {
             remote_in_flight: 0,
             remote_in_flight_tokens: 0,
             backoff_until_ms: 0,
+            removed: false,
         }
     }
 
-    /// Fresh metrics and not backing off after a failed request.
+    /// New labels from discovery; the engine follows the engine-type label.
+    pub fn set_labels(&mut self, labels: BTreeMap<String, String>) {
+        if labels != self.labels {
+            self.engine = Engine::from_label(labels.get(ENGINE_TYPE_LABEL).map(String::as_str));
+            self.labels = labels;
+        }
+    }
+
+    /// In the pool, fresh metrics, and not backing off after a failed request.
     pub fn routable(&self, now_ms: u64) -> bool {
-        self.health == Health::Fresh && self.backoff_until_ms <= now_ms
+        !self.removed && self.health == Health::Fresh && self.backoff_until_ms <= now_ms
     }
 
     /// Requests in flight there from the whole Envoy: this worker's exact count plus the
@@ -160,6 +172,45 @@ impl Pool {
 
     pub fn get(&self, index: usize) -> Option<&EndpointState> {
         self.endpoints.get(index)
+    }
+
+    /// Applies a membership list: listed addresses are (re)joined with their labels, new ones
+    /// appended; unlisted ones at index `keep_from` or later are marked removed. Returns the
+    /// addresses added and removed.
+    pub fn set_members(
+        &mut self,
+        members: &[(String, BTreeMap<String, String>)],
+        keep_from: usize,
+    ) -> (Vec<String>, Vec<String>) {
+        let (mut added, mut removed) = (Vec::new(), Vec::new());
+        for (address, labels) in members {
+            match self.index_of(address) {
+                Some(index) => {
+                    if let Some(endpoint) = self.endpoints.get_mut(index) {
+                        if endpoint.removed {
+                            endpoint.removed = false;
+                            added.push(address.clone());
+                        }
+                        endpoint.set_labels(labels.clone());
+                    }
+                }
+                None => {
+                    self.endpoints
+                        .push(EndpointState::new(address.clone(), labels.clone()));
+                    added.push(address.clone());
+                }
+            }
+        }
+        for endpoint in self.endpoints.iter_mut().skip(keep_from) {
+            let listed = members
+                .iter()
+                .any(|(address, _)| *address == endpoint.address);
+            if !listed && !endpoint.removed {
+                endpoint.removed = true;
+                removed.push(endpoint.address.clone());
+            }
+        }
+        (added, removed)
     }
 
     pub fn index_of(&self, address: &str) -> Option<usize> {

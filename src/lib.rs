@@ -9,6 +9,7 @@
 #![cfg_attr(not(test), deny(clippy::indexing_slicing))]
 
 pub mod config;
+pub mod discovery;
 pub mod duration;
 pub mod endpoint;
 pub mod error_response;

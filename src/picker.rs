@@ -58,6 +58,8 @@ pub struct Picker {
     issues_session_tokens: bool,
     /// Per custom selector: its label mismatch was already reported.
     selector_warned: Vec<bool>,
+    /// The first endpoints come from `pool.endpoints` and are never removed by discovery.
+    static_count: usize,
 }
 
 impl Picker {
@@ -75,6 +77,7 @@ impl Picker {
             .iter()
             .any(|p| p.type_name == session_affinity_scorer::TYPE);
         Picker {
+            static_count: count,
             issues_session_tokens,
             selector_warned: vec![false; config.metric_selectors.len()],
             pool: Pool::new(endpoints),
@@ -136,15 +139,61 @@ impl Picker {
         self.pool.back_off(routed.primary, until)
     }
 
-    /// Endpoints to scrape now (those without a scrape already in flight), marked pending.
+    /// Endpoints to scrape now (members without a scrape already in flight), marked pending.
     pub fn take_scrape_targets(&mut self, out: &mut Vec<usize>) {
         out.clear();
-        for (index, pending) in self.scrape_pending.iter_mut().enumerate() {
-            if !*pending {
+        self.scrape_pending.resize(self.pool.len(), false);
+        for ((index, pending), endpoint) in self
+            .scrape_pending
+            .iter_mut()
+            .enumerate()
+            .zip(&self.pool.endpoints)
+        {
+            if !*pending && !endpoint.removed {
                 *pending = true;
                 out.push(index);
             }
         }
+    }
+
+    /// Applies what discovery found (or what the scraping worker published): the configured
+    /// static endpoints always stay. Returns the addresses added and removed.
+    pub fn set_discovered(
+        &mut self,
+        discovered: &[crate::discovery::Discovered],
+    ) -> (Vec<String>, Vec<String>) {
+        let changes = self.pool.set_members(discovered, self.static_count);
+        self.scrape_pending.resize(self.pool.len(), false);
+        changes
+    }
+
+    /// The pool's members in index order, for the other workers: `(address, labels, removed)`.
+    pub fn members(&self) -> Vec<(String, std::collections::BTreeMap<String, String>, bool)> {
+        self.pool
+            .endpoints
+            .iter()
+            .map(|e| (e.address.clone(), e.labels.clone(), e.removed))
+            .collect()
+    }
+
+    /// Applies another worker's membership list, keeping the same index order.
+    pub fn apply_members(
+        &mut self,
+        members: &[(String, std::collections::BTreeMap<String, String>, bool)],
+    ) {
+        let listed: Vec<crate::discovery::Discovered> = members
+            .iter()
+            .map(|(address, labels, _)| (address.clone(), labels.clone()))
+            .collect();
+        self.pool.set_members(&listed, self.static_count);
+        for (address, _, removed) in members {
+            if let Some(index) = self.pool.index_of(address) {
+                if let Some(endpoint) = self.pool.endpoints.get_mut(index) {
+                    endpoint.removed = *removed && index >= self.static_count;
+                }
+            }
+        }
+        self.scrape_pending.resize(self.pool.len(), false);
     }
 
     pub fn address(&self, index: usize) -> Option<&str> {
@@ -477,5 +526,50 @@ pool:
         scrape(&mut picker, 1, 0, 0.0);
         picker.take_scrape_targets(&mut targets);
         assert_eq!(targets, [1]);
+    }
+
+    #[test]
+    fn discovery_adds_and_removes_but_keeps_static_endpoints() {
+        let mut picker = picker();
+        let labels = std::collections::BTreeMap::new;
+        let found = vec![
+            ("10.0.0.9:8000".to_string(), labels()),
+            ("10.0.0.8:8000".to_string(), labels()),
+        ];
+        let (added, removed) = picker.set_discovered(&found);
+        assert_eq!(added, ["10.0.0.9:8000", "10.0.0.8:8000"]);
+        assert!(removed.is_empty());
+        assert_eq!(picker.pool().len(), 5);
+        for index in 0..4 {
+            scrape(&mut picker, index, 5, 0.5);
+        }
+        scrape(&mut picker, 4, 0, 0.0);
+        picker.on_tick(1000);
+        assert_eq!(
+            route(&mut picker, ApiKind::Completions, Some(BODY))
+                .unwrap()
+                .destination,
+            "10.0.0.8:8000",
+            "the idle discovered endpoint wins while it is listed"
+        );
+        let (added, removed) = picker.set_discovered(&found[..1]);
+        assert!(added.is_empty());
+        assert_eq!(
+            removed,
+            ["10.0.0.8:8000"],
+            "the three static endpoints stay"
+        );
+        let mut targets = Vec::new();
+        picker.take_scrape_targets(&mut targets);
+        assert_eq!(targets, [0, 1, 2, 3], "removed endpoints are not scraped");
+        // Another worker applies the list and ends up with the same indices.
+        let mut other = self::picker();
+        other.apply_members(&picker.members());
+        assert_eq!(other.members(), picker.members());
+        picker.on_tick(1000);
+        for _ in 0..10 {
+            let routed = route(&mut picker, ApiKind::Completions, Some(BODY)).unwrap();
+            assert_ne!(routed.destination, "10.0.0.8:8000");
+        }
     }
 }

@@ -65,6 +65,15 @@ struct PrefixBatch {
     entries: Vec<(usize, String)>,
 }
 
+/// Pool members as the scraping VM knows them, in index order: `(address, labels, removed)`.
+pub type Members = Vec<(String, std::collections::BTreeMap<String, String>, bool)>;
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+struct Membership {
+    seq: u64,
+    members: Members,
+}
+
 /// Batches a VM keeps published, so a reader that missed a few ticks still catches up.
 const KEPT_BATCHES: usize = 8;
 
@@ -86,6 +95,8 @@ pub struct Coordinator {
     prefix_seq: u64,
     /// Per other VM: the last prefix batch replayed from it.
     prefix_seen: Vec<(u64, u64)>,
+    members_key: String,
+    members_seq: u64,
 }
 
 /// Attempts at a contended compare-and-swap before giving up until the next tick.
@@ -105,6 +116,8 @@ impl Coordinator {
             prefix_batches: VecDeque::new(),
             prefix_seq: 0,
             prefix_seen: Vec::new(),
+            members_key: format!("{namespace}/members"),
+            members_seq: 0,
             namespace: namespace.to_owned(),
             lease_ms: interval_ms.saturating_mul(2).max(1),
             role: Role::Follower,
@@ -241,6 +254,36 @@ impl Coordinator {
             }
         }
         Ok(())
+    }
+
+    /// The VM that runs discovery publishes the pool's members after a change.
+    pub fn publish_members(
+        &mut self,
+        store: &impl SharedStore,
+        members: Members,
+    ) -> Result<(), HostError> {
+        self.members_seq += 1;
+        let membership = Membership {
+            seq: self.members_seq,
+            members,
+        };
+        let bytes = serde_json::to_vec(&membership).unwrap_or_default();
+        store.set(&self.members_key, &bytes, None).map(|_| ())
+    }
+
+    /// A membership list newer than the last one seen, if another VM published one.
+    pub fn take_members(&mut self, store: &impl SharedStore) -> Result<Option<Members>, HostError> {
+        let Some((bytes, _)) = store.get(&self.members_key)? else {
+            return Ok(None);
+        };
+        let Ok(membership) = serde_json::from_slice::<Membership>(&bytes) else {
+            return Ok(None);
+        };
+        if membership.seq <= self.members_seq {
+            return Ok(None);
+        }
+        self.members_seq = membership.seq;
+        Ok(Some(membership.members))
     }
 
     /// Publishes this VM's new prefix-index picks and returns the other VMs' new ones, so a
@@ -467,5 +510,19 @@ mod tests {
             "replayed once"
         );
         assert_eq!(decode_hashes("zz"), Vec::<u64>::new());
+    }
+
+    #[test]
+    fn membership_reaches_the_others_once() {
+        let store = FakeStore::default();
+        let mut a = Coordinator::new("ns", 1, 50);
+        let mut b = Coordinator::new("ns", 2, 50);
+        let members = vec![("10.0.0.9:8000".to_string(), Default::default(), false)];
+        a.publish_members(&store, members.clone()).unwrap();
+        assert_eq!(b.take_members(&store).unwrap(), Some(members));
+        assert_eq!(b.take_members(&store).unwrap(), None);
+        // b takes over discovery: its next list is newer than what it saw.
+        b.publish_members(&store, vec![]).unwrap();
+        assert_eq!(a.take_members(&store).unwrap(), Some(vec![]));
     }
 }

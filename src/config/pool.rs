@@ -1,6 +1,7 @@
 //! Our `pool` section: the endpoints and how their metrics are scraped.
 
 use super::ConfigError;
+use crate::discovery::DiscoveryConfig;
 use crate::duration::serde_go;
 use crate::endpoint::canonical_address;
 use serde::{Deserialize, Serialize};
@@ -47,6 +48,8 @@ pub struct PoolConfig {
     /// Envoy's override_host load-balancing policy, which retries on the next address.
     /// Off for the ORIGINAL_DST cluster, which needs one address there.
     pub destination_list: bool,
+    /// Find endpoints through the Kubernetes API (in addition to `endpoints`).
+    pub discovery: Option<DiscoveryConfig>,
     /// How long an endpoint is avoided after a request there got a 5xx or no connection.
     #[serde(with = "serde_go")]
     pub passive_health_backoff: Duration,
@@ -64,6 +67,7 @@ impl Default for PoolConfig {
             max_request_body_bytes: 4 << 20,
             objectives: Vec::new(),
             destination_list: false,
+            discovery: None,
             passive_health_backoff: Duration::from_secs(5),
         }
     }
@@ -72,10 +76,14 @@ impl Default for PoolConfig {
 impl PoolConfig {
     /// Checks every field and canonicalises endpoint addresses in place.
     pub(super) fn validate(&self) -> Result<(), ConfigError> {
-        if self.endpoints.is_empty() {
+        if let Some(discovery) = &self.discovery {
+            discovery
+                .validate()
+                .map_err(|reason| ConfigError::invalid("pool.discovery", reason))?;
+        } else if self.endpoints.is_empty() {
             return Err(ConfigError::invalid(
                 "pool.endpoints",
-                "the endpoint list is empty",
+                "the endpoint list is empty (and no pool.discovery is set)",
             ));
         }
         let mut seen = Vec::with_capacity(self.endpoints.len());

@@ -45,6 +45,9 @@ struct PickerRoot {
     scrapes: HashMap<u32, usize>,
     targets: Vec<usize>,
     last_tick_ms: u64,
+    /// The Kubernetes pod-list callout in flight, and when the next one is due.
+    discovery_call: Option<u32>,
+    next_discovery_ms: u64,
 }
 
 impl PickerRoot {
@@ -57,6 +60,86 @@ impl PickerRoot {
             scrapes: HashMap::new(),
             targets: Vec::new(),
             last_tick_ms: 0,
+            discovery_call: None,
+            next_discovery_ms: 0,
+        }
+    }
+
+    /// Asks the Kubernetes API for the pool's pods, when due (scraping VM only).
+    fn dispatch_discovery(&mut self, picker: &Picker) {
+        let Some(discovery) = &picker.settings().discovery else {
+            return;
+        };
+        if self.discovery_call.is_some() || self.last_tick_ms < self.next_discovery_ms {
+            return;
+        }
+        self.next_discovery_ms = self.last_tick_ms + duration_ms(discovery.interval);
+        let path = discovery.pods_path();
+        let authority = discovery.authority.as_deref().unwrap_or(&discovery.cluster);
+        let bearer = discovery
+            .bearer_token
+            .as_ref()
+            .map(|token| format!("Bearer {token}"));
+        let mut headers = vec![
+            (":method", "GET"),
+            (":path", path.as_str()),
+            (":authority", authority),
+            ("accept", "application/json"),
+        ];
+        if let Some(bearer) = &bearer {
+            headers.push(("authorization", bearer.as_str()));
+        }
+        let timeout = u32::try_from(duration_ms(discovery.interval)).unwrap_or(u32::MAX);
+        match abi::http_call(&discovery.cluster, &headers, timeout) {
+            Ok(token) => self.discovery_call = Some(token),
+            Err(error) => log::warn!("inference-picker: discovery call not sent: {error}"),
+        }
+    }
+
+    /// The pod list arrived: apply it and tell the other workers. A failed call keeps the
+    /// last known pool.
+    fn on_discovery_response(&mut self, picker: &mut Picker, num_headers: usize, body_size: usize) {
+        self.discovery_call = None;
+        let status = (num_headers > 0)
+            .then(|| {
+                abi::header(MapType::HttpCallResponseHeaders, ":status")
+                    .ok()
+                    .flatten()
+            })
+            .flatten();
+        if status.as_deref() != Some(b"200".as_slice()) {
+            log::warn!(
+                "inference-picker: discovery failed ({}); keeping the last known pool",
+                status.map_or("no response".into(), |s| String::from_utf8_lossy(&s)
+                    .into_owned())
+            );
+            return;
+        }
+        let Some(discovery) = picker.settings().discovery.clone() else {
+            return;
+        };
+        let found = abi::buffer(BufferType::HttpCallResponseBody, 0, body_size)
+            .map_err(|error| error.to_string())
+            .and_then(|body| crate::discovery::ready_endpoints(&body, &discovery.target_ports));
+        let found = match found {
+            Ok(found) => found,
+            Err(error) => {
+                log::warn!("inference-picker: discovery: {error}; keeping the last known pool");
+                return;
+            }
+        };
+        let (added, removed) = picker.set_discovered(&found);
+        if added.is_empty() && removed.is_empty() {
+            return;
+        }
+        log::info!("inference-picker: discovery: added {added:?}, removed {removed:?}");
+        if let Some(stats) = &self.stats {
+            stats.cover(picker);
+        }
+        if let Some(coordinator) = self.coordinator.as_mut() {
+            if let Err(error) = coordinator.publish_members(&EnvoyShared, picker.members()) {
+                log::warn!("inference-picker: sharing the pool: {error}");
+            }
         }
     }
 
@@ -114,6 +197,16 @@ impl PickerRoot {
                 return Role::Scraper;
             }
         };
+        match coordinator.take_members(&EnvoyShared) {
+            Ok(Some(members)) => {
+                picker.apply_members(&members);
+                if let Some(stats) = &self.stats {
+                    stats.cover(picker);
+                }
+            }
+            Ok(_) => {}
+            Err(error) => log::warn!("inference-picker: reading the pool: {error}"),
+        }
         let shared = match role {
             Role::Scraper => coordinator.publish_snapshot(&EnvoyShared, picker.pool()),
             Role::Follower => coordinator
@@ -171,6 +264,14 @@ impl Context for PickerRoot {
         body_size: usize,
         _trailers: usize,
     ) {
+        if self.discovery_call == Some(token) {
+            if let Some(shared) = self.picker.clone() {
+                if let Ok(mut picker) = shared.try_borrow_mut() {
+                    self.on_discovery_response(&mut picker, num_headers, body_size);
+                }
+            }
+            return;
+        }
         let Some(index) = self.scrapes.remove(&token) else {
             return;
         };
@@ -317,6 +418,7 @@ impl RootContext for PickerRoot {
             if let Some(stats) = &self.stats {
                 stats.endpoint_gauges(&picker, self.last_tick_ms);
             }
+            self.dispatch_discovery(&picker);
             self.dispatch_scrapes(&mut picker);
         }
     }

@@ -5,6 +5,7 @@
 use super::abi::{self, MetricKind};
 use crate::error_response::RequestError;
 use crate::picker::Picker;
+use std::cell::RefCell;
 
 /// Outcomes of a request as the `decisions` counter tags them.
 const OUTCOMES: [&str; 5] = ["routed", "400", "413", "429", "503"];
@@ -18,7 +19,8 @@ struct EndpointStats {
 }
 
 pub struct Stats {
-    endpoints: Vec<Option<EndpointStats>>,
+    /// Per pool index; grows when discovery adds endpoints.
+    endpoints: RefCell<Vec<Option<EndpointStats>>>,
     decisions: [Option<u32>; 5],
     shed: Option<u32>,
     scheduling_us: Option<u32>,
@@ -40,30 +42,22 @@ fn bump(id: Option<u32>) {
     }
 }
 
+fn endpoint_stats(address: &str) -> Option<EndpointStats> {
+    let stat =
+        |kind, what: &str| define(kind, &format!("inference_picker.endpoint.{address}.{what}"));
+    Some(EndpointStats {
+        picks: stat(MetricKind::Counter, "picks")?,
+        scrape_success: stat(MetricKind::Counter, "scrape_success")?,
+        scrape_failure: stat(MetricKind::Counter, "scrape_failure")?,
+        metrics_age_ms: stat(MetricKind::Gauge, "metrics_age_ms")?,
+        in_flight: stat(MetricKind::Gauge, "in_flight")?,
+    })
+}
+
 impl Stats {
     pub fn define(picker: &Picker) -> Self {
-        let endpoints = picker
-            .pool()
-            .endpoints
-            .iter()
-            .map(|e| {
-                let stat = |kind, what: &str| {
-                    define(
-                        kind,
-                        &format!("inference_picker.endpoint.{}.{what}", e.address),
-                    )
-                };
-                Some(EndpointStats {
-                    picks: stat(MetricKind::Counter, "picks")?,
-                    scrape_success: stat(MetricKind::Counter, "scrape_success")?,
-                    scrape_failure: stat(MetricKind::Counter, "scrape_failure")?,
-                    metrics_age_ms: stat(MetricKind::Gauge, "metrics_age_ms")?,
-                    in_flight: stat(MetricKind::Gauge, "in_flight")?,
-                })
-            })
-            .collect();
-        Stats {
-            endpoints,
+        let stats = Stats {
+            endpoints: RefCell::new(Vec::new()),
             decisions: OUTCOMES.map(|outcome| {
                 define(
                     MetricKind::Counter,
@@ -72,16 +66,31 @@ impl Stats {
             }),
             shed: define(MetricKind::Counter, "inference_picker.shed"),
             scheduling_us: define(MetricKind::Histogram, "inference_picker.scheduling_time_us"),
+        };
+        stats.cover(picker);
+        stats
+    }
+
+    /// Defines the per-endpoint stats of endpoints that have none yet (discovery added them).
+    pub fn cover(&self, picker: &Picker) {
+        let Ok(mut endpoints) = self.endpoints.try_borrow_mut() else {
+            return;
+        };
+        let known = endpoints.len();
+        for endpoint in picker.pool().endpoints.iter().skip(known) {
+            endpoints.push(endpoint_stats(&endpoint.address));
         }
     }
 
-    fn endpoint(&self, index: usize) -> Option<&EndpointStats> {
-        self.endpoints.get(index).and_then(Option::as_ref)
+    /// The id of one per-endpoint stat.
+    fn endpoint(&self, index: usize, which: fn(&EndpointStats) -> u32) -> Option<u32> {
+        let endpoints = self.endpoints.try_borrow().ok()?;
+        endpoints.get(index).and_then(Option::as_ref).map(which)
     }
 
     pub fn routed(&self, primary: usize, scheduling_us: u64) {
         bump(self.decisions.first().copied().flatten());
-        bump(self.endpoint(primary).map(|e| e.picks));
+        bump(self.endpoint(primary, |e| e.picks));
         if let Some(id) = self.scheduling_us {
             let _ = abi::record_metric(id, scheduling_us);
         }
@@ -98,27 +107,27 @@ impl Stats {
     }
 
     pub fn scrape(&self, index: usize, ok: bool) {
-        let endpoint = self.endpoint(index);
-        bump(endpoint.map(|e| {
-            if ok {
-                e.scrape_success
-            } else {
-                e.scrape_failure
-            }
-        }));
+        let which: fn(&EndpointStats) -> u32 = if ok {
+            |e| e.scrape_success
+        } else {
+            |e| e.scrape_failure
+        };
+        bump(self.endpoint(index, which));
     }
 
     /// Per-endpoint gauges (metrics age, the whole Envoy's requests in flight), set by the
     /// VM that scrapes.
     pub fn endpoint_gauges(&self, picker: &Picker, now_ms: u64) {
         for (index, endpoint) in picker.pool().endpoints.iter().enumerate() {
-            let Some(stats) = self.endpoint(index) else {
-                continue;
-            };
-            if let Some(at) = endpoint.last_scrape_ok_ms {
-                let _ = abi::record_metric(stats.metrics_age_ms, now_ms.saturating_sub(at));
+            if let (Some(id), Some(at)) = (
+                self.endpoint(index, |e| e.metrics_age_ms),
+                endpoint.last_scrape_ok_ms,
+            ) {
+                let _ = abi::record_metric(id, now_ms.saturating_sub(at));
             }
-            let _ = abi::record_metric(stats.in_flight, u64::from(endpoint.total_in_flight()));
+            if let Some(id) = self.endpoint(index, |e| e.in_flight) {
+                let _ = abi::record_metric(id, u64::from(endpoint.total_in_flight()));
+            }
         }
     }
 }

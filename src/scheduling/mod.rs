@@ -374,6 +374,7 @@ impl Scheduler {
         };
         pool.endpoints
             .iter()
+            .filter(|endpoint| !endpoint.removed)
             .all(|endpoint| detector.saturated(endpoint, now_ms))
     }
 
@@ -678,7 +679,7 @@ fn least_in_flight_reachable(pool: &Pool) -> Result<Decision, ScheduleError> {
         .endpoints
         .iter()
         .enumerate()
-        .filter(|(_, endpoint)| endpoint.health != Health::Unreachable)
+        .filter(|(_, endpoint)| !endpoint.removed && endpoint.health != Health::Unreachable)
         .min_by_key(|(_, endpoint)| endpoint.total_in_flight())
         .map(|(index, _)| index)
         .ok_or(ScheduleError::NoReachableEndpoint)?;

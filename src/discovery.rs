@@ -1,0 +1,230 @@
+//! Kubernetes discovery, as GIE's InferencePool does it: the pods matching a label selector,
+//! each at its IP and every target port, with the pod's labels as endpoint labels. The filter
+//! polls the API server's pod list through an Envoy cluster; this module builds the request
+//! and reads the answer.
+
+use crate::duration::serde_go;
+use crate::endpoint::canonical_address;
+use crate::scheduling::plugins::label_selector_filter::{Operator, Selector};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+/// `pool.discovery`.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct DiscoveryConfig {
+    /// Envoy cluster that reaches the Kubernetes API server.
+    pub cluster: String,
+    /// `:authority` of the API calls; defaults to the cluster name.
+    #[serde(default)]
+    pub authority: Option<String>,
+    #[serde(default = "default_namespace")]
+    pub namespace: String,
+    /// The InferencePool's `spec.selector`.
+    pub selector: Selector,
+    /// The InferencePool's `spec.targetPorts`.
+    pub target_ports: Vec<u16>,
+    /// Sent as `authorization: Bearer ...` (a service-account token).
+    #[serde(default)]
+    pub bearer_token: Option<String>,
+    #[serde(default = "default_interval", with = "serde_go")]
+    pub interval: Duration,
+}
+
+fn default_namespace() -> String {
+    "default".into()
+}
+
+fn default_interval() -> Duration {
+    Duration::from_secs(5)
+}
+
+impl DiscoveryConfig {
+    pub fn validate(&self) -> Result<(), String> {
+        if self.cluster.trim().is_empty() {
+            return Err("cluster must name an Envoy cluster".into());
+        }
+        if self.target_ports.is_empty() || self.target_ports.contains(&0) {
+            return Err("targetPorts needs at least one port, none of them 0".into());
+        }
+        if self.interval < Duration::from_millis(100) {
+            return Err("interval must be at least 100ms".into());
+        }
+        self.selector.validate()
+    }
+
+    /// The pod list request path: `/api/v1/namespaces/{ns}/pods?labelSelector=...`.
+    pub fn pods_path(&self) -> String {
+        format!(
+            "/api/v1/namespaces/{}/pods?labelSelector={}",
+            percent_encode(&self.namespace),
+            percent_encode(&label_selector(&self.selector))
+        )
+    }
+}
+
+/// A selector in the API's `labelSelector` syntax.
+pub fn label_selector(selector: &Selector) -> String {
+    let mut terms: Vec<String> = selector
+        .match_labels
+        .iter()
+        .map(|(key, value)| format!("{key}={value}"))
+        .collect();
+    for expression in &selector.match_expressions {
+        let values = expression.values.join(",");
+        terms.push(match expression.operator {
+            Operator::In => format!("{} in ({values})", expression.key),
+            Operator::NotIn => format!("{} notin ({values})", expression.key),
+            Operator::Exists => expression.key.clone(),
+            Operator::DoesNotExist => format!("!{}", expression.key),
+        });
+    }
+    terms.join(",")
+}
+
+fn percent_encode(text: &str) -> String {
+    let mut out = String::with_capacity(text.len() * 3);
+    for byte in text.bytes() {
+        if byte.is_ascii_alphanumeric() || matches!(byte, b'-' | b'_' | b'.' | b'~') {
+            out.push(char::from(byte));
+        } else {
+            out.push_str(&format!("%{byte:02X}"));
+        }
+    }
+    out
+}
+
+#[derive(Deserialize)]
+struct PodList {
+    #[serde(default)]
+    items: Vec<Pod>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Pod {
+    #[serde(default)]
+    metadata: PodMetadata,
+    #[serde(default)]
+    status: PodStatus,
+}
+
+#[derive(Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct PodMetadata {
+    #[serde(default)]
+    labels: BTreeMap<String, String>,
+    #[serde(default)]
+    deletion_timestamp: Option<String>,
+}
+
+#[derive(Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct PodStatus {
+    #[serde(default)]
+    phase: String,
+    #[serde(default, rename = "podIP")]
+    pod_ip: Option<String>,
+    #[serde(default)]
+    conditions: Vec<Condition>,
+}
+
+#[derive(Deserialize)]
+struct Condition {
+    #[serde(rename = "type")]
+    kind: String,
+    status: String,
+}
+
+/// One discovered endpoint: canonical `ip:port` and the pod's labels.
+pub type Discovered = (String, BTreeMap<String, String>);
+
+/// The ready pods of a pod list, at every target port, in a stable (address) order.
+pub fn ready_endpoints(body: &[u8], target_ports: &[u16]) -> Result<Vec<Discovered>, String> {
+    let list: PodList =
+        serde_json::from_slice(body).map_err(|error| format!("not a pod list: {error}"))?;
+    let mut endpoints = Vec::new();
+    for pod in list.items {
+        let ready = pod.status.phase == "Running"
+            && pod.metadata.deletion_timestamp.is_none()
+            && pod
+                .status
+                .conditions
+                .iter()
+                .any(|c| c.kind == "Ready" && c.status == "True");
+        let Some(ip) = pod.status.pod_ip.filter(|_| ready) else {
+            continue;
+        };
+        let host = if ip.contains(':') {
+            format!("[{ip}]")
+        } else {
+            ip
+        };
+        for port in target_ports {
+            if let Ok(address) = canonical_address(&format!("{host}:{port}")) {
+                endpoints.push((address, pod.metadata.labels.clone()));
+            }
+        }
+    }
+    endpoints.sort_by(|a, b| a.0.cmp(&b.0));
+    endpoints.dedup_by(|a, b| a.0 == b.0);
+    Ok(endpoints)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(yaml: &str) -> DiscoveryConfig {
+        serde_yaml::from_str(yaml).unwrap()
+    }
+
+    #[test]
+    fn path_carries_the_selector() {
+        let discovery = config(
+            "{cluster: k8s, namespace: llm, targetPorts: [8000], selector: {matchLabels: {app: vllm}, matchExpressions: [{key: tier, operator: In, values: [a, b]}, {key: canary, operator: DoesNotExist}]}}",
+        );
+        assert_eq!(
+            discovery.pods_path(),
+            "/api/v1/namespaces/llm/pods?labelSelector=app%3Dvllm%2Ctier%20in%20%28a%2Cb%29%2C%21canary"
+        );
+        assert_eq!(discovery.interval, Duration::from_secs(5));
+        assert!(discovery.validate().is_ok());
+        assert!(
+            config("{cluster: k8s, targetPorts: [], selector: {matchLabels: {a: b}}}")
+                .validate()
+                .is_err()
+        );
+        assert!(config("{cluster: k8s, targetPorts: [80], selector: {}}")
+            .validate()
+            .is_err());
+    }
+
+    #[test]
+    fn only_ready_running_pods_count() {
+        let body = br#"{"kind":"PodList","items":[
+          {"metadata":{"name":"a","labels":{"app":"vllm","llm-d.ai/role":"decode"}},
+           "status":{"phase":"Running","podIP":"10.0.0.2","conditions":[{"type":"Ready","status":"True"}]}},
+          {"metadata":{"name":"b","labels":{"app":"vllm"}},
+           "status":{"phase":"Running","podIP":"10.0.0.3","conditions":[{"type":"Ready","status":"False"}]}},
+          {"metadata":{"name":"c","labels":{"app":"vllm"},"deletionTimestamp":"2026-01-01T00:00:00Z"},
+           "status":{"phase":"Running","podIP":"10.0.0.4","conditions":[{"type":"Ready","status":"True"}]}},
+          {"metadata":{"name":"d"},"status":{"phase":"Pending"}},
+          {"metadata":{"name":"e"},"status":{"phase":"Running","podIP":"fd00::5","conditions":[{"type":"Ready","status":"True"}]}}
+        ]}"#;
+        let endpoints = ready_endpoints(body, &[8000, 8001]).unwrap();
+        let addresses: Vec<&str> = endpoints.iter().map(|(a, _)| a.as_str()).collect();
+        assert_eq!(
+            addresses,
+            [
+                "10.0.0.2:8000",
+                "10.0.0.2:8001",
+                "[fd00::5]:8000",
+                "[fd00::5]:8001"
+            ]
+        );
+        assert_eq!(endpoints[0].1["llm-d.ai/role"], "decode");
+        assert!(ready_endpoints(b"<html>", &[80]).is_err());
+    }
+}

@@ -1,0 +1,211 @@
+//! Kubernetes discovery in a real Envoy: the filter polls a local server that answers like the
+//! API server's pod list; pods appear and disappear without a restart, and a failing API keeps
+//! the last known pool.
+
+mod support;
+
+use std::io::{BufRead, BufReader, Write};
+use std::net::TcpListener;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use support::{completion, free_port, shipped_picker_config, Envoy, Sim};
+
+/// A local stand-in for the API server: answers every request with the current status and
+/// body, and remembers the request lines and authorization headers it saw.
+struct FakeApi {
+    address: String,
+    answer: Arc<Mutex<(u16, String)>>,
+    seen: Arc<Mutex<Vec<String>>>,
+    stop: Arc<AtomicBool>,
+}
+
+impl FakeApi {
+    fn start() -> FakeApi {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.set_nonblocking(true).unwrap();
+        let address = listener.local_addr().unwrap().to_string();
+        let answer = Arc::new(Mutex::new((200, pod_list(&[]))));
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let stop = Arc::new(AtomicBool::new(false));
+        let (a, s, st) = (answer.clone(), seen.clone(), stop.clone());
+        std::thread::spawn(move || {
+            while !st.load(Ordering::Relaxed) {
+                match listener.accept() {
+                    Ok((stream, _)) => {
+                        let (a, s) = (a.clone(), s.clone());
+                        std::thread::spawn(move || serve(stream, &a, &s));
+                    }
+                    Err(_) => std::thread::sleep(Duration::from_millis(5)),
+                }
+            }
+        });
+        FakeApi {
+            address,
+            answer,
+            seen,
+            stop,
+        }
+    }
+
+    fn answer(&self, status: u16, body: String) {
+        *self.answer.lock().unwrap() = (status, body);
+    }
+}
+
+impl Drop for FakeApi {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+}
+
+fn serve(stream: std::net::TcpStream, answer: &Mutex<(u16, String)>, seen: &Mutex<Vec<String>>) {
+    stream.set_nonblocking(false).unwrap();
+    let mut reader = BufReader::new(stream.try_clone().unwrap());
+    let mut writer = stream;
+    loop {
+        let mut request = String::new();
+        if reader.read_line(&mut request).unwrap_or(0) == 0 {
+            return;
+        }
+        let mut line = String::new();
+        loop {
+            line.clear();
+            if reader.read_line(&mut line).unwrap_or(0) == 0 || line.trim().is_empty() {
+                break;
+            }
+            if line.to_ascii_lowercase().starts_with("authorization:") {
+                request.push_str(line.trim());
+            }
+        }
+        seen.lock().unwrap().push(request);
+        let (status, body) = answer.lock().unwrap().clone();
+        let reply = format!(
+            "HTTP/1.1 {status} X\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        if writer.write_all(reply.as_bytes()).is_err() {
+            return;
+        }
+    }
+}
+
+/// A PodList with the given `(name, ip, ready)` pods, all labelled `app: vllm`.
+fn pod_list(pods: &[(&str, &str, bool)]) -> String {
+    let items: Vec<String> = pods
+        .iter()
+        .map(|(name, ip, ready)| {
+            format!(
+                r#"{{"metadata":{{"name":"{name}","labels":{{"app":"vllm","llm-d.ai/role":"decode"}}}},"status":{{"phase":"Running","podIP":"{ip}","conditions":[{{"type":"Ready","status":"{}"}}]}}}}"#,
+                if *ready { "True" } else { "False" }
+            )
+        })
+        .collect();
+    format!(
+        r#"{{"kind":"PodList","apiVersion":"v1","items":[{}]}}"#,
+        items.join(",")
+    )
+}
+
+/// Sends requests until one is served by `pod`, or panics after `seconds`.
+fn until_served_by(envoy: &Envoy, pod: &str, seconds: u64) {
+    let deadline = Instant::now() + Duration::from_secs(seconds);
+    let mut n = 0;
+    loop {
+        let response = envoy.post("/v1/completions", &completion(n));
+        if response.status == 200 && response.pod() == pod {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{pod} never served (last: {} {})",
+            response.status,
+            response.text()
+        );
+        n += 1;
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn pods_appear_and_disappear_without_a_restart() {
+    let port = free_port();
+    let port_text = port.to_string();
+    let a = Sim::start_at(
+        "pod-a",
+        port,
+        &["--host", "127.0.0.2", "--background-waiting", "4"],
+    );
+    let b = Sim::start_at("pod-b", port, &["--host", "127.0.0.3"]);
+    assert_eq!(a.address, format!("127.0.0.2:{port}"));
+    assert_eq!(b.address, format!("127.0.0.3:{port}"));
+    let api = FakeApi::start();
+    api.answer(
+        200,
+        pod_list(&[("pod-a", "127.0.0.2", true), ("pod-b", "127.0.0.3", false)]),
+    );
+
+    let mut picker: serde_yaml::Value = serde_yaml::from_str(&shipped_picker_config()).unwrap();
+    picker["pool"]["endpoints"] = serde_yaml::Value::Sequence(vec![]);
+    picker["pool"]["discovery"] = serde_yaml::from_str(&format!(
+        "{{cluster: kubernetes_api, authority: kubernetes.default.svc, namespace: llm, \
+          selector: {{matchLabels: {{app: vllm}}}}, targetPorts: [{port_text}], \
+          bearerToken: test-token, interval: 200ms}}"
+    ))
+    .unwrap();
+    let api_address = api.address.clone();
+    let envoy = Envoy::start_with(&serde_yaml::to_string(&picker).unwrap(), 2, move |config| {
+        let (host, port) = api_address.rsplit_once(':').unwrap();
+        let cluster: serde_yaml::Value = serde_yaml::from_str(&format!(
+            "{{name: kubernetes_api, type: STATIC, connect_timeout: 1s, load_assignment: \
+              {{cluster_name: kubernetes_api, endpoints: [{{lb_endpoints: [{{endpoint: \
+              {{address: {{socket_address: {{address: '{host}', port_value: {port}}}}}}}}}]}}]}}}}"
+        ))
+        .unwrap();
+        if let serde_yaml::Value::Sequence(clusters) = &mut config["static_resources"]["clusters"] {
+            clusters.push(cluster);
+        }
+    });
+
+    // Only pod-a is ready: it serves, despite its queue.
+    until_served_by(&envoy, "pod-a", 10);
+    // pod-b becomes ready: with the shorter queue, it takes the traffic.
+    api.answer(
+        200,
+        pod_list(&[("pod-a", "127.0.0.2", true), ("pod-b", "127.0.0.3", true)]),
+    );
+    until_served_by(&envoy, "pod-b", 10);
+    // pod-a goes away; even with its queue empty it gets nothing more.
+    a.admin("load", r#"{"background_waiting":0}"#);
+    api.answer(200, pod_list(&[("pod-b", "127.0.0.3", true)]));
+    assert!(
+        envoy.wait_for_log_line("removed [\"127.0.0.2").is_some(),
+        "{}",
+        envoy.log()
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    let before = a.requests_total();
+    for n in 0..10 {
+        let response = envoy.post("/v1/completions", &completion(100 + n));
+        assert_eq!((response.status, response.pod().as_str()), (200, "pod-b"));
+    }
+    assert_eq!(a.requests_total(), before);
+    // The API fails: the last known pool stays.
+    api.answer(500, r#"{"kind":"Status","status":"Failure"}"#.into());
+    assert!(envoy
+        .wait_for_log_line("keeping the last known pool")
+        .is_some());
+    for n in 0..5 {
+        assert_eq!(
+            envoy.post("/v1/completions", &completion(200 + n)).pod(),
+            "pod-b"
+        );
+    }
+    let seen = api.seen.lock().unwrap().clone();
+    assert!(
+        seen.iter().any(|r| r
+            .starts_with("GET /api/v1/namespaces/llm/pods?labelSelector=app%3Dvllm HTTP/1.1")
+            && r.contains("Bearer test-token")),
+        "{seen:?}"
+    );
+}
