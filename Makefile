@@ -12,7 +12,7 @@ SIM := target/release/examples/model-server-sim
 FUZZ_SECONDS ?= 60
 FUZZ_TARGETS := body_parser prometheus_parser config_loader
 
-.PHONY: all build sim envoy toolchain lint unit integration test demo soak bench bench-quick bench-schedule bench-hop bench-quality fuzz check clean
+.PHONY: all build sim envoy toolchain lint unit wasm-unit integration test demo soak bench bench-quick bench-schedule bench-hop bench-quality fuzz check clean
 
 all: build
 
@@ -44,10 +44,15 @@ lint: toolchain
 unit:
 	$(CARGO) test --lib
 
+## wasm-unit: the same unit tests compiled to wasm32-wasip1 and run under Node's V8 (WASI)
+wasm-unit: toolchain
+	$(CARGO) test --lib --target wasm32-wasip1 --no-run
+	node --no-warnings tests/wasm/run-wasi.mjs $$(ls -t target/wasm32-wasip1/debug/deps/inference_picker-*.wasm | head -1)
+
 integration: build sim envoy
 	$(CARGO) test --tests -- --test-threads 2
 
-test: lint unit integration
+test: lint unit wasm-unit integration
 
 ## demo: real Envoy (--concurrency 2), the filter, four simulated pods, a routing decision per request
 demo: build sim envoy
