@@ -12,7 +12,7 @@ SIM := target/release/examples/model-server-sim
 FUZZ_SECONDS ?= 60
 FUZZ_TARGETS := body_parser prometheus_parser config_loader
 
-.PHONY: all build sim envoy toolchain lint unit wasm-unit integration test demo soak bench bench-quick bench-schedule bench-hop bench-quality fuzz check clean
+.PHONY: all build sim envoy toolchain lint unit wasm-unit integration test demo soak bench bench-quick bench-schedule bench-hop bench-quality fuzz check compose-up compose-down clean
 
 all: build
 
@@ -78,6 +78,15 @@ bench-hop: build sim envoy
 
 bench-quality: build sim envoy
 	$(CARGO) run --release --example bench -- quality
+
+## compose-up / compose-down: Envoy + the filter + four simulated pods in Docker (see deploy/compose)
+COMPOSE := docker compose -f deploy/compose/docker-compose.yaml
+compose-up: build
+	$(COMPOSE) up -d --build
+	@echo "Envoy on 127.0.0.1:10000; load: $(COMPOSE) run --rm load"
+
+compose-down:
+	$(COMPOSE) down
 
 ## check: load CONFIG with the filter's own loader; print errors, warnings, the effective config
 check:
