@@ -12,7 +12,7 @@ SIM := target/release/examples/model-server-sim
 FUZZ_SECONDS ?= 60
 FUZZ_TARGETS := body_parser prometheus_parser config_loader
 
-.PHONY: all build sim envoy toolchain lint unit wasm-unit integration test demo soak bench bench-quick bench-schedule bench-hop bench-quality fuzz check compose-up compose-down clean
+.PHONY: all build sim envoy toolchain lint unit wasm-unit integration test demo soak bench bench-quick bench-schedule bench-hop bench-quality fuzz check compose-up compose-down image clean
 
 all: build
 
@@ -87,6 +87,10 @@ compose-up: build
 
 compose-down:
 	$(COMPOSE) down
+
+## image: the filter as an OCI image for Istio / Envoy Gateway (needs docker)
+image: build
+	docker build -f deploy/istio/Dockerfile -t inference-picker:dev .
 
 ## check: load CONFIG with the filter's own loader; print errors, warnings, the effective config
 check:
