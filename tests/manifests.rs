@@ -59,7 +59,12 @@ fn validate(value: &Value, schema: &Value, path: &str, errors: &mut Vec<String>)
     }
     // `required` holds with or without a `type` (oneOf alternatives list only `required`).
     if let Some(map) = value.as_mapping() {
-        for required in schema.get("required").and_then(Value::as_sequence).into_iter().flatten() {
+        for required in schema
+            .get("required")
+            .and_then(Value::as_sequence)
+            .into_iter()
+            .flatten()
+        {
             if !map.contains_key(required) {
                 errors.push(format!("{path}: missing required {required:?}"));
             }
@@ -144,7 +149,10 @@ fn check(file: &str, crd: &str) -> Value {
         manifest["apiVersion"].as_str().unwrap(),
         manifest["kind"].as_str().unwrap(),
     );
-    assert!(manifest["metadata"]["name"].is_string(), "{file}: metadata.name");
+    assert!(
+        manifest["metadata"]["name"].is_string(),
+        "{file}: metadata.name"
+    );
     // The API server supplies apiVersion, kind and metadata itself; the CRD schema covers the rest.
     let mut body = manifest.clone();
     if let Some(map) = body.as_mapping_mut() {
