@@ -5,10 +5,10 @@ mod support;
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
-use support::{completion, example_config, with_endpoints, Envoy, Sim, MODEL};
+use support::{completion, example_envoy, Envoy, Sim, MODEL};
 
 fn gateway(config: &str, sims: &[&Sim], concurrency: u32) -> Envoy {
-    let envoy = Envoy::start(&with_endpoints(&example_config(config), sims), concurrency);
+    let envoy = example_envoy(config, sims, concurrency);
     for sim in sims {
         sim.wait_for_scrapes(3);
     }

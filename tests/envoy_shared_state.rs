@@ -5,7 +5,7 @@ mod support;
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use support::{example_config, shipped_picker_config, with_endpoints, Envoy, Sim, MODEL};
+use support::{example_envoy, shipped_picker_config, with_endpoints, Envoy, Sim, MODEL};
 
 #[test]
 fn each_pod_is_scraped_about_once_per_interval_with_four_workers() {
@@ -47,10 +47,7 @@ fn every_worker_sees_the_requests_the_others_placed() {
         .map(|name| Sim::start(name, &slow))
         .collect();
     let refs: Vec<&Sim> = sims.iter().collect();
-    let envoy = Arc::new(Envoy::start(
-        &with_endpoints(&example_config("active-request.yaml"), &refs),
-        4,
-    ));
+    let envoy = Arc::new(example_envoy("active-request.yaml", &refs, 4));
     for sim in &refs {
         sim.wait_for_scrapes(3);
     }
@@ -89,10 +86,7 @@ fn shared_system_prompt_sticks_with_four_workers() {
         .map(|name| Sim::start(name, &[]))
         .collect();
     let refs: Vec<&Sim> = sims.iter().collect();
-    let envoy = Envoy::start(
-        &with_endpoints(&example_config("prefix-and-load.yaml"), &refs),
-        4,
-    );
+    let envoy = example_envoy("prefix-and-load.yaml", &refs, 4);
     for sim in &refs {
         sim.wait_for_scrapes(3);
     }

@@ -190,6 +190,18 @@ pub fn picker_config_of(relative: &str) -> String {
         .to_string()
 }
 
+/// Envoy from `envoy/examples/<name>` (the example's picker config in envoy.yaml), with the
+/// pool's addresses replaced by these pods.
+pub fn example_envoy(name: &str, sims: &[&Sim], concurrency: u32) -> Envoy {
+    let file = format!("envoy/examples/{name}");
+    Envoy::start_from(
+        &file,
+        &with_endpoints(&picker_config_of(&file), sims),
+        concurrency,
+        |_| {},
+    )
+}
+
 /// A config from `examples/configs/`.
 pub fn example_config(name: &str) -> String {
     std::fs::read_to_string(repo().join("examples/configs").join(name)).expect("example config")

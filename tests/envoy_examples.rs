@@ -1,0 +1,74 @@
+//! `envoy/examples/<name>.yaml` is `envoy/envoy.yaml` with the picker configuration of
+//! `examples/configs/<name>.yaml` in place of the shipped one, comments kept. This test keeps the
+//! files in step (run with `UPDATE_ENVOY_EXAMPLES=1` to rewrite them); the Envoy plugin tests
+//! start Envoy from these files.
+
+mod support;
+
+use support::repo;
+
+/// `envoy.yaml`'s text with the indented block under `value: |` replaced by `picker`.
+fn render(envoy: &str, picker: &str) -> String {
+    let mut out = String::new();
+    let mut lines = envoy.lines().peekable();
+    while let Some(line) = lines.next() {
+        out.push_str(line);
+        out.push('\n');
+        if line.trim() == "value: |" {
+            let indent = " ".repeat(line.len() - line.trim_start().len() + 2);
+            while lines
+                .peek()
+                .is_some_and(|next| next.starts_with(&indent) || next.trim().is_empty())
+            {
+                lines.next();
+            }
+            for picker_line in picker.lines() {
+                if picker_line.trim().is_empty() {
+                    out.push('\n');
+                } else {
+                    out.push_str(&format!("{indent}{picker_line}\n"));
+                }
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn every_example_has_its_envoy_config() {
+    let envoy = std::fs::read_to_string(repo().join("envoy/envoy.yaml")).unwrap();
+    let update = std::env::var_os("UPDATE_ENVOY_EXAMPLES").is_some();
+    std::fs::create_dir_all(repo().join("envoy/examples")).unwrap();
+    let mut names: Vec<String> = std::fs::read_dir(repo().join("examples/configs"))
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter(|n| n.ends_with(".yaml"))
+        .collect();
+    names.sort();
+    for name in names {
+        let picker = std::fs::read_to_string(repo().join("examples/configs").join(&name)).unwrap();
+        let header = format!(
+            "# Generated from envoy/envoy.yaml with the picker configuration of\n\
+             # examples/configs/{name}; `UPDATE_ENVOY_EXAMPLES=1 cargo test --test envoy_examples`\n\
+             # rewrites it. The tests run Envoy from this file.\n"
+        );
+        let rendered = format!("{header}{}", render(&envoy, &picker));
+        let target = repo().join("envoy/examples").join(&name);
+        if update {
+            std::fs::write(&target, &rendered).unwrap();
+        }
+        let committed = std::fs::read_to_string(&target)
+            .unwrap_or_else(|_| panic!("{} is missing", target.display()));
+        assert_eq!(
+            committed, rendered,
+            "{name} is stale: UPDATE_ENVOY_EXAMPLES=1 cargo test --test envoy_examples"
+        );
+        // The embedded configuration is the example's, byte for byte.
+        let config: serde_yaml::Value = serde_yaml::from_str(&committed).unwrap();
+        let embedded = support::picker_config_of(&format!("envoy/examples/{name}"));
+        assert_eq!(embedded.trim_end(), picker.trim_end(), "{name}");
+        assert!(
+            config["static_resources"]["clusters"][0]["name"] == "original_destination_cluster"
+        );
+    }
+}
