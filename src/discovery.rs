@@ -30,6 +30,18 @@ pub struct DiscoveryConfig {
     pub bearer_token: Option<String>,
     #[serde(default = "default_interval", with = "serde_go")]
     pub interval: Duration,
+    /// `pods` (default: ready pods, each with its own labels) or `endpointslices` (ready
+    /// endpoints of the matching EndpointSlices, labelled with their slice's labels).
+    #[serde(default)]
+    pub resource: Resource,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Resource {
+    #[default]
+    Pods,
+    EndpointSlices,
 }
 
 fn default_namespace() -> String {
@@ -54,13 +66,29 @@ impl DiscoveryConfig {
         self.selector.validate()
     }
 
-    /// The pod list request path: `/api/v1/namespaces/{ns}/pods?labelSelector=...`.
-    pub fn pods_path(&self) -> String {
+    /// The list request path, e.g. `/api/v1/namespaces/{ns}/pods?labelSelector=...`.
+    pub fn list_path(&self) -> String {
+        let collection = match self.resource {
+            Resource::Pods => "api/v1",
+            Resource::EndpointSlices => "apis/discovery.k8s.io/v1",
+        };
+        let kind = match self.resource {
+            Resource::Pods => "pods",
+            Resource::EndpointSlices => "endpointslices",
+        };
         format!(
-            "/api/v1/namespaces/{}/pods?labelSelector={}",
+            "/{collection}/namespaces/{}/{kind}?labelSelector={}",
             percent_encode(&self.namespace),
             percent_encode(&label_selector(&self.selector))
         )
+    }
+
+    /// The ready endpoints in the API's answer to [`DiscoveryConfig::list_path`].
+    pub fn endpoints(&self, body: &[u8]) -> Result<Vec<Discovered>, String> {
+        match self.resource {
+            Resource::Pods => ready_endpoints(body, &self.target_ports),
+            Resource::EndpointSlices => ready_slice_endpoints(body, &self.target_ports),
+        }
     }
 }
 
@@ -137,6 +165,82 @@ struct Condition {
     status: String,
 }
 
+#[derive(Deserialize)]
+struct SliceList {
+    #[serde(default)]
+    items: Vec<Slice>,
+}
+
+#[derive(Deserialize)]
+struct Slice {
+    #[serde(default)]
+    metadata: PodMetadata,
+    #[serde(default)]
+    endpoints: Vec<SliceEndpoint>,
+    #[serde(default)]
+    ports: Option<Vec<SlicePort>>,
+}
+
+#[derive(Deserialize)]
+struct SliceEndpoint {
+    #[serde(default)]
+    addresses: Vec<String>,
+    #[serde(default)]
+    conditions: SliceConditions,
+}
+
+#[derive(Default, Deserialize)]
+struct SliceConditions {
+    /// Absent means ready (the API's convention).
+    ready: Option<bool>,
+    terminating: Option<bool>,
+}
+
+#[derive(Deserialize)]
+struct SlicePort {
+    port: Option<u16>,
+}
+
+/// Ready endpoints of EndpointSlices at the target ports the slices expose.
+pub fn ready_slice_endpoints(body: &[u8], target_ports: &[u16]) -> Result<Vec<Discovered>, String> {
+    let list: SliceList = serde_json::from_slice(body)
+        .map_err(|error| format!("not an EndpointSlice list: {error}"))?;
+    let mut endpoints = Vec::new();
+    for slice in list.items {
+        let exposed: Vec<u16> = slice
+            .ports
+            .iter()
+            .flatten()
+            .filter_map(|p| p.port)
+            .collect();
+        for endpoint in slice.endpoints {
+            let ready = endpoint.conditions.ready.unwrap_or(true)
+                && !endpoint.conditions.terminating.unwrap_or(false);
+            if !ready {
+                continue;
+            }
+            for ip in &endpoint.addresses {
+                let host = if ip.contains(':') {
+                    format!("[{ip}]")
+                } else {
+                    ip.clone()
+                };
+                for port in target_ports
+                    .iter()
+                    .filter(|p| exposed.is_empty() || exposed.contains(p))
+                {
+                    if let Ok(address) = canonical_address(&format!("{host}:{port}")) {
+                        endpoints.push((address, slice.metadata.labels.clone()));
+                    }
+                }
+            }
+        }
+    }
+    endpoints.sort_by(|a, b| a.0.cmp(&b.0));
+    endpoints.dedup_by(|a, b| a.0 == b.0);
+    Ok(endpoints)
+}
+
 /// One discovered endpoint: canonical `ip:port` and the pod's labels.
 pub type Discovered = (String, BTreeMap<String, String>);
 
@@ -186,7 +290,7 @@ mod tests {
             "{cluster: k8s, namespace: llm, targetPorts: [8000], selector: {matchLabels: {app: vllm}, matchExpressions: [{key: tier, operator: In, values: [a, b]}, {key: canary, operator: DoesNotExist}]}}",
         );
         assert_eq!(
-            discovery.pods_path(),
+            discovery.list_path(),
             "/api/v1/namespaces/llm/pods?labelSelector=app%3Dvllm%2Ctier%20in%20%28a%2Cb%29%2C%21canary"
         );
         assert_eq!(discovery.interval, Duration::from_secs(5));
@@ -226,5 +330,26 @@ mod tests {
         );
         assert_eq!(endpoints[0].1["llm-d.ai/role"], "decode");
         assert!(ready_endpoints(b"<html>", &[80]).is_err());
+    }
+
+    #[test]
+    fn endpoint_slices() {
+        let discovery = config(
+            "{cluster: k8s, namespace: llm, targetPorts: [8000], resource: endpointslices, selector: {matchLabels: {kubernetes.io/service-name: vllm}}}",
+        );
+        assert_eq!(
+            discovery.list_path(),
+            "/apis/discovery.k8s.io/v1/namespaces/llm/endpointslices?labelSelector=kubernetes.io%2Fservice-name%3Dvllm"
+        );
+        let body = br#"{"kind":"EndpointSliceList","items":[{"metadata":{"labels":{"kubernetes.io/service-name":"vllm"}},
+          "ports":[{"name":"http","port":8000}],
+          "endpoints":[{"addresses":["10.0.0.2"],"conditions":{"ready":true}},
+                       {"addresses":["10.0.0.3"],"conditions":{"ready":false}},
+                       {"addresses":["10.0.0.4"]},
+                       {"addresses":["10.0.0.5"],"conditions":{"ready":true,"terminating":true}}]}]}"#;
+        let endpoints = discovery.endpoints(body).unwrap();
+        let addresses: Vec<&str> = endpoints.iter().map(|(a, _)| a.as_str()).collect();
+        assert_eq!(addresses, ["10.0.0.2:8000", "10.0.0.4:8000"]);
+        assert_eq!(endpoints[0].1["kubernetes.io/service-name"], "vllm");
     }
 }

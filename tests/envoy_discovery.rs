@@ -25,7 +25,7 @@ impl FakeApi {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         listener.set_nonblocking(true).unwrap();
         let address = listener.local_addr().unwrap().to_string();
-        let answer = Arc::new(Mutex::new((200, pod_list(&[]))));
+        let answer = Arc::new(Mutex::new((200, String::from(r#"{"items":[]}"#))));
         let seen = Arc::new(Mutex::new(Vec::new()));
         let stop = Arc::new(AtomicBool::new(false));
         let (a, s, st) = (answer.clone(), seen.clone(), stop.clone());
@@ -127,8 +127,48 @@ fn until_served_by(envoy: &Envoy, pod: &str, seconds: u64) {
     }
 }
 
+/// An EndpointSliceList of one slice of the `vllm` service with the given endpoints.
+fn slice_list(pods: &[(&str, &str, bool)]) -> String {
+    let endpoints: Vec<String> = pods
+        .iter()
+        .map(|(name, ip, ready)| {
+            format!(
+                r#"{{"addresses":["{ip}"],"conditions":{{"ready":{ready}}},"targetRef":{{"kind":"Pod","name":"{name}"}}}}"#
+            )
+        })
+        .collect();
+    format!(
+        r#"{{"kind":"EndpointSliceList","apiVersion":"discovery.k8s.io/v1","items":[{{"metadata":{{"name":"vllm-abc","labels":{{"kubernetes.io/service-name":"vllm"}}}},"addressType":"IPv4","ports":[{{"name":"http","port":PORT}}],"endpoints":[{}]}}]}}"#,
+        endpoints.join(",")
+    )
+}
+
 #[test]
 fn pods_appear_and_disappear_without_a_restart() {
+    discovery_flow(
+        "pods",
+        "{matchLabels: {app: vllm}}",
+        "/api/v1/namespaces/llm/pods?labelSelector=app%3Dvllm",
+        pod_list,
+    );
+}
+
+#[test]
+fn endpoint_slices_appear_and_disappear_without_a_restart() {
+    discovery_flow(
+        "endpointslices",
+        "{matchLabels: {kubernetes.io/service-name: vllm}}",
+        "/apis/discovery.k8s.io/v1/namespaces/llm/endpointslices?labelSelector=kubernetes.io%2Fservice-name%3Dvllm",
+        slice_list,
+    );
+}
+
+fn discovery_flow(
+    resource: &str,
+    selector: &str,
+    expected_path: &str,
+    list: fn(&[(&str, &str, bool)]) -> String,
+) {
     let port = free_port();
     let port_text = port.to_string();
     let a = Sim::start_at(
@@ -140,16 +180,17 @@ fn pods_appear_and_disappear_without_a_restart() {
     assert_eq!(a.address, format!("127.0.0.2:{port}"));
     assert_eq!(b.address, format!("127.0.0.3:{port}"));
     let api = FakeApi::start();
+    let list = |pods: &[(&str, &str, bool)]| list(pods).replace("PORT", &port_text);
     api.answer(
         200,
-        pod_list(&[("pod-a", "127.0.0.2", true), ("pod-b", "127.0.0.3", false)]),
+        list(&[("pod-a", "127.0.0.2", true), ("pod-b", "127.0.0.3", false)]),
     );
 
     let mut picker: serde_yaml::Value = serde_yaml::from_str(&shipped_picker_config()).unwrap();
     picker["pool"]["endpoints"] = serde_yaml::Value::Sequence(vec![]);
     picker["pool"]["discovery"] = serde_yaml::from_str(&format!(
         "{{cluster: kubernetes_api, authority: kubernetes.default.svc, namespace: llm, \
-          selector: {{matchLabels: {{app: vllm}}}}, targetPorts: [{port_text}], \
+          resource: {resource}, selector: {selector}, targetPorts: [{port_text}], \
           bearerToken: test-token, interval: 200ms}}"
     ))
     .unwrap();
@@ -172,12 +213,12 @@ fn pods_appear_and_disappear_without_a_restart() {
     // pod-b becomes ready: with the shorter queue, it takes the traffic.
     api.answer(
         200,
-        pod_list(&[("pod-a", "127.0.0.2", true), ("pod-b", "127.0.0.3", true)]),
+        list(&[("pod-a", "127.0.0.2", true), ("pod-b", "127.0.0.3", true)]),
     );
     until_served_by(&envoy, "pod-b", 10);
     // pod-a goes away; even with its queue empty it gets nothing more.
     a.admin("load", r#"{"background_waiting":0}"#);
-    api.answer(200, pod_list(&[("pod-b", "127.0.0.3", true)]));
+    api.answer(200, list(&[("pod-b", "127.0.0.3", true)]));
     assert!(
         envoy.wait_for_log_line("removed [\"127.0.0.2").is_some(),
         "{}",
@@ -203,9 +244,9 @@ fn pods_appear_and_disappear_without_a_restart() {
     }
     let seen = api.seen.lock().unwrap().clone();
     assert!(
-        seen.iter().any(|r| r
-            .starts_with("GET /api/v1/namespaces/llm/pods?labelSelector=app%3Dvllm HTTP/1.1")
-            && r.contains("Bearer test-token")),
+        seen.iter()
+            .any(|r| r.starts_with(&format!("GET {expected_path} HTTP/1.1"))
+                && r.contains("Bearer test-token")),
         "{seen:?}"
     );
 }

@@ -74,7 +74,7 @@ impl PickerRoot {
             return;
         }
         self.next_discovery_ms = self.last_tick_ms + duration_ms(discovery.interval);
-        let path = discovery.pods_path();
+        let path = discovery.list_path();
         let authority = discovery.authority.as_deref().unwrap_or(&discovery.cluster);
         let bearer = discovery
             .bearer_token
@@ -120,7 +120,7 @@ impl PickerRoot {
         };
         let found = abi::buffer(BufferType::HttpCallResponseBody, 0, body_size)
             .map_err(|error| error.to_string())
-            .and_then(|body| crate::discovery::ready_endpoints(&body, &discovery.target_ports));
+            .and_then(|body| discovery.endpoints(&body));
         let found = match found {
             Ok(found) => found,
             Err(error) => {
