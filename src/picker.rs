@@ -6,8 +6,19 @@ use crate::endpoint::{EndpointState, Health, HealthTransition, Pool};
 use crate::error_response::RequestError;
 use crate::metrics::{self, ExtractError, MetricSelector};
 use crate::request::{parse_body, rewrite_model, ApiKind, InferenceRequest, RequestHeaders};
-use crate::scheduling::plugins::session_affinity_scorer;
+use crate::scheduling::plugins::{header_based_testing_filter, session_affinity_scorer};
 use crate::scheduling::{ScheduleError, Scheduler};
+
+/// Which optional protocol headers the configuration reads: each is a host call per request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HeaderUse {
+    /// `x-session-token`, for `session-affinity-scorer` (which also returns it).
+    pub session_token: bool,
+    /// `test-epp-endpoint-selection`, for `header-based-testing-filter`.
+    pub test_selection: bool,
+    /// `x-gateway-inference-objective`, when `pool.objectives` declares any.
+    pub objective: bool,
+}
 
 /// What changed on a tick, for the log.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -54,8 +65,8 @@ pub struct Picker {
     scrape_pending: Vec<bool>,
     all_unfresh: bool,
     saturated: bool,
-    /// A session-affinity scorer is configured, so responses carry the session token.
-    issues_session_tokens: bool,
+    /// The optional protocol headers this configuration uses; the others are never read.
+    header_use: HeaderUse,
     /// Per custom selector: its label mismatch was already reported.
     selector_warned: Vec<bool>,
     /// The first endpoints come from `pool.endpoints` and are never removed by discovery.
@@ -71,14 +82,21 @@ impl Picker {
             .map(|(address, labels)| EndpointState::new(address, labels))
             .collect();
         let count = endpoints.len();
-        let issues_session_tokens = config
-            .scheduler
-            .plugins()
-            .iter()
-            .any(|p| p.type_name == session_affinity_scorer::TYPE);
+        let configured = |type_name: &str| {
+            config
+                .scheduler
+                .plugins()
+                .iter()
+                .any(|p| p.type_name == type_name)
+        };
+        let header_use = HeaderUse {
+            session_token: configured(session_affinity_scorer::TYPE),
+            test_selection: configured(header_based_testing_filter::TYPE),
+            objective: !config.pool.objectives.is_empty(),
+        };
         Picker {
             static_count: count,
-            issues_session_tokens,
+            header_use,
             selector_warned: vec![false; config.metric_selectors.len()],
             pool: Pool::new(endpoints),
             scheduler: config.scheduler,
@@ -102,6 +120,10 @@ impl Picker {
 
     pub fn settings(&self) -> &PoolConfig {
         &self.settings
+    }
+
+    pub fn header_use(&self) -> HeaderUse {
+        self.header_use
     }
 
     pub fn scheduler(&self) -> &Scheduler {
@@ -334,7 +356,8 @@ impl Picker {
             .and_then(|index| self.address(index))
             .map(str::to_owned);
         let session_token = self
-            .issues_session_tokens
+            .header_use
+            .session_token
             .then(|| session_affinity_scorer::token_for(self.address(primary).unwrap_or("")));
         let header = if self.settings.destination_list && !fallbacks.is_empty() {
             format!("{destination},{fallbacks}")

@@ -57,8 +57,6 @@ pub struct RequestHeaders {
     pub test_endpoint_selection: Option<String>,
     /// `x-gateway-inference-objective`: names an objective declared in `pool.objectives`.
     pub objective: Option<String>,
-    /// `x-gateway-inference-fairness-id`: the tenant the request is accounted to.
-    pub fairness_id: Option<String>,
     /// `x-gateway-model-name-rewrite`: the model the request is scheduled and served as.
     pub model_rewrite: Option<String>,
 }

@@ -31,7 +31,8 @@ pub const SESSION_TOKEN_HEADER: &str = "x-session-token";
 pub const REQUEST_ID_HEADER: &str = "x-request-id";
 const TEST_SELECTION_HEADER: &str = "test-epp-endpoint-selection";
 const OBJECTIVE_HEADER: &str = "x-gateway-inference-objective";
-const FAIRNESS_ID_HEADER: &str = "x-gateway-inference-fairness-id";
+/// Only shown in the decision log (read there, when debug logging is on).
+pub const FAIRNESS_ID_HEADER: &str = "x-gateway-inference-fairness-id";
 const MODEL_REWRITE_HEADER: &str = "x-gateway-model-name-rewrite";
 
 /// What the request flow needs from the proxy.
@@ -85,7 +86,11 @@ impl Default for RequestFlow {
 
 fn header_text(host: &impl HttpHost, name: &str) -> Option<String> {
     host.request_header(name)
-        .map(|value| String::from_utf8_lossy(&value).trim().to_owned())
+        .map(|value| match String::from_utf8(value) {
+            Ok(text) => text,
+            Err(error) => String::from_utf8_lossy(error.as_bytes()).into_owned(),
+        })
+        .map(|text| text.trim().to_owned())
         .filter(|value| !value.is_empty())
 }
 
@@ -106,12 +111,14 @@ impl RequestFlow {
         Flow::Pause
     }
 
+    /// Reads the protocol headers the configuration uses; each read is a host call.
     fn read_protocol_headers(&mut self, host: &impl HttpHost, picker: &mut Picker) {
+        let uses = picker.header_use();
+        let read = |used: bool, name: &str| used.then(|| header_text(host, name)).flatten();
         self.headers = RequestHeaders {
-            session_token: header_text(host, SESSION_TOKEN_HEADER),
-            test_endpoint_selection: header_text(host, TEST_SELECTION_HEADER),
-            objective: header_text(host, OBJECTIVE_HEADER),
-            fairness_id: header_text(host, FAIRNESS_ID_HEADER),
+            session_token: read(uses.session_token, SESSION_TOKEN_HEADER),
+            test_endpoint_selection: read(uses.test_selection, TEST_SELECTION_HEADER),
+            objective: read(uses.objective, OBJECTIVE_HEADER),
             model_rewrite: header_text(host, MODEL_REWRITE_HEADER),
         };
         self.request_id = match header_text(host, REQUEST_ID_HEADER) {
@@ -259,10 +266,12 @@ mod tests {
         body: RefCell<Vec<u8>>,
         reply: RefCell<Option<(u16, Vec<u8>)>>,
         fail_set_header: bool,
+        reads: RefCell<Vec<String>>,
     }
 
     impl HttpHost for FakeHost {
         fn request_header(&self, name: &str) -> Option<Vec<u8>> {
+            self.reads.borrow_mut().push(name.to_string());
             self.headers
                 .borrow()
                 .get(name)
@@ -504,5 +513,24 @@ mod tests {
             panic!("{:?}", flow.outcome);
         };
         assert!(routed.degraded);
+    }
+
+    #[test]
+    fn only_the_headers_the_configuration_uses_are_read() {
+        let mut picker = picker();
+        let host = host("/v1/completions", r#"{"model":"m","prompt":"x"}"#);
+        routed(&host, &mut picker);
+        let reads = host.reads.borrow().clone();
+        for unused in [
+            SESSION_TOKEN_HEADER,
+            TEST_SELECTION_HEADER,
+            OBJECTIVE_HEADER,
+        ] {
+            assert!(
+                !reads.iter().any(|r| r == unused),
+                "{unused} read: {reads:?}"
+            );
+        }
+        assert!(reads.iter().any(|r| r == MODEL_REWRITE_HEADER));
     }
 }

@@ -181,8 +181,7 @@ impl Coordinator {
                 })
                 .collect(),
         };
-        let bytes = serde_json::to_vec(&snapshot).unwrap_or_default();
-        store.set(&self.snapshot_key, &bytes, None).map(|_| ())
+        publish(store, &self.snapshot_key, &snapshot)
     }
 
     /// A follower takes in the snapshot if it is newer than the last one it applied. Returns
@@ -192,10 +191,7 @@ impl Coordinator {
         store: &impl SharedStore,
         pool: &mut Pool,
     ) -> Result<bool, HostError> {
-        let Some((bytes, _)) = store.get(&self.snapshot_key)? else {
-            return Ok(false);
-        };
-        let Ok(snapshot) = serde_json::from_slice::<Snapshot>(&bytes) else {
+        let Some(snapshot) = read::<Snapshot>(store, &self.snapshot_key)? else {
             return Ok(false);
         };
         if snapshot.seq <= self.applied_seq {
@@ -226,11 +222,7 @@ impl Coordinator {
                 .map(|e| (e.in_flight, e.in_flight_tokens))
                 .collect(),
         };
-        store.set(
-            &self.load_key,
-            &serde_json::to_vec(&own).unwrap_or_default(),
-            None,
-        )?;
+        publish(store, &self.load_key, &own)?;
         for endpoint in &mut pool.endpoints {
             endpoint.remote_in_flight = 0;
             endpoint.remote_in_flight_tokens = 0;
@@ -238,10 +230,7 @@ impl Coordinator {
         let fresh_after = now_ms.saturating_sub(self.lease_ms.saturating_mul(3));
         for &vm in &self.others {
             let key = format!("{}/load/{vm:x}", self.namespace);
-            let Some((bytes, _)) = store.get(&key)? else {
-                continue;
-            };
-            let Ok(load) = serde_json::from_slice::<Load>(&bytes) else {
+            let Some(load) = read::<Load>(store, &key)? else {
                 continue;
             };
             if load.stamp_ms < fresh_after {
@@ -267,16 +256,12 @@ impl Coordinator {
             seq: self.members_seq,
             members,
         };
-        let bytes = serde_json::to_vec(&membership).unwrap_or_default();
-        store.set(&self.members_key, &bytes, None).map(|_| ())
+        publish(store, &self.members_key, &membership)
     }
 
     /// A membership list newer than the last one seen, if another VM published one.
     pub fn take_members(&mut self, store: &impl SharedStore) -> Result<Option<Members>, HostError> {
-        let Some((bytes, _)) = store.get(&self.members_key)? else {
-            return Ok(None);
-        };
-        let Ok(membership) = serde_json::from_slice::<Membership>(&bytes) else {
+        let Some(membership) = read::<Membership>(store, &self.members_key)? else {
             return Ok(None);
         };
         if membership.seq <= self.members_seq {
@@ -306,16 +291,12 @@ impl Coordinator {
             while self.prefix_batches.len() > KEPT_BATCHES {
                 self.prefix_batches.pop_front();
             }
-            let bytes = serde_json::to_vec(&self.prefix_batches).unwrap_or_default();
-            store.set(&self.prefix_key, &bytes, None)?;
+            publish(store, &self.prefix_key, &self.prefix_batches)?;
         }
         let mut remote = Vec::new();
         for &vm in &self.others {
             let key = format!("{}/prefix/{vm:x}", self.namespace);
-            let Some((bytes, _)) = store.get(&key)? else {
-                continue;
-            };
-            let Ok(batches) = serde_json::from_slice::<Vec<PrefixBatch>>(&bytes) else {
+            let Some(batches) = read::<Vec<PrefixBatch>>(store, &key)? else {
                 continue;
             };
             let seen = self
@@ -360,6 +341,22 @@ impl Coordinator {
         }
         Ok(())
     }
+}
+
+/// A value a VM published, or `None` if absent or unreadable (another version's format).
+fn read<T: serde::de::DeserializeOwned>(
+    store: &impl SharedStore,
+    key: &str,
+) -> Result<Option<T>, HostError> {
+    Ok(store
+        .get(key)?
+        .and_then(|(bytes, _)| serde_json::from_slice(&bytes).ok()))
+}
+
+/// Publishes a value, overwriting whatever is there: only its owner writes the key.
+fn publish<T: Serialize>(store: &impl SharedStore, key: &str, value: &T) -> Result<(), HostError> {
+    let bytes = serde_json::to_vec(value).unwrap_or_default();
+    store.set(key, &bytes, None).map(|_| ())
 }
 
 fn encode_hashes(hashes: &[u64]) -> String {

@@ -70,12 +70,11 @@ fn validate(value: &Value, schema: &Value, path: &str, errors: &mut Vec<String>)
             }
         }
     }
-    if let Some(forbidden) = schema.get("not") {
-        let mut sub = Vec::new();
-        validate(value, forbidden, path, &mut sub);
-        if sub.is_empty() {
-            errors.push(format!("{path}: matches a schema it must not"));
-        }
+    if schema
+        .get("not")
+        .is_some_and(|forbidden| passes(value, forbidden, path))
+    {
+        errors.push(format!("{path}: matches a schema it must not"));
     }
     if let Some(allowed) = schema.get("enum").and_then(Value::as_sequence) {
         if !allowed.contains(value) {
@@ -86,11 +85,7 @@ fn validate(value: &Value, schema: &Value, path: &str, errors: &mut Vec<String>)
         if let Some(alternatives) = schema.get(keyword).and_then(Value::as_sequence) {
             let passing = alternatives
                 .iter()
-                .filter(|alternative| {
-                    let mut sub = Vec::new();
-                    validate(value, alternative, path, &mut sub);
-                    sub.is_empty()
-                })
+                .filter(|alternative| passes(value, alternative, path))
                 .count();
             if (exactly_one && passing != 1) || passing == 0 {
                 errors.push(format!(
@@ -99,6 +94,12 @@ fn validate(value: &Value, schema: &Value, path: &str, errors: &mut Vec<String>)
             }
         }
     }
+}
+
+fn passes(value: &Value, schema: &Value, path: &str) -> bool {
+    let mut errors = Vec::new();
+    validate(value, schema, path, &mut errors);
+    errors.is_empty()
 }
 
 fn validate_object(
@@ -112,16 +113,6 @@ fn validate_object(
         errors.push(format!("{path}: expected an object"));
         return;
     };
-    for required in schema
-        .get("required")
-        .and_then(Value::as_sequence)
-        .into_iter()
-        .flatten()
-    {
-        if !map.contains_key(required) {
-            errors.push(format!("{path}: missing required {required:?}"));
-        }
-    }
     let properties = schema.get("properties").and_then(Value::as_mapping);
     for (key, child) in map {
         let key_text = key.as_str().unwrap_or("?");

@@ -128,7 +128,6 @@ fn explain(args: &[String]) -> Result<(), String> {
         session_token: header("x-session-token"),
         test_endpoint_selection: header("test-epp-endpoint-selection"),
         objective: header("x-gateway-inference-objective"),
-        fairness_id: header("x-gateway-inference-fairness-id"),
         model_rewrite: header("x-gateway-model-name-rewrite"),
     };
     let api = ApiKind::from_path(&args.path);

@@ -6,7 +6,9 @@ mod stats;
 
 use crate::config;
 use crate::picker::{duration_ms, Picker};
-use crate::request_flow::{Flow, HostError, HttpHost, Outcome, RequestFlow, DESTINATION_HEADER};
+use crate::request_flow::{
+    Flow, HostError, HttpHost, Outcome, RequestFlow, DESTINATION_HEADER, FAIRNESS_ID_HEADER,
+};
 use crate::shared_state::{Coordinator, Role, SharedStore};
 use hashbrown::HashMap;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
@@ -484,7 +486,14 @@ struct PickerHttp {
 }
 
 impl PickerHttp {
-    fn run(&mut self, step: impl FnOnce(&mut RequestFlow, &mut Picker) -> Flow) -> Action {
+    /// Runs one request callback. `last` says the stream's end was reached, so the decision
+    /// (parse + schedule) happens in this callback and is timed; a paused headers callback of
+    /// an inference request costs no clock read.
+    fn run(
+        &mut self,
+        last: bool,
+        step: impl FnOnce(&mut RequestFlow, &mut Picker) -> Flow,
+    ) -> Action {
         let Some(shared) = &self.picker else {
             return self.unavailable();
         };
@@ -492,11 +501,9 @@ impl PickerHttp {
             return self.unavailable();
         };
         let was_pending = self.flow.outcome == Outcome::Pending;
-        let started_ns = if was_pending {
-            abi::current_time_ns().unwrap_or(0)
-        } else {
-            0
-        };
+        let started_ns = (was_pending && last)
+            .then(abi::current_time_ns)
+            .and_then(Result::ok);
         let flow = step(&mut self.flow, &mut picker);
         if was_pending {
             log_decision(&self.flow, &picker);
@@ -508,17 +515,18 @@ impl PickerHttp {
         }
     }
 
-    fn count_decision(&self, started_ns: u64) {
+    fn count_decision(&self, started_ns: Option<u64>) {
         let Some(stats) = &self.stats else {
             return;
         };
         match &self.flow.outcome {
             Outcome::Pending => {}
             Outcome::Routed(routed) => {
-                let elapsed_ns = abi::current_time_ns()
-                    .unwrap_or(started_ns)
-                    .saturating_sub(started_ns);
-                stats.routed(routed.primary, elapsed_ns / 1000);
+                let elapsed_us = started_ns.and_then(|started| {
+                    let now = abi::current_time_ns().ok()?;
+                    Some(now.saturating_sub(started) / 1000)
+                });
+                stats.routed(routed.primary, elapsed_us);
             }
             Outcome::Rejected(error) => stats.rejected(error),
         }
@@ -540,10 +548,13 @@ fn log_decision(flow: &RequestFlow, picker: &Picker) {
     match &flow.outcome {
         Outcome::Pending => {}
         Outcome::Routed(routed) => log::debug!(
-            "inference-picker: decision request_id={} model={:?} priority={} picked={} fallbacks={} prefill={} degraded={} {}",
+            "inference-picker: decision request_id={} model={:?} priority={} fairness_id={} picked={} fallbacks={} prefill={} degraded={} {}",
             flow.request_id,
             routed.model,
             routed.priority,
+            EnvoyRequest
+                .request_header(FAIRNESS_ID_HEADER)
+                .map_or("-".into(), |id| String::from_utf8_lossy(&id).into_owned()),
             routed.destination,
             if routed.fallbacks.is_empty() { "-" } else { &routed.fallbacks },
             routed.prefill.as_deref().unwrap_or("-"),
@@ -565,11 +576,15 @@ impl Context for PickerHttp {}
 
 impl HttpContext for PickerHttp {
     fn on_http_request_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Action {
-        self.run(|flow, picker| flow.on_headers(&EnvoyRequest, picker, end_of_stream))
+        self.run(end_of_stream, |flow, picker| {
+            flow.on_headers(&EnvoyRequest, picker, end_of_stream)
+        })
     }
 
     fn on_http_request_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
-        self.run(|flow, picker| flow.on_body(&EnvoyRequest, picker, body_size, end_of_stream))
+        self.run(end_of_stream, |flow, picker| {
+            flow.on_body(&EnvoyRequest, picker, body_size, end_of_stream)
+        })
     }
 
     fn on_http_response_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {

@@ -88,11 +88,12 @@ impl Stats {
         endpoints.get(index).and_then(Option::as_ref).map(which)
     }
 
-    pub fn routed(&self, primary: usize, scheduling_us: u64) {
+    /// A routed request; `scheduling_us` when its decision was timed.
+    pub fn routed(&self, primary: usize, scheduling_us: Option<u64>) {
         bump(self.decisions.first().copied().flatten());
         bump(self.endpoint(primary, |e| e.picks));
-        if let Some(id) = self.scheduling_us {
-            let _ = abi::record_metric(id, scheduling_us);
+        if let (Some(id), Some(us)) = (self.scheduling_us, scheduling_us) {
+            let _ = abi::record_metric(id, us);
         }
     }
 
