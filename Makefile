@@ -12,7 +12,7 @@ SIM := target/release/examples/model-server-sim
 FUZZ_SECONDS ?= 60
 FUZZ_TARGETS := body_parser prometheus_parser config_loader
 
-.PHONY: all build sim envoy toolchain lint unit wasm-unit integration test demo soak bench bench-quick bench-schedule bench-hop bench-quality fuzz check compose-up compose-down image clean
+.PHONY: all build sim envoy toolchain lint unit wasm-unit integration test demo soak bench extproc bench-quick bench-schedule bench-hop bench-quality fuzz check compose-up compose-down image clean
 
 all: build
 
@@ -63,17 +63,21 @@ soak: build sim envoy
 	$(CARGO) run --release --example soak
 
 ## bench: scheduling cost, hop cost and routing quality; writes bench/RESULTS.md (+ CSV, SVG)
-bench: build sim envoy
+bench: build sim envoy extproc
 	$(CARGO) run --release --example bench -- all
 
+## extproc: the ext_proc baseline picker (bench/extproc), our scheduling core behind gRPC
+extproc:
+	$(CARGO) build --release --manifest-path bench/extproc/Cargo.toml --target-dir target
+
 ## bench-quick: every part, small (under five minutes), into bench/RESULTS-quick.md
-bench-quick: build sim envoy
+bench-quick: build sim envoy extproc
 	$(CARGO) run --release --example bench -- quick
 
 bench-schedule:
 	$(CARGO) run --release --example bench -- schedule
 
-bench-hop: build sim envoy
+bench-hop: build sim envoy extproc
 	$(CARGO) run --release --example bench -- hop
 
 bench-quality: build sim envoy

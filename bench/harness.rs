@@ -34,8 +34,9 @@ fn main() {
     // Decision lines cost a formatted string and a log write per request: measure without.
     std::env::set_var("INFERENCE_PICKER_WASM_LOG", "info");
     let part = std::env::args().nth(1).unwrap_or_else(|| "all".into());
-    // `quick` runs every part small (under five minutes) into results-quick/.
-    let quick = part == "quick";
+    // `quick` runs every part small (under five minutes) into results-quick/; BENCH_QUICK=1
+    // makes any single part small.
+    let quick = part == "quick" || std::env::var("BENCH_QUICK").is_ok_and(|v| v == "1");
     let (dir, report) = if quick {
         ("bench/results-quick", "bench/RESULTS-quick.md")
     } else {
@@ -44,7 +45,7 @@ fn main() {
     let results = repo().join(dir);
     std::fs::create_dir_all(&results).expect("results directory");
     let header = machine_header();
-    let all = part == "all" || quick;
+    let all = part == "all" || part == "quick";
     if part == "schedule" || all {
         write_part(&results, "1-schedule", &header, &part, schedule_bench());
     }
@@ -154,13 +155,36 @@ fn schedule_bench() -> Part {
     }
     markdown.push_str(
         "\nThe pick is linear in endpoints (every scorer visits each candidate) and in prompt \
-         length (the prompt is hashed once per request into blocks).\n",
+         length (the prompt is hashed once per request into blocks, up to the prefix scorer's \
+         `maxPrefixBlocksToMatch`).\n\n\
+         Parsing the request body (completions, one prompt string), natively:\n\n\
+         | body | µs per parse |\n|---:|---:|\n",
     );
+    for bytes in [1024usize, 32 * 1024, 220 * 1024, 1024 * 1024] {
+        let us = time_parse(bytes);
+        println!("  parse {:>5} KB: {us:>8.1} µs", bytes / 1024);
+        let _ = writeln!(markdown, "| {} KB | {us:.1} |", bytes / 1024);
+        let _ = writeln!(csv, "parse,{bytes},{:.0}", us * 1000.0);
+    }
     Part {
         markdown,
         csv,
         svg: None,
     }
+}
+
+fn time_parse(bytes: usize) -> f64 {
+    let body = format!(
+        r#"{{"model":"{MODEL}","prompt":"{}","max_tokens":1}}"#,
+        "x".repeat(bytes.saturating_sub(64))
+    );
+    let iterations = (64 * 1024 * 1024 / bytes).clamp(20, 20_000);
+    let started = Instant::now();
+    for _ in 0..iterations {
+        let parsed = parse_body(ApiKind::Completions, body.as_bytes()).expect("body");
+        std::hint::black_box(parsed);
+    }
+    started.elapsed().as_secs_f64() * 1e6 / iterations as f64
 }
 
 fn time_picks(endpoints: usize, chars: usize) -> f64 {
@@ -302,31 +326,38 @@ fn closed_loop(address: &str, clients: usize, count: usize, body: &str) -> Vec<E
 struct HopCell {
     p50_ms: f64,
     p99_ms: f64,
+    /// Envoy's CPU seconds per 1,000 requests, and the out-of-process picker's if there is one.
     cpu_per_1000: f64,
+    picker_cpu_per_1000: f64,
     errors: usize,
 }
 
-/// Both gateways on one cell, alternating in rounds so drift on a shared machine hits both.
-fn hop_cell(
-    plain: &Envoy,
-    filter: &Envoy,
-    clients: usize,
-    count: usize,
-    body: &str,
-) -> [HopCell; 2] {
+/// A gateway under test: Envoy, plus the process it calls out to, if any.
+struct HopGateway<'a> {
+    envoy: &'a Envoy,
+    sidecar: Option<u32>,
+}
+
+/// Every gateway on one cell, alternating in rounds so drift on a shared machine hits all.
+fn hop_cell(gateways: &[HopGateway<'_>], clients: usize, count: usize, body: &str) -> Vec<HopCell> {
     const ROUNDS: usize = 4;
-    let gateways = [plain, filter];
-    let mut latencies = [Vec::new(), Vec::new()];
-    let mut cpu = [0.0f64; 2];
-    let mut sent = [0usize; 2];
-    for envoy in gateways {
-        let _ = closed_loop(&envoy.address(), clients, clients * 4, body);
+    let n = gateways.len();
+    let mut latencies = vec![Vec::new(); n];
+    let mut cpu = vec![(0.0f64, 0.0f64); n];
+    let mut sent = vec![0usize; n];
+    for gateway in gateways {
+        let _ = closed_loop(&gateway.envoy.address(), clients, clients * 4, body);
     }
+    let sidecar_cpu = |pid: Option<u32>| pid.map_or(0.0, cpu_seconds);
     for _ in 0..ROUNDS {
-        for (g, envoy) in gateways.iter().enumerate() {
-            let before = cpu_seconds(envoy.pid());
-            let results = closed_loop(&envoy.address(), clients, count / ROUNDS, body);
-            cpu[g] += cpu_seconds(envoy.pid()) - before;
+        for (g, gateway) in gateways.iter().enumerate() {
+            let before = (
+                cpu_seconds(gateway.envoy.pid()),
+                sidecar_cpu(gateway.sidecar),
+            );
+            let results = closed_loop(&gateway.envoy.address(), clients, count / ROUNDS, body);
+            cpu[g].0 += cpu_seconds(gateway.envoy.pid()) - before.0;
+            cpu[g].1 += sidecar_cpu(gateway.sidecar) - before.1;
             sent[g] += count / ROUNDS;
             latencies[g].extend(
                 results
@@ -336,41 +367,175 @@ fn hop_cell(
             );
         }
     }
-    [0, 1].map(|g| {
-        let sorted = sorted(std::mem::take(&mut latencies[g]));
-        HopCell {
-            p50_ms: percentile(&sorted, 50.0),
-            p99_ms: percentile(&sorted, 99.0),
-            cpu_per_1000: cpu[g] * 1000.0 / sent[g].max(1) as f64,
-            errors: sent[g] - sorted.len(),
+    (0..n)
+        .map(|g| {
+            let sorted = sorted(std::mem::take(&mut latencies[g]));
+            let per_1000 = 1000.0 / sent[g].max(1) as f64;
+            HopCell {
+                p50_ms: percentile(&sorted, 50.0),
+                p99_ms: percentile(&sorted, 99.0),
+                cpu_per_1000: cpu[g].0 * per_1000,
+                picker_cpu_per_1000: cpu[g].1 * per_1000,
+                errors: sent[g] - sorted.len(),
+            }
+        })
+        .collect()
+}
+
+/// The ext_proc baseline: `extproc-picker` (bench/extproc), our scheduling core behind gRPC.
+struct ExtProcPicker {
+    child: std::process::Child,
+    address: String,
+    _dir: support::TempDir,
+}
+
+impl ExtProcPicker {
+    fn start(picker_config: &str) -> ExtProcPicker {
+        use std::io::BufRead as _;
+        let binary = repo().join("target/release/extproc-picker");
+        assert!(
+            binary.exists(),
+            "run `make extproc` first (make bench does it)"
+        );
+        let dir = support::TempDir::new("extproc");
+        let config = dir.0.join("picker.yaml");
+        std::fs::write(&config, picker_config).expect("picker config");
+        let mut child = std::process::Command::new(binary)
+            .args(["--port", "0", "--config"])
+            .arg(&config)
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("start extproc-picker");
+        let mut line = String::new();
+        let stdout = child.stdout.take().expect("stdout");
+        std::io::BufReader::new(stdout)
+            .read_line(&mut line)
+            .expect("extproc-picker prints its address");
+        let address = line
+            .trim()
+            .strip_prefix("listening on ")
+            .expect("address line")
+            .to_string();
+        ExtProcPicker {
+            child,
+            address,
+            _dir: dir,
+        }
+    }
+}
+
+impl Drop for ExtProcPicker {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Envoy with the `ext_proc` filter in the wasm filter's place, calling `picker` over gRPC the
+/// way Envoy calls GIE's endpoint picker: headers and the whole body streamed to it
+/// (`FULL_DUPLEX_STREAMED`), response headers too, so it knows when a request ends.
+fn ext_proc_envoy(sims: &[&Sim], picker: &ExtProcPicker) -> Envoy {
+    let (host, port) = picker.address.rsplit_once(':').expect("address");
+    let filter: serde_yaml::Value = serde_yaml::from_str(
+        r#"
+name: envoy.filters.http.ext_proc
+typed_config:
+  "@type": type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor
+  grpc_service:
+    envoy_grpc: {cluster_name: endpoint_picker}
+    timeout: 10s
+  failure_mode_allow: false
+  message_timeout: 10s
+  processing_mode:
+    request_header_mode: SEND
+    response_header_mode: SEND
+    request_body_mode: FULL_DUPLEX_STREAMED
+    request_trailer_mode: SEND
+    response_body_mode: NONE
+    response_trailer_mode: SKIP
+"#,
+    )
+    .expect("ext_proc filter");
+    let cluster: serde_yaml::Value = serde_yaml::from_str(&format!(
+        r#"
+name: endpoint_picker
+type: STATIC
+connect_timeout: 1s
+typed_extension_protocol_options:
+  envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
+    "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
+    explicit_http_config: {{http2_protocol_options: {{}}}}
+load_assignment:
+  cluster_name: endpoint_picker
+  endpoints:
+  - lb_endpoints:
+    - endpoint: {{address: {{socket_address: {{address: '{host}', port_value: {port}}}}}}}
+"#
+    ))
+    .expect("picker cluster");
+    let picker_config = with_endpoints(&shipped_picker_config(), sims);
+    Envoy::start_with(&picker_config, 2, move |config| {
+        let filters = &mut config["static_resources"]["listeners"][0]["filter_chains"][0]
+            ["filters"][0]["typed_config"]["http_filters"];
+        if let serde_yaml::Value::Sequence(list) = filters {
+            for entry in list.iter_mut() {
+                if entry["name"] == "envoy.filters.http.wasm" {
+                    *entry = filter.clone();
+                }
+            }
+        }
+        if let serde_yaml::Value::Sequence(clusters) = &mut config["static_resources"]["clusters"] {
+            clusters.push(cluster.clone());
         }
     })
 }
 
 fn hop_bench(quick: bool) -> Part {
-    println!("hop: Envoy without a filter vs Envoy + the wasm filter");
+    println!("hop: Envoy alone vs Envoy + the wasm filter vs Envoy + ext_proc picker");
     let instant = ["--time-scale", "0"];
     let sims: Vec<Sim> = (1..=2)
         .map(|i| Sim::start(&format!("pod-{i}"), &instant))
         .collect();
     let refs: Vec<&Sim> = sims.iter().collect();
+    let picker_config = with_endpoints(&shipped_picker_config(), &refs);
     let plain = plain_envoy(&refs, "ROUND_ROBIN");
-    let filter = Envoy::start(&with_endpoints(&shipped_picker_config(), &refs), 2);
+    let filter = Envoy::start(&picker_config, 2);
+    let ext_proc = ExtProcPicker::start(&picker_config);
+    let ext_proc_gateway = ext_proc_envoy(&refs, &ext_proc);
     for sim in &refs {
-        sim.wait_for_scrapes(3);
+        sim.wait_for_scrapes(6);
     }
+    let gateways = [
+        HopGateway {
+            envoy: &plain,
+            sidecar: None,
+        },
+        HopGateway {
+            envoy: &filter,
+            sidecar: None,
+        },
+        HopGateway {
+            envoy: &ext_proc_gateway,
+            sidecar: Some(ext_proc.child.id()),
+        },
+    ];
     let mut markdown = String::from(
-        "## 2. Hop cost: the filter inside Envoy vs Envoy alone\n\n\
-         Same two near-instant simulated pods; (a) Envoy `--concurrency 2` routing round-robin \
-         with no filter, (b) the same Envoy with the wasm filter (default plugins), alternating \
-         in four rounds per cell; closed loop over keep-alive connections, `max_tokens: 1`; \
-         Envoy's wasm log at `info` (no per-request decision line). \
-         Added = (b) - (a). CPU = Envoy user+system seconds per 1,000 requests.\n\n\
-         | body | clients | (a) p50 ms | (b) p50 ms | added p50 µs | (a) p99 ms | (b) p99 ms | added p99 µs | (a) CPU s/1k | (b) CPU s/1k | errors |\n\
-         |---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+        "## 2. Hop cost: the filter inside Envoy vs an ext_proc picker vs Envoy alone\n\n\
+         Same two near-instant simulated pods, three gateways, each Envoy `--concurrency 2`: \
+         (a) Envoy routing round-robin with no filter (the floor); (b) Envoy with the wasm \
+         filter (default plugins); (c) Envoy with the `ext_proc` filter calling `extproc-picker` \
+         (`bench/extproc`: the same scheduling core and config, natively, behind gRPC, in GIE's \
+         shape: request headers and body streamed to it with `FULL_DUPLEX_STREAMED`, the body \
+         streamed back, the destination header returned, response headers sent so it can \
+         release the request). The gateways alternate in four rounds per cell; closed loop \
+         over keep-alive connections, `max_tokens: 1`; the wasm log at `info` (no per-request \
+         decision line). Added = (b) - (a) and (c) - (a). CPU = user+system seconds per \
+         1,000 requests: Envoy's, and for (c) the picker process's as well.\n\n\
+         | body | clients | (a) p50 ms | (b) added p50 µs | (c) added p50 µs | (a) p99 ms | (b) added p99 µs | (c) added p99 µs | (a) CPU | (b) CPU | (c) Envoy CPU | (c) picker CPU | errors |\n\
+         |---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
     );
     let mut csv = String::from(
-        "body_bytes,clients,a_p50_ms,b_p50_ms,a_p99_ms,b_p99_ms,a_cpu_s_per_1k,b_cpu_s_per_1k,errors\n",
+        "body_bytes,clients,a_p50_ms,b_p50_ms,c_p50_ms,a_p99_ms,b_p99_ms,c_p99_ms,a_cpu_s_per_1k,b_cpu_s_per_1k,c_envoy_cpu_s_per_1k,c_picker_cpu_s_per_1k,errors\n",
     );
     let mut bars = Vec::new();
     let bodies: &[usize] = if quick {
@@ -380,6 +545,8 @@ fn hop_bench(quick: bool) -> Part {
     };
     let concurrency: &[usize] = if quick { &[1, 16] } else { &[1, 16, 64] };
     let mut small_added_p50 = f64::NAN;
+    // (clients, filter added p50, ext_proc added p50) at 220 KB.
+    let mut large = Vec::new();
     for &body_bytes in bodies {
         let prompt = "x".repeat(body_bytes.saturating_sub(64));
         let body = format!(r#"{{"model":"{MODEL}","prompt":"{prompt}","max_tokens":1}}"#);
@@ -389,49 +556,68 @@ fn hop_bench(quick: bool) -> Part {
                 b if b >= 220 * 1024 => 400,
                 _ => 1600,
             } / if quick { 4 } else { 1 };
-            let [a, b] = hop_cell(&plain, &filter, clients, count, &body);
-            let added50 = (b.p50_ms - a.p50_ms) * 1000.0;
+            let cells = hop_cell(&gateways, clients, count, &body);
+            let [a, b, c] = [&cells[0], &cells[1], &cells[2]];
+            let added = |x: &HopCell, p99: bool| {
+                if p99 {
+                    (x.p99_ms - a.p99_ms) * 1000.0
+                } else {
+                    (x.p50_ms - a.p50_ms) * 1000.0
+                }
+            };
             if body_bytes == 1024 && clients == 1 {
-                small_added_p50 = added50;
+                small_added_p50 = added(b, false);
             }
-            let added99 = (b.p99_ms - a.p99_ms) * 1000.0;
+            if body_bytes == 220 * 1024 {
+                large.push((clients, added(b, false), added(c, false)));
+            }
             println!(
-                "  {:>5} KB x{clients:<3} p50 {:.3} -> {:.3} ms (+{added50:.0} µs)",
+                "  {:>5} KB x{clients:<3} p50 {:.3} ms; filter +{:.0} µs; ext_proc +{:.0} µs",
                 body_bytes / 1024,
                 a.p50_ms,
-                b.p50_ms
+                added(b, false),
+                added(c, false)
             );
+            let errors = a.errors + b.errors + c.errors;
             let _ = writeln!(
                 markdown,
-                "| {} KB | {clients} | {:.3} | {:.3} | {added50:.0} | {:.3} | {:.3} | {added99:.0} | {:.3} | {:.3} | {} |",
+                "| {} KB | {clients} | {:.3} | {:.0} | {:.0} | {:.3} | {:.0} | {:.0} | {:.3} | {:.3} | {:.3} | {:.3} | {errors} |",
                 body_bytes / 1024,
                 a.p50_ms,
-                b.p50_ms,
+                added(b, false),
+                added(c, false),
                 a.p99_ms,
-                b.p99_ms,
+                added(b, true),
+                added(c, true),
                 a.cpu_per_1000,
                 b.cpu_per_1000,
-                a.errors + b.errors
+                c.cpu_per_1000,
+                c.picker_cpu_per_1000,
             );
             let _ = writeln!(
                 csv,
-                "{body_bytes},{clients},{:.4},{:.4},{:.4},{:.4},{:.4},{:.4},{}",
+                "{body_bytes},{clients},{:.4},{:.4},{:.4},{:.4},{:.4},{:.4},{:.4},{:.4},{:.4},{:.4},{errors}",
                 a.p50_ms,
                 b.p50_ms,
+                c.p50_ms,
                 a.p99_ms,
                 b.p99_ms,
+                c.p99_ms,
                 a.cpu_per_1000,
                 b.cpu_per_1000,
-                a.errors + b.errors
+                c.cpu_per_1000,
+                c.picker_cpu_per_1000,
             );
             if clients == 1 {
                 bars.push((
                     format!("{} KB", body_bytes / 1024),
-                    vec![a.p50_ms, b.p50_ms],
+                    vec![a.p50_ms, b.p50_ms, c.p50_ms],
                 ));
             }
         }
     }
+    // Histograms reach the admin page on Envoy's stats flush (every 5 s).
+    std::thread::sleep(Duration::from_millis(5500));
     let histogram = filter
         .admin_get("/stats?filter=scheduling_time_us")
         .text()
@@ -452,21 +638,44 @@ fn hop_bench(quick: bool) -> Part {
         Some(small_added_p50 <= 50.0),
         &format!("{small_added_p50:.0} µs at 1 client"),
     ));
-    markdown.push_str(&goal(
-        "at 220 KB the filter adds at least 10x less than an ext_proc picker",
-        None,
-        "the ext_proc baseline needs a gRPC picker built from our core, not built yet",
-    ));
+    markdown.push_str(&hop_ratio_goal(&large));
     markdown.push_str("\n![p50 latency at 1 client](results/2-hop.svg)\n");
     Part {
         markdown,
         csv,
         svg: Some(bar_chart(
             "p50 latency, 1 client (ms)",
-            &["(a) Envoy alone", "(b) Envoy + filter"],
+            &[
+                "(a) Envoy alone",
+                "(b) Envoy + wasm filter",
+                "(c) Envoy + ext_proc picker",
+            ],
             &bars,
         )),
     }
+}
+
+/// Judged at one client, where the added time is the hop itself rather than queueing; the
+/// ratios under load are reported beside it.
+fn hop_ratio_goal(large: &[(usize, f64, f64)]) -> String {
+    let ratios: Vec<String> = large
+        .iter()
+        .map(|(clients, filter, ext_proc)| {
+            format!(
+                "{clients} client(s): filter +{filter:.0} µs, ext_proc +{ext_proc:.0} µs, {:.1}x",
+                ext_proc / filter.max(1.0)
+            )
+        })
+        .collect();
+    let met = large
+        .iter()
+        .find(|(clients, ..)| *clients == 1)
+        .map(|(_, filter, ext_proc)| *ext_proc >= 10.0 * filter.max(0.0));
+    goal(
+        "at 220 KB the filter adds at least 10x less than an ext_proc picker (p50, 1 client)",
+        met,
+        &ratios.join("; "),
+    )
 }
 
 // ---------------------------------------------------------------- routing quality

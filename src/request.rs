@@ -1,8 +1,12 @@
 //! OpenAI-compatible request bodies: which API a path is, and the model and prompt text a
 //! request carries. The body is parsed exactly once per request.
 
+mod json;
+
 use crate::error_response::RequestError;
+use json::{Content, Item, Message, Prompt};
 use serde::Deserialize;
+use std::borrow::Cow;
 
 /// Characters per token used for estimates; the usual figure for English BPE tokenizers.
 pub const CHARS_PER_TOKEN: usize = 4;
@@ -104,53 +108,20 @@ pub fn rewrite_model(body: &[u8], model: &str) -> Result<Vec<u8>, RequestError> 
 }
 
 #[derive(Deserialize)]
-struct Body {
+struct Body<'a> {
     model: Option<String>,
-    prompt: Option<TextOrTokens>,
-    messages: Option<Vec<Message>>,
-    input: Option<ResponsesInput>,
-    instructions: Option<String>,
+    #[serde(borrow)]
+    prompt: Option<Prompt<'a>>,
+    #[serde(borrow)]
+    messages: Option<Vec<Message<'a>>>,
+    #[serde(borrow)]
+    input: Option<Prompt<'a>>,
+    #[serde(borrow)]
+    instructions: Option<Cow<'a, str>>,
     max_tokens: Option<u32>,
     max_completion_tokens: Option<u32>,
     max_output_tokens: Option<u32>,
     stream: Option<bool>,
-}
-
-#[derive(Deserialize)]
-#[serde(untagged)]
-enum TextOrTokens {
-    Text(String),
-    Texts(Vec<String>),
-    Tokens(Vec<u32>),
-    TokenBatches(Vec<Vec<u32>>),
-}
-
-#[derive(Deserialize)]
-struct Message {
-    role: String,
-    #[serde(default)]
-    content: Option<Content>,
-}
-
-#[derive(Deserialize)]
-#[serde(untagged)]
-enum Content {
-    Text(String),
-    Parts(Vec<ContentPart>),
-}
-
-#[derive(Deserialize)]
-struct ContentPart {
-    #[serde(default)]
-    text: Option<String>,
-}
-
-/// `/v1/responses` and `/v1/embeddings` `input`: text, token ids, or (responses) message items.
-#[derive(Deserialize)]
-#[serde(untagged)]
-enum ResponsesInput {
-    Plain(TextOrTokens),
-    Items(Vec<Message>),
 }
 
 /// Parses a body for `kind`. Errors are the client's: they become 400 replies.
@@ -160,7 +131,8 @@ pub fn parse_body(kind: ApiKind, body: &[u8]) -> Result<InferenceRequest, Reques
             "request body is empty; expected a JSON object".into(),
         ));
     }
-    check_nesting(body)?;
+    // No nesting pre-scan: the typed fields bound how deep the parser goes into what it reads
+    // (anything deeper is the wrong type), and serde_json skips other fields without recursion.
     let mut parsed: Body = serde_json::from_slice(body)
         .map_err(|error| RequestError::BadRequest(format!("request body is not valid: {error}")))?;
     let model = match parsed.model.take() {
@@ -195,100 +167,90 @@ pub fn parse_body(kind: ApiKind, body: &[u8]) -> Result<InferenceRequest, Reques
     })
 }
 
-/// Deepest JSON nesting accepted; real requests stay in single digits.
-pub const MAX_NESTING_DEPTH: usize = 64;
-
-/// Rejects absurdly nested documents before parsing, in one pass over the bytes.
-fn check_nesting(body: &[u8]) -> Result<(), RequestError> {
-    let mut depth = 0usize;
-    let mut in_string = false;
-    let mut escaped = false;
-    for &byte in body {
-        if in_string {
-            match (escaped, byte) {
-                (true, _) => escaped = false,
-                (false, b'\\') => escaped = true,
-                (false, b'"') => in_string = false,
-                _ => {}
-            }
-            continue;
-        }
-        match byte {
-            b'"' => in_string = true,
-            b'[' | b'{' => {
-                depth += 1;
-                if depth > MAX_NESTING_DEPTH {
-                    return Err(RequestError::BadRequest(format!(
-                        "request body is nested deeper than {MAX_NESTING_DEPTH} levels"
-                    )));
-                }
-            }
-            b']' | b'}' => depth = depth.saturating_sub(1),
-            _ => {}
-        }
-    }
-    Ok(())
-}
-
 /// The prompt text, and the exact token count when the client sent token ids.
 fn prompt_text(kind: ApiKind, body: &Body) -> Result<(String, Option<usize>), RequestError> {
-    let missing = || {
-        RequestError::BadRequest(format!(
-            "missing required field \"{}\"",
-            kind.prompt_field()
-        ))
-    };
+    let field = kind.prompt_field();
+    let missing = || RequestError::BadRequest(format!("missing required field \"{field}\""));
     let mut text = String::new();
     let token_ids = match kind {
-        ApiKind::Completions => {
-            append_text_or_tokens(&mut text, body.prompt.as_ref().ok_or_else(missing)?)
+        ApiKind::Completions | ApiKind::Embeddings => {
+            let prompt = match kind {
+                ApiKind::Completions => body.prompt.as_ref(),
+                _ => body.input.as_ref(),
+            };
+            append_prompt(&mut text, prompt.ok_or_else(missing)?, field, false)?
         }
         ApiKind::ChatCompletions => {
             append_messages(&mut text, body.messages.as_deref().ok_or_else(missing)?);
             None
         }
-        ApiKind::Embeddings => match body.input.as_ref().ok_or_else(missing)? {
-            ResponsesInput::Plain(input) => append_text_or_tokens(&mut text, input),
-            ResponsesInput::Items(_) => {
-                return Err(RequestError::BadRequest(
-                    "\"input\" must be a string, a list of strings or token ids".into(),
-                ))
-            }
-        },
         ApiKind::Responses => {
             if let Some(instructions) = &body.instructions {
                 push_line(&mut text, "system", instructions);
             }
-            match body.input.as_ref().ok_or_else(missing)? {
-                ResponsesInput::Plain(input) => append_text_or_tokens(&mut text, input),
-                ResponsesInput::Items(items) => {
-                    append_messages(&mut text, items);
-                    None
-                }
-            }
+            append_prompt(
+                &mut text,
+                body.input.as_ref().ok_or_else(missing)?,
+                field,
+                true,
+            )?
         }
         ApiKind::Other => None,
     };
     Ok((text, token_ids))
 }
 
-fn append_text_or_tokens(text: &mut String, value: &TextOrTokens) -> Option<usize> {
-    match value {
-        TextOrTokens::Text(prompt) => {
-            text.push_str(prompt);
-            None
+/// Appends a prompt: a string, a list of strings, token ids, lists of token ids, or (when
+/// `messages_allowed`) message items. Returns the token count when it is exact.
+fn append_prompt(
+    text: &mut String,
+    prompt: &Prompt,
+    field: &str,
+    messages_allowed: bool,
+) -> Result<Option<usize>, RequestError> {
+    let items = match prompt {
+        Prompt::Text(value) => {
+            text.push_str(value);
+            return Ok(None);
         }
-        TextOrTokens::Texts(prompts) => {
-            for prompt in prompts {
-                text.push_str(prompt);
+        Prompt::List(items) => items,
+    };
+    let same = |kind: fn(&Item) -> bool| items.iter().all(kind);
+    if same(|i| matches!(i, Item::Text(_))) {
+        for item in items {
+            if let Item::Text(value) = item {
+                text.push_str(value);
             }
-            None
         }
-        TextOrTokens::Tokens(ids) => Some(append_token_ids(text, ids)),
-        TextOrTokens::TokenBatches(batches) => {
-            Some(batches.iter().map(|ids| append_token_ids(text, ids)).sum())
-        }
+        return Ok(None);
     }
+    if same(|i| matches!(i, Item::Token(_) | Item::Tokens(_))) {
+        let ids: usize = items
+            .iter()
+            .map(|item| match item {
+                Item::Token(id) => append_token_ids(text, std::slice::from_ref(id)),
+                Item::Tokens(ids) => append_token_ids(text, ids),
+                _ => 0,
+            })
+            .sum();
+        return Ok(Some(ids));
+    }
+    if messages_allowed && same(|i| matches!(i, Item::Message(_))) {
+        for item in items {
+            if let Item::Message(message) = item {
+                append_message(text, message);
+            }
+        }
+        return Ok(None);
+    }
+    Err(RequestError::BadRequest(format!(
+        "\"{field}\" must be a string, a list of strings or token ids{}",
+        if messages_allowed {
+            ", or a list of messages"
+        } else {
+            ""
+        }
+    )))
 }
 
 /// Token ids are hashed as their decimal text so a repeated token prefix still matches.
@@ -302,18 +264,22 @@ fn append_token_ids(text: &mut String, ids: &[u32]) -> usize {
 
 fn append_messages(text: &mut String, messages: &[Message]) {
     for message in messages {
-        match &message.content {
-            Some(Content::Text(content)) => push_line(text, &message.role, content),
-            Some(Content::Parts(parts)) => {
-                text.push_str(&message.role);
-                text.push_str(": ");
-                for part in parts {
-                    text.push_str(part.text.as_deref().unwrap_or(""));
-                }
-                text.push('\n');
+        append_message(text, message);
+    }
+}
+
+fn append_message(text: &mut String, message: &Message) {
+    match &message.content {
+        Some(Content::Text(content)) => push_line(text, &message.role, content),
+        Some(Content::Parts(parts)) => {
+            text.push_str(&message.role);
+            text.push_str(": ");
+            for part in parts {
+                text.push_str(part.text.as_deref().unwrap_or(""));
             }
-            None => push_line(text, &message.role, ""),
+            text.push('\n');
         }
+        None => push_line(text, &message.role, ""),
     }
 }
 
@@ -416,6 +382,16 @@ mod tests {
             (ApiKind::Embeddings, r#"{"model":"m"}"#, "\"input\""),
             (ApiKind::Completions, "", "empty"),
             (ApiKind::Completions, "[1,2]", "not valid"),
+            (
+                ApiKind::Completions,
+                r#"{"model":"m","prompt":["a",1]}"#,
+                "must be a string",
+            ),
+            (
+                ApiKind::Embeddings,
+                r#"{"model":"m","input":[{"role":"user","content":"x"}]}"#,
+                "must be a string",
+            ),
         ];
         for (kind, body, needle) in cases {
             let error = parse(kind, body).unwrap_err();
@@ -430,15 +406,24 @@ mod tests {
 
     #[test]
     fn deep_nesting_is_an_error_not_a_crash() {
-        let body = format!(
-            r#"{{"model":"m","prompt":"x","extra":{}{}}}"#,
-            "[".repeat(10_000),
-            "]".repeat(10_000)
+        let deep = |field: &str| {
+            format!(
+                r#"{{"model":"m","prompt":"x","{field}":{}{}}}"#,
+                "[".repeat(10_000),
+                "]".repeat(10_000)
+            )
+        };
+        // In a field the picker reads: the wrong type three levels down.
+        let body = deep("prompt").replacen(r#""prompt":"x","#, "", 1);
+        let error = parse(ApiKind::Completions, &body).unwrap_err();
+        assert_eq!(error.status(), 400);
+        assert!(
+            error.message().contains("invalid type"),
+            "{}",
+            error.message()
         );
-        assert_eq!(
-            parse(ApiKind::Completions, &body).unwrap_err().status(),
-            400
-        );
+        // In a field it does not read: skipped without recursion, and left to the model server.
+        assert!(parse(ApiKind::Completions, &deep("extra")).is_ok());
     }
 
     #[test]

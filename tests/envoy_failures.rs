@@ -93,14 +93,14 @@ fn bad_input_is_refused_with_json_and_nothing_reaches_a_pod() {
     let a = Sim::start("pod-a", &[]);
     let envoy = gateway(&[&a], "maxRequestBodyBytes: 2000");
     let nested = format!(
-        r#"{{"model":"{MODEL}","prompt":"x","extra":{}{}}}"#,
-        "[".repeat(100),
-        "]".repeat(100)
+        r#"{{"model":"{MODEL}","prompt":{}{}}}"#,
+        "[".repeat(200),
+        "]".repeat(200)
     );
     let big = format!(r#"{{"model":"{MODEL}","prompt":"{}"}}"#, "y".repeat(3000));
     let cases: [(&str, Vec<u8>, u16, &str); 6] = [
         ("/v1/completions", big.into_bytes(), 413, "2000"),
-        ("/v1/completions", nested.into_bytes(), 400, "nested"),
+        ("/v1/completions", nested.into_bytes(), 400, "invalid type"),
         (
             "/v1/completions",
             b"{\"model\":\"m\",\"prompt\":\"\xff\xfe\"}".to_vec(),

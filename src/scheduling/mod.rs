@@ -86,13 +86,16 @@ impl CycleState {
     }
 }
 
+// Plugins are `Send` so that a native host (the ext_proc baseline, the benchmarks) can share
+// one scheduler between threads; inside Envoy each VM is single-threaded anyway.
+
 /// Removes candidates (endpoint indices into the pool). Order of the survivors is kept.
-pub trait Filter {
+pub trait Filter: Send {
     fn filter(&mut self, ctx: &SchedulingContext<'_>, candidates: &mut Vec<usize>);
 }
 
 /// Scores each candidate in [0, 1]; `scores[i]` belongs to `candidates[i]` and starts at 0.
-pub trait Scorer {
+pub trait Scorer: Send {
     /// Runs once per request before any profile, to fill the shared cycle state.
     fn prepare(&mut self, _request: &InferenceRequest, _pool: &Pool, _cycle: &mut CycleState) {}
 
@@ -139,12 +142,12 @@ pub struct Wiring {
 }
 
 /// Orders the chosen endpoints, primary first, into `picked`.
-pub trait Picker {
+pub trait Picker: Send {
     fn pick(&self, candidates: &[usize], totals: &[f64], rng: &mut Rng, picked: &mut Vec<usize>);
 }
 
 /// Decides which profiles run, in which order, and whose result routes the request.
-pub trait ProfileHandler {
+pub trait ProfileHandler: Send {
     /// Called once by the loader: resolve profile and plugin names, or say what is wrong.
     fn resolve(&mut self, profiles: &[Profile], plugins: &[PluginSummary]) -> Result<(), String>;
 
@@ -166,12 +169,12 @@ pub trait ProfileHandler {
 }
 
 /// Decides, once the decode endpoint is known, whether a separate prefill endpoint is used.
-pub trait PdDecider {
+pub trait PdDecider: Send {
     fn disaggregate(&self, ctx: &SchedulingContext<'_>, decode_endpoint: usize) -> bool;
 }
 
 /// Says whether an endpoint can take more work; the pool is saturated when none can.
-pub trait SaturationDetector {
+pub trait SaturationDetector: Send {
     fn saturated(&self, endpoint: &EndpointState, now_ms: u64) -> bool;
 }
 
