@@ -23,6 +23,7 @@ use inference_picker::scheduling::rng::Rng;
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::Path;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use support::{
@@ -54,6 +55,9 @@ fn main() {
     }
     if part == "quality" || all {
         write_part(&results, "3-quality", &header, &part, quality_bench(quick));
+    }
+    if part == "memory" || all {
+        write_part(&results, "4-memory", &header, &part, memory_bench(quick));
     }
     assemble(&results, report);
 }
@@ -292,35 +296,36 @@ fn plain_envoy(sims: &[&Sim], lb_policy: &'static str) -> Envoy {
 
 /// Closed loop: `clients` keep-alive connections sending `count` requests in all.
 fn closed_loop(address: &str, clients: usize, count: usize, body: &str) -> Vec<Exchange> {
-    let next = Arc::new(Mutex::new(0usize));
-    let results = Arc::new(Mutex::new(Vec::with_capacity(count)));
+    closed_loop_over(address, clients, count, &|_| body)
+}
+
+/// Closed loop where request `n` carries `body(n)`.
+fn closed_loop_over<'b>(
+    address: &str,
+    clients: usize,
+    count: usize,
+    body: &(dyn Fn(usize) -> &'b str + Sync),
+) -> Vec<Exchange> {
+    let next = AtomicUsize::new(0);
+    let results = Mutex::new(Vec::with_capacity(count));
     let deadline = Instant::now() + Duration::from_secs(120);
-    let threads: Vec<_> = (0..clients)
-        .map(|_| {
-            let (next, results) = (next.clone(), results.clone());
-            let (address, body) = (address.to_string(), body.to_string());
-            std::thread::spawn(move || {
-                let mut client = KeepAlive::new(&address);
+    std::thread::scope(|scope| {
+        for _ in 0..clients {
+            scope.spawn(|| {
+                let mut client = KeepAlive::new(address);
                 loop {
-                    {
-                        let mut n = next.lock().expect("counter");
-                        if *n >= count || Instant::now() > deadline {
-                            return;
-                        }
-                        *n += 1;
+                    let n = next.fetch_add(1, Ordering::Relaxed);
+                    if n >= count || Instant::now() > deadline {
+                        return;
                     }
-                    if let Ok(exchange) = client.post("/v1/completions", &body) {
+                    if let Ok(exchange) = client.post("/v1/completions", body(n)) {
                         results.lock().expect("results").push(exchange);
                     }
                 }
-            })
-        })
-        .collect();
-    for thread in threads {
-        let _ = thread.join();
-    }
-    let results = results.lock().expect("results").clone();
-    results
+            });
+        }
+    });
+    results.into_inner().expect("results")
 }
 
 struct HopCell {
@@ -993,6 +998,284 @@ fn quality_goals(measured: &BTreeMap<(String, String), (f64, f64)>, best_hit: f6
             None,
             "workload not run",
         )),
+    }
+    out
+}
+
+// ---------------------------------------------------------------- memory
+
+/// Many simulated pods in one process (`model-server-sim --listeners N`).
+struct SimPool {
+    child: std::process::Child,
+    addresses: Vec<String>,
+}
+
+impl SimPool {
+    fn start(count: usize) -> SimPool {
+        use std::io::BufRead as _;
+        let mut child = std::process::Command::new(support::sim_binary())
+            .args(["--port", "0", "--name", "pod", "--time-scale", "0"])
+            .args(["--listeners", &count.to_string()])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("start model-server-sim");
+        let stdout = child.stdout.take().expect("sim stdout");
+        let addresses = std::io::BufReader::new(stdout)
+            .lines()
+            .take(count)
+            .map(|line| {
+                line.expect("sim address line")
+                    .trim()
+                    .strip_prefix("listening on ")
+                    .expect("sim address line")
+                    .to_string()
+            })
+            .collect();
+        SimPool { child, addresses }
+    }
+}
+
+impl Drop for SimPool {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Prefix blocks each pod may hold in the picker's index for this run: small enough to fill
+/// at 1,024 endpoints in seconds; the default (31,250) is extrapolated from the same figures.
+const MEMORY_INDEX_CAPACITY: usize = 256;
+/// Characters per prompt: 125 blocks of 64 characters (16 tokens of 4 characters).
+const MEMORY_PROMPT_CHARS: usize = 8000;
+/// Each phase sends enough distinct prompts to fill every pod's share of the index twice.
+const MEMORY_PHASES: usize = 5;
+
+fn memory_config(capacity: usize) -> String {
+    format!(
+        "apiVersion: inference.networking.x-k8s.io/v1alpha1
+kind: EndpointPickerConfig
+plugins:
+- type: queue-scorer
+- type: kv-cache-utilization-scorer
+- type: prefix-cache-scorer
+  parameters: {{blockSizeTokens: 16, maxPrefixBlocksToMatch: 256, lruCapacityPerServer: {capacity}, autoTune: false}}
+- type: max-score-picker
+schedulingProfiles:
+- name: default
+  plugins:
+  - {{pluginRef: queue-scorer, weight: 2}}
+  - {{pluginRef: kv-cache-utilization-scorer, weight: 2}}
+  - {{pluginRef: prefix-cache-scorer, weight: 3}}
+  - {{pluginRef: max-score-picker}}
+pool:
+  metricsCluster: original_destination_cluster
+  refreshMetricsInterval: 1s
+  metricsStalenessThreshold: 5s
+  endpoints: []
+"
+    )
+}
+
+fn rss_mib(pid: u32) -> f64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+        .map_or(f64::NAN, |kb| kb / 1024.0)
+}
+
+/// A gauge or counter of the filter, from Envoy's admin page.
+fn filter_stat(envoy: &Envoy, name: &str) -> f64 {
+    envoy
+        .admin_get(&format!("/stats?filter=inference_picker.{name}$"))
+        .text()
+        .lines()
+        .find_map(|l| l.split_once(": ").map(|(_, v)| v.trim().to_string()))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(f64::NAN)
+}
+
+struct MemoryRow {
+    endpoints: usize,
+    requests: usize,
+    /// Idle, then after each phase.
+    rss: Vec<f64>,
+    vm_total: Vec<f64>,
+    vms: f64,
+    errors: usize,
+}
+
+fn memory_row(endpoints: usize) -> MemoryRow {
+    let pods = SimPool::start(endpoints);
+    let addresses: Vec<&str> = pods.addresses.iter().map(String::as_str).collect();
+    let envoy = Envoy::start(
+        &support::with_addresses(&memory_config(MEMORY_INDEX_CAPACITY), &addresses),
+        2,
+    );
+    // Two scrape rounds, so every endpoint has metrics and stats.
+    std::thread::sleep(Duration::from_millis(2500));
+    let snapshot = |envoy: &Envoy| {
+        std::thread::sleep(Duration::from_millis(1200));
+        (
+            rss_mib(envoy.pid()),
+            filter_stat(envoy, "vm_memory_bytes") / 1048576.0,
+        )
+    };
+    let (mut rss, mut vm_total) = (Vec::new(), Vec::new());
+    let (r, v) = snapshot(&envoy);
+    rss.push(r);
+    vm_total.push(v);
+    // Enough distinct prompts to fill every pod's share of the index, twice over.
+    let blocks_per_prompt = MEMORY_PROMPT_CHARS / 64;
+    let per_phase = (endpoints * MEMORY_INDEX_CAPACITY).div_ceil(blocks_per_prompt) * 2;
+    let filler = "lorem ipsum dolor sit amet ".repeat(MEMORY_PROMPT_CHARS / 27 + 1);
+    let bodies: Vec<String> = (0..per_phase * MEMORY_PHASES)
+        .map(|n| {
+            let prompt = format!("{n:09} {filler}");
+            let prompt = &prompt[..MEMORY_PROMPT_CHARS];
+            format!(r#"{{"model":"{MODEL}","prompt":"{prompt}","max_tokens":1}}"#)
+        })
+        .collect();
+    let mut errors = 0;
+    let mut phase = |range: std::ops::Range<usize>| {
+        let start = range.start;
+        let results = closed_loop_over(&envoy.address(), 8, range.len(), &|n| {
+            bodies[start + n].as_str()
+        });
+        errors += range.len() - results.iter().filter(|e| e.status == 200).count();
+    };
+    for k in 0..MEMORY_PHASES {
+        phase(per_phase * k..per_phase * (k + 1));
+        let (r, v) = snapshot(&envoy);
+        rss.push(r);
+        vm_total.push(v);
+    }
+    MemoryRow {
+        endpoints,
+        requests: per_phase * MEMORY_PHASES,
+        rss,
+        vm_total,
+        vms: filter_stat(&envoy, "vms"),
+        errors,
+    }
+}
+
+fn memory_bench(quick: bool) -> Part {
+    println!("memory: Envoy RSS and wasm VM memory with 8 / 256 / 1,024 endpoints");
+    let sizes: &[usize] = if quick { &[8, 256] } else { &[8, 256, 1024] };
+    let mut markdown = format!(
+        "## 4. Memory\n\nEnvoy `--concurrency 2` with the filter (queue, KV and prefix scorers), \
+         N simulated pods (one process, `--listeners N`), scraped every second. The prefix index \
+         holds at most {MEMORY_INDEX_CAPACITY} blocks per pod in this run (`lruCapacityPerServer`); \
+         each request carries a distinct {MEMORY_PROMPT_CHARS}-character prompt ({} blocks), and \
+         each of {MEMORY_PHASES} phases sends enough of them to fill every pod's share twice \
+         (picks are spread at random among equals, so some pods fill only in phase 2). VM \
+         memory is the filter's `vm_memory_bytes` gauge (the linear memory of every VM of the \
+         plugin, summed; wasm memory grows and never shrinks, so it is a high-water mark); per \
+         VM divides by the VMs that route (the workers; the main thread's VM stays idle). If the \
+         index were unbounded, the last phase would add as much as the first.\n\n\
+         | endpoints | requests | Envoy RSS MiB: idle, after each phase | VM memory MiB (all VMs): idle, after each phase | VMs | per routing VM MiB at the end | errors |\n\
+         |---:|---:|---|---|---:|---:|---:|\n",
+        MEMORY_PROMPT_CHARS / 64
+    );
+    let mut csv = String::from(
+        "endpoints,requests,rss_mib_idle_then_per_phase,vm_mib_idle_then_per_phase,vms,errors\n",
+    );
+    let mut rows = Vec::new();
+    for &endpoints in sizes {
+        let row = memory_row(endpoints);
+        println!(
+            "  {:>5} endpoints: RSS {:.0?} MiB; VM memory {:.1?} MiB over {} VMs",
+            row.endpoints, row.rss, row.vm_total, row.vms
+        );
+        let _ = writeln!(
+            markdown,
+            "| {} | {} | {} | {} | {} | {:.1} | {} |",
+            row.endpoints,
+            row.requests,
+            joined(&row.rss, 0, " / "),
+            joined(&row.vm_total, 1, " / "),
+            row.vms,
+            row.vm_total.last().copied().unwrap_or(f64::NAN) / (row.vms - 1.0).max(1.0),
+            row.errors
+        );
+        let _ = writeln!(
+            csv,
+            "{},{},{},{},{},{}",
+            row.endpoints,
+            row.requests,
+            joined(&row.rss, 1, " "),
+            joined(&row.vm_total, 2, " "),
+            row.vms,
+            row.errors
+        );
+        rows.push(row);
+    }
+    markdown.push('\n');
+    markdown.push_str(&memory_findings(&rows));
+    Part {
+        markdown,
+        csv,
+        svg: None,
+    }
+}
+
+fn joined(values: &[f64], decimals: usize, separator: &str) -> String {
+    let texts: Vec<String> = values.iter().map(|v| format!("{v:.decimals$}")).collect();
+    texts.join(separator)
+}
+
+/// Bounded index: the last phase adds at most a tenth of what the first added. Cost per block from the
+/// largest pool, extrapolated to GIE's default capacity.
+fn memory_findings(rows: &[MemoryRow]) -> String {
+    let mut out = String::new();
+    let bounded: Vec<String> = rows
+        .iter()
+        .map(|r| {
+            let growth: Vec<f64> = r.vm_total.windows(2).map(|w| w[1] - w[0]).collect();
+            format!(
+                "{} endpoints, growth per phase: {} MiB",
+                r.endpoints,
+                joined(&growth, 1, ", ")
+            )
+        })
+        .collect();
+    let met = rows.iter().all(|r| {
+        let growth: Vec<f64> = r.vm_total.windows(2).map(|w| w[1] - w[0]).collect();
+        match (growth.first(), growth.last()) {
+            (Some(first), Some(last)) => *last <= (first * 0.1).max(0.5),
+            _ => false,
+        }
+    });
+    out.push_str(&goal(
+        "the prefix index stays within its configured capacity (the last phase adds under a tenth of the first)",
+        Some(met),
+        &bounded.join("; "),
+    ));
+    if let Some(largest) = rows.last() {
+        let blocks = (largest.endpoints * MEMORY_INDEX_CAPACITY) as f64;
+        // Only the workers' VMs route and hold an index; the main thread's stays idle.
+        let grown = largest.vm_total.last().copied().unwrap_or(f64::NAN)
+            - largest.vm_total.first().copied().unwrap_or(f64::NAN);
+        let per_vm_growth = grown / (largest.vms - 1.0).max(1.0);
+        let bytes_per_block = per_vm_growth * 1048576.0 / blocks;
+        let _ = write!(
+            out,
+            "\nAt {} endpoints a full index of {:.0} blocks grew each VM by {:.1} MiB: about \
+             {:.0} bytes per block (wasm memory grows in pages and hash tables double, so this \
+             is an upper figure). With GIE's default `lruCapacityPerServer: 31250`, a full index \
+             would take about {:.0} MiB per VM at 8 endpoints and {:.0} MiB at 256: size \
+             `lruCapacityPerServer` to the pods' real KV capacity (`autoTune: true` reads it from \
+             their metrics) rather than leaving the default on large pools.\n",
+            largest.endpoints,
+            blocks,
+            per_vm_growth,
+            bytes_per_block,
+            bytes_per_block * 8.0 * 31250.0 / 1048576.0,
+            bytes_per_block * 256.0 * 31250.0 / 1048576.0,
+        );
     }
     out
 }

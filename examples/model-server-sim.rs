@@ -5,7 +5,8 @@
 //! cargo run --release --example model-server-sim -- --port 8001 --name pod-a
 //! ```
 //! Flags (all optional): --port N (0 = any; the bound address is printed first), --host 127.x.y.z
-//! (another loopback address, default 127.0.0.1), --name NAME,
+//! (another loopback address, default 127.0.0.1), --listeners N (N pods in one process, named
+//! NAME-0..; for large pools), --name NAME,
 //! --model NAME, --max-num-seqs N, --max-lora N, --adapters a,b, --prefill-us-per-token F,
 //! --decode-ms-per-token F, --kv-blocks N, --block-size N, --time-scale F,
 //! --loaded-adapters a,b (resident at start), --background-waiting N (queued work from
@@ -86,30 +87,70 @@ struct Sim {
 
 fn main() {
     let settings = parse_args();
+    let args: Vec<String> = std::env::args().collect();
+    let flag = |name: &str| {
+        args.windows(2)
+            .find(|pair| pair[0] == name)
+            .map(|pair| pair[1].clone())
+    };
     // Loopback only: 127.0.0.1 unless --host names another 127.x.y.z (a "pod IP" in tests).
-    let host = std::env::args()
-        .collect::<Vec<_>>()
-        .windows(2)
-        .find(|pair| pair[0] == "--host")
-        .map(|pair| pair[1].clone())
+    let host = flag("--host")
         .filter(|host| host.starts_with("127."))
         .unwrap_or_else(|| "127.0.0.1".into());
-    let listener = match TcpListener::bind((host.as_str(), settings.port)) {
-        Ok(listener) => listener,
-        Err(error) => {
-            eprintln!(
-                "model-server-sim: cannot bind {host}:{}: {error}",
-                settings.port
-            );
-            std::process::exit(2);
+    // --listeners N: N independent pods in one process (large pools for the benchmarks), on
+    // consecutive ports from --port, or on any free ports when --port is 0.
+    let listeners: u16 = flag("--listeners")
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(1)
+        .max(1);
+    let mut pods = Vec::new();
+    for n in 0..listeners {
+        let port = if settings.port == 0 {
+            0
+        } else {
+            settings.port.saturating_add(n)
+        };
+        let listener = match TcpListener::bind((host.as_str(), port)) {
+            Ok(listener) => listener,
+            Err(error) => {
+                eprintln!("model-server-sim: cannot bind {host}:{port}: {error}");
+                std::process::exit(2);
+            }
+        };
+        let address = listener
+            .local_addr()
+            .map(|a| a.to_string())
+            .unwrap_or_default();
+        println!("listening on {address}");
+        let mut settings = settings.clone();
+        if listeners > 1 {
+            settings.name = format!("{}-{n}", settings.name);
         }
-    };
-    let address = listener
-        .local_addr()
-        .map(|a| a.to_string())
-        .unwrap_or_default();
-    println!("listening on {address}");
+        pods.push((listener, settings));
+    }
     let _ = std::io::stdout().flush();
+    let mut accept_threads = Vec::new();
+    for (listener, settings) in pods {
+        let sim = Arc::new(Sim {
+            engine: Mutex::new(engine_from_args(&settings)),
+            settings,
+            slot_freed: Condvar::new(),
+            started: Instant::now(),
+        });
+        accept_threads.push(thread::spawn(move || {
+            for stream in listener.incoming().flatten() {
+                let sim = Arc::clone(&sim);
+                thread::spawn(move || serve_connection(&sim, stream));
+            }
+        }));
+    }
+    for accept in accept_threads {
+        let _ = accept.join();
+    }
+}
+
+/// A fresh engine with the load, metrics and fault the command line asks for.
+fn engine_from_args(settings: &Settings) -> Engine {
     let mut engine = Engine {
         prefix: Some(PrefixIndex::new(settings.kv_blocks.max(1))),
         ..Engine::default()
@@ -133,16 +174,7 @@ fn main() {
         }
     }
     engine.fault = extra_fault.and_then(|mode| fault_from(&json!({ "mode": mode })));
-    let sim = Arc::new(Sim {
-        settings,
-        engine: Mutex::new(engine),
-        slot_freed: Condvar::new(),
-        started: Instant::now(),
-    });
-    for stream in listener.incoming().flatten() {
-        let sim = Arc::clone(&sim);
-        thread::spawn(move || serve_connection(&sim, stream));
-    }
+    engine
 }
 
 fn parse_args() -> Settings {

@@ -58,13 +58,6 @@ struct Load {
     counts: Vec<(u32, u64)>,
 }
 
-/// One tick's worth of a VM's prefix-index picks: `(endpoint, hashes as hex)`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-struct PrefixBatch {
-    seq: u64,
-    entries: Vec<(usize, String)>,
-}
-
 /// Pool members as the scraping VM knows them, in index order: `(address, labels, removed)`.
 pub type Members = Vec<(String, std::collections::BTreeMap<String, String>, bool)>;
 
@@ -75,7 +68,7 @@ struct Membership {
 }
 
 /// Batches a VM keeps published, so a reader that missed a few ticks still catches up.
-const KEPT_BATCHES: usize = 8;
+const KEPT_BATCHES: usize = 4;
 
 pub struct Coordinator {
     vm_id: u64,
@@ -91,7 +84,8 @@ pub struct Coordinator {
     applied_seq: u64,
     others: Vec<u64>,
     prefix_key: String,
-    prefix_batches: VecDeque<PrefixBatch>,
+    /// This VM's latest prefix batches, each encoded once (see [`encode_batch`]).
+    prefix_batches: VecDeque<Vec<u8>>,
     prefix_seq: u64,
     /// Per other VM: the last prefix batch replayed from it.
     prefix_seen: Vec<(u64, u64)>,
@@ -281,22 +275,18 @@ impl Coordinator {
     ) -> Result<Vec<LearnedPrefix>, HostError> {
         if !own.is_empty() {
             self.prefix_seq += 1;
-            self.prefix_batches.push_back(PrefixBatch {
-                seq: self.prefix_seq,
-                entries: own
-                    .iter()
-                    .map(|l| (l.endpoint, encode_hashes(&l.hashes)))
-                    .collect(),
-            });
+            self.prefix_batches
+                .push_back(encode_batch(self.prefix_seq, own));
             while self.prefix_batches.len() > KEPT_BATCHES {
                 self.prefix_batches.pop_front();
             }
-            publish(store, &self.prefix_key, &self.prefix_batches)?;
+            let published: Vec<u8> = self.prefix_batches.iter().flatten().copied().collect();
+            store.set(&self.prefix_key, &published, None)?;
         }
         let mut remote = Vec::new();
         for &vm in &self.others {
             let key = format!("{}/prefix/{vm:x}", self.namespace);
-            let Some(batches) = read::<Vec<PrefixBatch>>(store, &key)? else {
+            let Some((bytes, _)) = store.get(&key)? else {
                 continue;
             };
             let seen = self
@@ -304,14 +294,7 @@ impl Coordinator {
                 .iter()
                 .find(|(v, _)| *v == vm)
                 .map_or(0, |(_, seq)| *seq);
-            let mut newest = seen;
-            for batch in batches.iter().filter(|b| b.seq > seen) {
-                newest = newest.max(batch.seq);
-                remote.extend(batch.entries.iter().map(|(endpoint, hex)| LearnedPrefix {
-                    endpoint: *endpoint,
-                    hashes: decode_hashes(hex),
-                }));
-            }
+            let newest = decode_batches(&bytes, seen, &mut remote);
             match self.prefix_seen.iter_mut().find(|(v, _)| *v == vm) {
                 Some(entry) => entry.1 = newest,
                 None => self.prefix_seen.push((vm, newest)),
@@ -359,25 +342,76 @@ fn publish<T: Serialize>(store: &impl SharedStore, key: &str, value: &T) -> Resu
     store.set(key, &bytes, None).map(|_| ())
 }
 
-fn encode_hashes(hashes: &[u64]) -> String {
-    use std::fmt::Write;
-    let mut text = String::with_capacity(hashes.len() * 16);
-    for hash in hashes {
-        let _ = write!(text, "{hash:016x}");
+/// One tick's prefix picks, little-endian: `seq: u64, entries: u32`, then per entry
+/// `endpoint: u32, hashes: u32, hash: u64...`. Binary rather than JSON: a busy tick carries
+/// hundreds of thousands of hashes, and readers copy and decode the whole value every tick.
+fn encode_batch(seq: u64, learned: &[LearnedPrefix]) -> Vec<u8> {
+    let hashes: usize = learned.iter().map(|l| l.hashes.len()).sum();
+    let mut bytes = Vec::with_capacity(12 + learned.len() * 8 + hashes * 8);
+    bytes.extend_from_slice(&seq.to_le_bytes());
+    bytes.extend_from_slice(&saturating_u32(learned.len()).to_le_bytes());
+    for prefix in learned {
+        bytes.extend_from_slice(&saturating_u32(prefix.endpoint).to_le_bytes());
+        bytes.extend_from_slice(&saturating_u32(prefix.hashes.len()).to_le_bytes());
+        for hash in &prefix.hashes {
+            bytes.extend_from_slice(&hash.to_le_bytes());
+        }
     }
-    text
+    bytes
 }
 
-/// Hashes from [`encode_hashes`]; a malformed tail is dropped.
-fn decode_hashes(text: &str) -> Vec<u64> {
-    text.as_bytes()
-        .chunks_exact(16)
-        .map_while(|chunk| {
-            std::str::from_utf8(chunk)
-                .ok()
-                .and_then(|hex| u64::from_str_radix(hex, 16).ok())
-        })
-        .collect()
+fn saturating_u32(value: usize) -> u32 {
+    u32::try_from(value).unwrap_or(u32::MAX)
+}
+
+/// Appends the entries of batches newer than `seen` to `out`; returns the newest seq read.
+/// A truncated or malformed value ends the reading where it breaks.
+fn decode_batches(mut bytes: &[u8], seen: u64, out: &mut Vec<LearnedPrefix>) -> u64 {
+    let mut newest = seen;
+    while let Some((seq, entries)) = take_u64(&mut bytes).zip(take_u32(&mut bytes)) {
+        for _ in 0..entries {
+            let Some((endpoint, count)) = take_u32(&mut bytes).zip(take_u32(&mut bytes)) else {
+                return newest;
+            };
+            let Some(hashes) = take_bytes(&mut bytes, count as usize * 8) else {
+                return newest;
+            };
+            if seq > seen {
+                out.push(LearnedPrefix {
+                    endpoint: endpoint as usize,
+                    hashes: hashes
+                        .chunks_exact(8)
+                        .filter_map(|c| c.try_into().ok().map(u64::from_le_bytes))
+                        .collect(),
+                });
+            }
+        }
+        newest = newest.max(seq);
+    }
+    newest
+}
+
+fn take_bytes<'a>(bytes: &mut &'a [u8], n: usize) -> Option<&'a [u8]> {
+    if bytes.len() < n {
+        return None;
+    }
+    let (head, tail) = bytes.split_at(n);
+    *bytes = tail;
+    Some(head)
+}
+
+fn take_u64(bytes: &mut &[u8]) -> Option<u64> {
+    take_bytes(bytes, 8)?
+        .try_into()
+        .ok()
+        .map(u64::from_le_bytes)
+}
+
+fn take_u32(bytes: &mut &[u8]) -> Option<u32> {
+    take_bytes(bytes, 4)?
+        .try_into()
+        .ok()
+        .map(u32::from_le_bytes)
 }
 
 #[cfg(test)]
@@ -501,12 +535,25 @@ mod tests {
             .exchange_prefixes(&store, std::slice::from_ref(&learned))
             .unwrap()
             .is_empty());
-        assert_eq!(b.exchange_prefixes(&store, &[]).unwrap(), [learned]);
+        assert_eq!(
+            b.exchange_prefixes(&store, &[]).unwrap(),
+            std::slice::from_ref(&learned)
+        );
         assert!(
             b.exchange_prefixes(&store, &[]).unwrap().is_empty(),
             "replayed once"
         );
-        assert_eq!(decode_hashes("zz"), Vec::<u64>::new());
+        // A value cut short yields what was whole before the cut, and no panic.
+        let bytes = encode_batch(7, &[learned.clone(), learned.clone()]);
+        let mut out = Vec::new();
+        assert_eq!(decode_batches(&bytes[..bytes.len() - 3], 0, &mut out), 0);
+        assert_eq!(out, std::slice::from_ref(&learned));
+        out.clear();
+        assert_eq!(decode_batches(&bytes, 0, &mut out), 7);
+        assert_eq!(out.len(), 2);
+        out.clear();
+        assert_eq!(decode_batches(&bytes, 7, &mut out), 7);
+        assert!(out.is_empty(), "already seen");
     }
 
     #[test]

@@ -50,6 +50,8 @@ struct PickerRoot {
     /// The Kubernetes pod-list callout in flight, and when the next one is due.
     discovery_call: Option<u32>,
     next_discovery_ms: u64,
+    /// This VM's linear memory as last added to the shared `vm_memory_bytes` gauge.
+    vm_memory_reported: u64,
 }
 
 impl PickerRoot {
@@ -64,6 +66,7 @@ impl PickerRoot {
             last_tick_ms: 0,
             discovery_call: None,
             next_discovery_ms: 0,
+            vm_memory_reported: 0,
         }
     }
 
@@ -406,6 +409,9 @@ impl RootContext for PickerRoot {
     fn on_tick(&mut self) {
         abi::sync_log_level();
         self.last_tick_ms = abi::current_time_ms().unwrap_or(self.last_tick_ms);
+        if let Some(stats) = &self.stats {
+            stats.vm_memory(&mut self.vm_memory_reported);
+        }
         let Some(shared) = self.picker.clone() else {
             return;
         };

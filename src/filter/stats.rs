@@ -24,6 +24,9 @@ pub struct Stats {
     decisions: [Option<u32>; 5],
     shed: Option<u32>,
     scheduling_us: Option<u32>,
+    /// Linear memory of every VM of the plugin, summed; and how many VMs report into it.
+    vm_memory_bytes: Option<u32>,
+    vms: Option<u32>,
 }
 
 fn define(kind: MetricKind, name: &str) -> Option<u32> {
@@ -66,6 +69,8 @@ impl Stats {
             }),
             shed: define(MetricKind::Counter, "inference_picker.shed"),
             scheduling_us: define(MetricKind::Histogram, "inference_picker.scheduling_time_us"),
+            vm_memory_bytes: define(MetricKind::Gauge, "inference_picker.vm_memory_bytes"),
+            vms: define(MetricKind::Gauge, "inference_picker.vms"),
         };
         stats.cover(picker);
         stats
@@ -114,6 +119,26 @@ impl Stats {
             |e| e.scrape_failure
         };
         bump(self.endpoint(index, which));
+    }
+
+    /// Adds this VM's growth in linear memory since it last reported (`reported`, which
+    /// outlives reconfigurations) to the gauge all VMs share. Wasm memory never shrinks.
+    pub fn vm_memory(&self, reported: &mut u64) {
+        let pages = u64::try_from(core::arch::wasm32::memory_size(0)).unwrap_or(0);
+        let bytes = pages.saturating_mul(65536);
+        let (Some(id), Ok(growth)) = (
+            self.vm_memory_bytes,
+            i64::try_from(bytes.saturating_sub(*reported)),
+        ) else {
+            return;
+        };
+        if growth <= 0 || abi::increment_metric(id, growth).is_err() {
+            return;
+        }
+        if *reported == 0 {
+            bump(self.vms);
+        }
+        *reported = bytes;
     }
 
     /// Per-endpoint gauges (metrics age, the whole Envoy's requests in flight), set by the

@@ -15,10 +15,53 @@ struct PodLru {
     order: VecDeque<(u64, u64)>,
 }
 
+/// The pods holding one block. Almost always one: kept inline, so the index costs no heap
+/// allocation per block (which, churned by evictions, fragmented the VM's memory).
+#[derive(Debug, Clone)]
+enum Holders {
+    One(u32),
+    Many(Vec<u32>),
+}
+
+impl Holders {
+    fn contains(&self, pod: u32) -> bool {
+        match self {
+            Holders::One(only) => *only == pod,
+            Holders::Many(pods) => pods.contains(&pod),
+        }
+    }
+
+    fn add(&mut self, pod: u32) {
+        match self {
+            Holders::One(only) => *self = Holders::Many(vec![*only, pod]),
+            Holders::Many(pods) => pods.push(pod),
+        }
+    }
+
+    /// Removes `pod`; true when no pod is left.
+    fn remove(&mut self, pod: u32) -> bool {
+        match self {
+            Holders::One(only) => *only == pod,
+            Holders::Many(pods) => {
+                pods.retain(|&p| p != pod);
+                let single = match pods.as_slice() {
+                    [] => return true,
+                    [last] => Some(*last),
+                    _ => None,
+                };
+                if let Some(last) = single {
+                    *self = Holders::One(last);
+                }
+                false
+            }
+        }
+    }
+}
+
 #[derive(Debug, Default, Clone)]
 pub struct PrefixIndex {
     pods: Vec<PodLru>,
-    holders: HashMap<u64, Vec<u32>>,
+    holders: HashMap<u64, Holders>,
     clock: u64,
     default_capacity: usize,
 }
@@ -72,7 +115,10 @@ impl PrefixIndex {
                 return;
             };
             if lru.stamps.insert(hash, self.clock).is_none() {
-                self.holders.entry(hash).or_default().push(pod_id);
+                self.holders
+                    .entry(hash)
+                    .and_modify(|holders| holders.add(pod_id))
+                    .or_insert(Holders::One(pod_id));
             }
             lru.order.push_back((hash, self.clock));
         }
@@ -117,7 +163,8 @@ impl PrefixIndex {
             };
             let mut extended = false;
             for (slot, &candidate) in matched.iter_mut().zip(candidates) {
-                if *slot == depth && holders.iter().any(|&h| h as usize == candidate) {
+                let held = u32::try_from(candidate).is_ok_and(|pod| holders.contains(pod));
+                if *slot == depth && held {
                     *slot += 1;
                     extended = true;
                 }
@@ -129,12 +176,12 @@ impl PrefixIndex {
     }
 }
 
-fn remove_holder(holders: &mut HashMap<u64, Vec<u32>>, hash: u64, pod: usize) {
-    if let Some(pods) = holders.get_mut(&hash) {
-        pods.retain(|&p| p as usize != pod);
-        if pods.is_empty() {
-            holders.remove(&hash);
-        }
+fn remove_holder(holders: &mut HashMap<u64, Holders>, hash: u64, pod: usize) {
+    let Ok(pod) = u32::try_from(pod) else {
+        return;
+    };
+    if holders.get_mut(&hash).is_some_and(|pods| pods.remove(pod)) {
+        holders.remove(&hash);
     }
 }
 
@@ -178,6 +225,24 @@ mod tests {
         }
         assert_eq!(index.len(0), 8);
         assert!(index.pods[0].order.len() <= 2 * 8 + 64 + 1);
+    }
+
+    #[test]
+    fn a_block_held_by_several_pods_loses_them_one_by_one() {
+        let mut index = PrefixIndex::new(1);
+        for pod in 0..3 {
+            index.insert(pod, &[7]);
+        }
+        let mut matched = [0; 3];
+        index.match_lengths(&[7], &[0, 1, 2], &mut matched);
+        assert_eq!(matched, [1, 1, 1]);
+        index.insert(1, &[8]);
+        index.insert(0, &[8]);
+        index.match_lengths(&[7], &[0, 1, 2], &mut matched);
+        assert_eq!(matched, [0, 0, 1]);
+        assert!(matches!(index.holders.get(&7), Some(Holders::One(2))));
+        index.insert(2, &[9]);
+        assert!(!index.holders.contains_key(&7));
     }
 
     #[test]

@@ -218,15 +218,21 @@ pub fn shipped_picker_config() -> String {
 /// `picker_config` with its `pool.endpoints` addresses replaced by the given pods, in order;
 /// the labels of the i-th configured endpoint stay with the i-th pod.
 pub fn with_endpoints(picker_config: &str, sims: &[&Sim]) -> String {
+    let addresses: Vec<&str> = sims.iter().map(|sim| sim.address.as_str()).collect();
+    with_addresses(picker_config, &addresses)
+}
+
+/// `with_endpoints` from addresses.
+pub fn with_addresses(picker_config: &str, addresses: &[&str]) -> String {
     let mut config: serde_yaml::Value =
         serde_yaml::from_str(picker_config).expect("picker config parses");
     let configured = config["pool"]["endpoints"].clone();
-    let endpoints: Vec<serde_yaml::Value> = sims
+    let endpoints: Vec<serde_yaml::Value> = addresses
         .iter()
         .enumerate()
-        .map(|(i, sim)| {
+        .map(|(i, address)| {
             let mut endpoint = serde_yaml::Mapping::new();
-            endpoint.insert("address".into(), sim.address.clone().into());
+            endpoint.insert("address".into(), (*address).into());
             if let Some(labels) = configured.get(i).and_then(|e| e.get("labels")) {
                 endpoint.insert("labels".into(), labels.clone());
             }
