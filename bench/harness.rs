@@ -59,6 +59,15 @@ fn main() {
     if part == "memory" || all {
         write_part(&results, "4-memory", &header, &part, memory_bench(quick));
     }
+    if part == "scaleout" || all {
+        write_part(
+            &results,
+            "5-scaleout",
+            &header,
+            &part,
+            scaleout_bench(quick),
+        );
+    }
     assemble(&results, report);
 }
 
@@ -744,6 +753,23 @@ fn shared_prefix_workload(groups: usize, per_group: usize, rng: &mut Rng) -> Vec
     requests
 }
 
+/// Pod flags for the LoRA workload: 12 adapters, room for 2, loading one takes 200 ms.
+const LORA_SIM: [&str; 6] = [
+    "--adapters",
+    "lora-0,lora-1,lora-2,lora-3,lora-4,lora-5,lora-6,lora-7,lora-8,lora-9,lora-10,lora-11",
+    "--max-lora",
+    "2",
+    "--lora-load-ms",
+    "200",
+];
+
+fn lora_workload(count: usize, rng: &mut Rng) -> Vec<String> {
+    mixed_workload(count, rng)
+        .into_iter()
+        .map(|body| body.replacen(MODEL, &format!("lora-{}", rng.below(12)), 1))
+        .collect()
+}
+
 fn mixed_workload(count: usize, rng: &mut Rng) -> Vec<String> {
     (0..count)
         .map(|n| {
@@ -764,9 +790,10 @@ struct QualityRun {
     picks: BTreeMap<String, usize>,
 }
 
-/// Open loop: Poisson arrivals at `rate` per second, one thread per request in flight.
+/// Open loop: Poisson arrivals at `rate` per second, one thread per request in flight; request
+/// `n` goes to `addresses[n % len]` (several gateways behind a round-robin L4 balancer).
 fn open_loop(
-    address: &str,
+    addresses: &[String],
     requests: &[String],
     rate: f64,
     seed: u64,
@@ -777,12 +804,13 @@ fn open_loop(
     let started = Instant::now();
     let mut at = 0.0f64;
     let mut threads = Vec::new();
-    for body in requests {
+    for (n, body) in requests.iter().enumerate() {
         at += -(1.0 - rng.unit()).ln() / rate;
         let wait = Duration::from_secs_f64(at).saturating_sub(started.elapsed());
         std::thread::sleep(wait);
         let (results, errors) = (results.clone(), errors.clone());
-        let (address, body) = (address.to_string(), body.clone());
+        let address = addresses[n % addresses.len()].clone();
+        let body = body.clone();
         threads.push(std::thread::spawn(move || {
             match KeepAlive::new(&address).post("/v1/chat/completions", &body) {
                 Ok(e) if e.status == 200 => results.lock().expect("results").push(e),
@@ -799,18 +827,26 @@ fn open_loop(
     (results, errors, elapsed)
 }
 
-fn quality_run(gateway: Gateway, requests: &[String], rate: f64) -> QualityRun {
+/// Fresh pods started with `sim_args`, `replicas` gateways in front of them sharing the load.
+fn quality_run_on(
+    gateway: Gateway,
+    replicas: usize,
+    sim_args: &[&str],
+    requests: &[String],
+    rate: f64,
+) -> QualityRun {
     let sims: Vec<Sim> = (1..=8)
-        .map(|i| Sim::start(&format!("pod-{i}"), &QUALITY_SIM))
+        .map(|i| Sim::start(&format!("pod-{i}"), sim_args))
         .collect();
     let refs: Vec<&Sim> = sims.iter().collect();
-    let envoy = gateway.start(&refs);
+    let gateways: Vec<Envoy> = (0..replicas).map(|_| gateway.start(&refs)).collect();
     if let Gateway::Picker(_) = gateway {
         for sim in &refs {
-            sim.wait_for_scrapes(2);
+            sim.wait_for_scrapes(2 * replicas as u64);
         }
     }
-    let (results, errors, elapsed) = open_loop(&envoy.address(), requests, rate, 11);
+    let addresses: Vec<String> = gateways.iter().map(Envoy::address).collect();
+    let (results, errors, elapsed) = open_loop(&addresses, requests, rate, 11);
     let (mut hits, mut queries) = (0.0, 0.0);
     for sim in &refs {
         let stats = sim.stats();
@@ -864,13 +900,22 @@ fn quality_bench(quick: bool) -> Part {
     let mut rng = Rng::new(5);
     let shared = shared_prefix_workload(16, per_group, &mut rng);
     let mixed = mixed_workload(if quick { 60 } else { 200 }, &mut rng);
-    let workloads: Vec<(&str, &[String], f64)> = if quick {
-        vec![("shared prefix, 45 req/s", &shared, 45.0)]
+    let lora = lora_workload(200, &mut rng);
+    let burst = mixed_workload(50, &mut rng);
+    let lora_sim: Vec<&str> = QUALITY_SIM.iter().copied().chain(LORA_SIM).collect();
+    // (name, requests, arrivals per second, pod flags); the burst arrives all at once.
+    let workloads: Vec<(&str, &[String], f64, &[&str])> = if quick {
+        vec![
+            ("shared prefix, 45 req/s", &shared, 45.0, &QUALITY_SIM),
+            ("burst of 50", &burst, 1e9, &QUALITY_SIM),
+        ]
     } else {
         vec![
-            ("shared prefix, 10 req/s", &shared, 10.0),
-            ("shared prefix, 45 req/s", &shared, 45.0),
-            ("mixed lengths, 20 req/s", &mixed, 20.0),
+            ("shared prefix, 10 req/s", &shared, 10.0, &QUALITY_SIM),
+            ("shared prefix, 45 req/s", &shared, 45.0, &QUALITY_SIM),
+            ("mixed lengths, 20 req/s", &mixed, 20.0, &QUALITY_SIM),
+            ("LoRA mix, 20 req/s", &lora, 20.0, &lora_sim),
+            ("burst of 50", &burst, 1e9, &QUALITY_SIM),
         ]
     };
     // (workload, gateway) -> (p90, hit rate), for the goals.
@@ -880,8 +925,12 @@ fn quality_bench(quick: bool) -> Part {
          uncached token, decode 10 ms per token, time scale 0.2, prefix cache of 1024 blocks of 16 tokens, room for about 7 of the 16 system prompts); \
          each run starts fresh pods. Shared prefix: 16 groups x 16 prompts, ~2048-token system \
          prompt + ~128-token question, 64 tokens out, shuffled. Mixed: 200 unique prompts of \
-         64..3072 tokens. Open-loop Poisson arrivals; streaming; TTFT = time to the first token \
-         chunk. Hit rate = prompt tokens served from the pods' prefix caches / prompt tokens.\n\n\
+         64..3072 tokens. LoRA mix: 200 unique prompts of 64..3072 tokens, each for one of 12 \
+         adapters (`lora-0`..`lora-11`, uniformly), pods with `--max-lora 2` and 200 ms (scaled: \
+         40 ms) to load an adapter that is not resident. Burst: 50 mixed prompts sent at the \
+         same instant (the seed's validation burst). Open-loop Poisson arrivals; streaming; \
+         TTFT = time to the first token chunk. Hit rate = prompt tokens served from the pods' \
+         prefix caches / prompt tokens.\n\n\
          | workload | gateway | TTFT p50 ms | TTFT p90 ms | TTFT p99 ms | throughput req/s | errors | hit rate | picks per pod |\n\
          |---|---|---:|---:|---:|---:|---:|---:|---|\n",
     );
@@ -891,13 +940,13 @@ fn quality_bench(quick: bool) -> Part {
     let mut bars = Vec::new();
     // BENCH_ONLY=substring limits the runs (by "workload gateway") while tuning.
     let only = std::env::var("BENCH_ONLY").unwrap_or_default();
-    for &(name, requests, rate) in &workloads {
+    for &(name, requests, rate, sim_args) in &workloads {
         let mut p90s = Vec::new();
         for &gateway in gateways {
             if !format!("{name} {}", gateway.name()).contains(&only) {
                 continue;
             }
-            let run = quality_run(gateway, requests, rate);
+            let run = quality_run_on(gateway, 1, sim_args, requests, rate);
             let (p50, p90, p99) = (
                 percentile(&run.ttft, 50.0),
                 percentile(&run.ttft, 90.0),
@@ -1000,6 +1049,100 @@ fn quality_goals(measured: &BTreeMap<(String, String), (f64, f64)>, best_hit: f6
         )),
     }
     out
+}
+
+// ---------------------------------------------------------------- scale-out
+
+/// Groups in the shared-prefix workload that a replica sees, expected: with `r` replicas
+/// taking requests round-robin, a group's `k` requests reach about `r(1 - (1 - 1/r)^k)` of them,
+/// and each replica that has not seen a group places it without knowing where the others did.
+fn replicas_per_group(r: f64, k: f64) -> f64 {
+    r * (1.0 - (1.0 - 1.0 / r).powf(k))
+}
+
+fn scaleout_bench(quick: bool) -> Part {
+    println!("scale-out: one vs two Envoy replicas, each with its own filter, same pods");
+    let per_group = if quick { 8 } else { 16 };
+    let mut rng = Rng::new(5);
+    let requests = shared_prefix_workload(16, per_group, &mut rng);
+    let gateway = Gateway::Picker("prefix-and-load.yaml");
+    let mut markdown = format!(
+        "## 5. Scale-out: two Envoy replicas\n\nThe routing-quality pods and shared-prefix \
+         workload (16 groups x {per_group}) at 45 req/s, picker `prefix-and-load`; with two \
+         replicas each Envoy (`--concurrency 2`, its own filter, its own prefix index) takes \
+         every other request, as behind a round-robin L4 balancer. Both replicas scrape the \
+         same pods, so load metrics agree; what they do not share is where each sent which \
+         prefix.\n\n\
+         | replicas | TTFT p50 ms | TTFT p90 ms | TTFT p99 ms | errors | hit rate | picks per pod | busiest pod / mean |\n\
+         |---:|---:|---:|---:|---:|---:|---|---:|\n"
+    );
+    let mut csv = String::from(
+        "replicas,ttft_p50_ms,ttft_p90_ms,ttft_p99_ms,errors,hit_rate,busiest_over_mean\n",
+    );
+    let mut hits = Vec::new();
+    for replicas in [1usize, 2] {
+        let run = quality_run_on(gateway, replicas, &QUALITY_SIM, &requests, 45.0);
+        let (p50, p90, p99) = (
+            percentile(&run.ttft, 50.0),
+            percentile(&run.ttft, 90.0),
+            percentile(&run.ttft, 99.0),
+        );
+        let counts: Vec<usize> = run.picks.values().copied().collect();
+        let mean = counts.iter().sum::<usize>() as f64 / counts.len().max(1) as f64;
+        let busiest = counts.iter().copied().max().unwrap_or(0) as f64 / mean.max(1e-9);
+        println!(
+            "  {replicas} replica(s): TTFT p90 {p90:.1} ms, hit {:.1} %, busiest/mean {busiest:.2}",
+            run.hit_rate * 100.0
+        );
+        let picks: Vec<String> = counts.iter().map(ToString::to_string).collect();
+        let _ = writeln!(
+            markdown,
+            "| {replicas} | {p50:.1} | {p90:.1} | {p99:.1} | {} | {:.1} % | {} | {busiest:.2} |",
+            run.errors,
+            run.hit_rate * 100.0,
+            picks.join(" / ")
+        );
+        let _ = writeln!(
+            csv,
+            "{replicas},{p50:.2},{p90:.2},{p99:.2},{},{:.4},{busiest:.3}",
+            run.errors, run.hit_rate
+        );
+        hits.push(run.hit_rate);
+    }
+    let k = per_group as f64;
+    let best = best_hit_rate(per_group);
+    let ceiling = |r: f64| (k - replicas_per_group(r, k)).max(0.0) / k * best * k / (k - 1.0);
+    let _ = write!(
+        markdown,
+        "\nWhat to expect with more replicas. Load spreading scales: every replica reads the \
+         same pod metrics, and the pods' own queues and KV usage steer all of them; the cost is \
+         herding between scrapes (each replica counts only its own requests in flight), bounded \
+         by requests per replica per `refreshMetricsInterval`. Prefix affinity does not scale \
+         the same way: each replica learns prefixes only from its own picks, so a group whose \
+         requests reach `m` replicas can be prefilled cold up to `m` times and cached on up to \
+         `m` pods. With round-robin in front, `m = r(1 - (1 - 1/r)^k)` for `k` requests per \
+         group: here `k = {per_group}`, so `m` = {:.1} at 2 replicas, {:.1} at 10 and {:.1} at \
+         100, and the hit-rate ceiling falls from {:.1} % (1 replica) to {:.1} %, {:.1} % and \
+         {:.1} %. Measured above: {:.1} % with one replica, {:.1} % with two. At 10 or 100 \
+         replicas, keep prefix affinity by sending a conversation or tenant to the same replica \
+         (hash on a session or tenant header at the balancer in front: `k` per replica goes \
+         back up) or run fewer, larger Envoys (`--concurrency`: the workers of one Envoy do \
+         share their index).\n",
+        replicas_per_group(2.0, k),
+        replicas_per_group(10.0, k),
+        replicas_per_group(100.0, k),
+        ceiling(1.0) * 100.0,
+        ceiling(2.0) * 100.0,
+        ceiling(10.0) * 100.0,
+        ceiling(100.0) * 100.0,
+        hits.first().copied().unwrap_or(f64::NAN) * 100.0,
+        hits.get(1).copied().unwrap_or(f64::NAN) * 100.0,
+    );
+    Part {
+        markdown,
+        csv,
+        svg: None,
+    }
 }
 
 // ---------------------------------------------------------------- memory

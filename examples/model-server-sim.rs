@@ -7,7 +7,8 @@
 //! Flags (all optional): --port N (0 = any; the bound address is printed first), --host 127.x.y.z
 //! (another loopback address, default 127.0.0.1), --listeners N (N pods in one process, named
 //! NAME-0..; for large pools), --name NAME,
-//! --model NAME, --max-num-seqs N, --max-lora N, --adapters a,b, --prefill-us-per-token F,
+//! --model NAME, --max-num-seqs N, --max-lora N, --adapters a,b, --lora-load-ms F,
+//! --prefill-us-per-token F,
 //! --decode-ms-per-token F, --kv-blocks N, --block-size N, --time-scale F,
 //! --loaded-adapters a,b (resident at start), --background-waiting N (queued work from
 //! elsewhere), --background-running N, --background-kv F, --extra-metrics TEXT (raw exposition
@@ -36,6 +37,8 @@ struct Settings {
     max_num_seqs: usize,
     max_lora: usize,
     adapters: Vec<String>,
+    /// Time to load an adapter that is not resident, before the request's prefill.
+    lora_load_ms: f64,
     prefill_us_per_token: f64,
     decode_ms_per_token: f64,
     kv_blocks: usize,
@@ -202,6 +205,7 @@ fn parse_args() -> Settings {
                     .collect()
             })
             .unwrap_or_default(),
+        lora_load_ms: number("--lora-load-ms", 0.0),
         prefill_us_per_token: number("--prefill-us-per-token", 100.0),
         decode_ms_per_token: number("--decode-ms-per-token", 10.0),
         kv_blocks: number("--kv-blocks", 4096.0) as usize,
@@ -465,16 +469,25 @@ fn scaled(sim: &Sim, millis: f64) -> Duration {
     Duration::from_secs_f64((millis * sim.settings.time_scale / 1000.0).max(0.0))
 }
 
-/// Waits for a running slot (and a LoRA slot if the request names an adapter).
-fn admit<'a>(sim: &'a Sim, adapter: Option<&str>) -> std::sync::MutexGuard<'a, Engine> {
+/// Waits for a running slot (and a LoRA slot if the request names an adapter). Also says
+/// whether the adapter had to be loaded for this request (which then pays `--lora-load-ms`).
+fn admit<'a>(sim: &'a Sim, adapter: Option<&str>) -> (std::sync::MutexGuard<'a, Engine>, bool) {
     let mut engine = lock(sim);
+    let mut loaded = false;
     engine.waiting += 1;
     if let Some(name) = adapter {
         *engine.waiting_adapters.entry(name.to_string()).or_default() += 1;
     }
     loop {
-        let lora_ok =
-            adapter.is_none_or(|name| load_adapter(&mut engine, name, sim.settings.max_lora));
+        let lora_ok = adapter.is_none_or(|name| {
+            match load_adapter(&mut engine, name, sim.settings.max_lora) {
+                Some(newly) => {
+                    loaded |= newly;
+                    true
+                }
+                None => false,
+            }
+        });
         if engine.running < sim.settings.max_num_seqs && lora_ok {
             break;
         }
@@ -489,16 +502,17 @@ fn admit<'a>(sim: &'a Sim, adapter: Option<&str>) -> std::sync::MutexGuard<'a, E
         decrement(&mut engine.waiting_adapters, name);
         *engine.running_adapters.entry(name.to_string()).or_default() += 1;
     }
-    engine
+    (engine, loaded)
 }
 
 /// Makes `name` resident, evicting the least recently used idle adapter if the slots are
-/// full; false when every slot is busy.
-fn load_adapter(engine: &mut Engine, name: &str, max_lora: usize) -> bool {
+/// full: `Some(true)` if it was loaded now, `Some(false)` if it was resident, `None` when every
+/// slot is busy.
+fn load_adapter(engine: &mut Engine, name: &str, max_lora: usize) -> Option<bool> {
     if let Some(position) = engine.loaded_adapters.iter().position(|a| a == name) {
         let adapter = engine.loaded_adapters.remove(position);
         engine.loaded_adapters.push(adapter);
-        return true;
+        return Some(false);
     }
     if engine.loaded_adapters.len() >= max_lora {
         let idle = engine
@@ -509,11 +523,11 @@ fn load_adapter(engine: &mut Engine, name: &str, max_lora: usize) -> bool {
             Some(position) => {
                 engine.loaded_adapters.remove(position);
             }
-            None => return false,
+            None => return None,
         }
     }
     engine.loaded_adapters.push(name.to_string());
-    true
+    Some(true)
 }
 
 fn decrement(map: &mut HashMap<String, usize>, key: &str) {
@@ -548,13 +562,15 @@ fn inference(sim: &Sim, api: ApiKind, request: &HttpRequest, out: &mut TcpStream
         ApiKind::Embeddings => 0,
         _ => parsed.max_tokens.unwrap_or(16).min(4096) as usize,
     };
-    let (uncached, hit_tokens) = {
-        let mut engine = admit(sim, adapter);
-        let (uncached, hits) = prefix_lookup(sim, &mut engine, &parsed);
+    let (uncached, lora_loaded) = {
+        let (mut engine, loaded) = admit(sim, adapter);
+        let (uncached, _) = prefix_lookup(sim, &mut engine, &parsed);
         engine.kv_tokens += parsed.prompt_tokens as usize + output_tokens;
-        (uncached, hits)
+        (uncached, loaded)
     };
-    let _ = hit_tokens;
+    if lora_loaded {
+        thread::sleep(scaled(sim, sim.settings.lora_load_ms));
+    }
     thread::sleep(scaled(
         sim,
         uncached as f64 * sim.settings.prefill_us_per_token / 1000.0,
