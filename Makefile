@@ -12,7 +12,7 @@ SIM := target/release/examples/model-server-sim
 FUZZ_SECONDS ?= 60
 FUZZ_TARGETS := body_parser prometheus_parser config_loader
 
-.PHONY: all build sim envoy toolchain lint unit wasm-unit integration test demo soak bench extproc bench-quick bench-schedule bench-hop bench-quality fuzz check compose-up compose-down image clean
+.PHONY: all build sim envoy toolchain lint unit wasm-unit integration test demo soak bench extproc bench-quick bench-schedule bench-hop bench-quality bench-memory bench-scaleout fuzz check compose-up compose-down image clean
 
 all: build
 
@@ -62,7 +62,8 @@ demo: build sim envoy
 soak: build sim envoy
 	$(CARGO) run --release --example soak
 
-## bench: scheduling cost, hop cost and routing quality; writes bench/RESULTS.md (+ CSV, SVG)
+## bench: scheduling cost, hop cost (vs an ext_proc picker), routing quality, memory, scale-out;
+## writes bench/RESULTS.md (+ CSV, SVG)
 bench: build sim envoy extproc
 	$(CARGO) run --release --example bench -- all
 
@@ -82,6 +83,12 @@ bench-hop: build sim envoy extproc
 
 bench-quality: build sim envoy
 	$(CARGO) run --release --example bench -- quality
+
+bench-memory: build sim envoy
+	$(CARGO) run --release --example bench -- memory
+
+bench-scaleout: build sim envoy
+	$(CARGO) run --release --example bench -- scaleout
 
 ## compose-up / compose-down: Envoy + the filter + four simulated pods in Docker (see deploy/compose)
 COMPOSE := docker compose -f deploy/compose/docker-compose.yaml

@@ -1,15 +1,20 @@
 //! `make bench`: measurements, written to `bench/RESULTS.md` with CSV and SVG beside it.
 //!
 //! ```text
-//! cargo run --release --example bench -- [schedule|hop|quality|all]
+//! cargo run --release --example bench -- [schedule|hop|quality|memory|scaleout|all|quick]
 //! ```
 //! - `schedule`: one full pick (default plugins + prefix scorer) natively, over 8/64/256
-//!   endpoints and 2k/8k/32k-character prompts, in ns per pick.
-//! - `hop`: added latency and Envoy CPU of the filter over Envoy routing with no filter, same
-//!   near-instant pods, bodies of 1 KB..1 MB, concurrency 1/16/64, interleaved.
+//!   endpoints and 2k/8k/32k-character prompts, in ns per pick; body parsing per size.
+//! - `hop`: added latency and CPU over Envoy routing with no filter, of the wasm filter and of
+//!   an ext_proc picker running the same core (`bench/extproc`); same near-instant pods,
+//!   bodies of 1 KB..1 MB, concurrency 1/16/64, interleaved.
 //! - `quality`: 8 simulated pods with real prefill/decode timing behind Envoy's ROUND_ROBIN,
-//!   LEAST_REQUEST and RANDOM and three picker configs; shared-prefix and mixed workloads,
-//!   open-loop Poisson arrivals; TTFT, throughput, errors, prefix-cache hit rate, picks per pod.
+//!   LEAST_REQUEST and RANDOM and three picker configs; shared-prefix, mixed, LoRA-mix and
+//!   burst workloads; TTFT, throughput, errors, prefix-cache hit rate, picks per pod.
+//! - `memory`: Envoy RSS and the VMs' memory at 8/256/1,024 endpoints as the index fills.
+//! - `scaleout`: one vs two Envoy replicas in front of the same pods.
+//!
+//! `BENCH_QUICK=1` runs any part small; `quick` runs them all small.
 //!
 //! Every run is bounded in requests and time; every process started is stopped.
 
@@ -122,7 +127,7 @@ fn assemble(dir: &Path, report: &str) {
         .unwrap_or("results");
     let mut out = format!(
         "# Benchmark results\n\nProduced by `make bench` (parts: `make bench-schedule`, `make bench-hop`, \
-         `make bench-quality`; a small run: `make bench-quick`). Raw numbers are in `bench/{folder}/*.csv`, \
+         `make bench-quality`, `make bench-memory`, `make bench-scaleout`; a small run: `make bench-quick`). Raw numbers are in `bench/{folder}/*.csv`, \
          charts in `bench/{folder}/*.svg`. How to read them: `bench/README.md`.\n\n"
     );
     for name in names {
