@@ -19,7 +19,7 @@
 //! so tests can compare responses byte for byte.
 
 use inference_picker::request::{parse_body, ApiKind, InferenceRequest};
-use inference_picker::scheduling::plugins::prefix_cache_scorer::block_hashes;
+use inference_picker::scheduling::plugins::scorer::prefix_cache_scorer::block_hashes;
 use inference_picker::scheduling::prefix_index::PrefixIndex;
 use serde_json::{json, Value};
 use std::collections::HashMap;

@@ -6,7 +6,9 @@ use crate::endpoint::{EndpointState, Health, HealthTransition, Pool};
 use crate::error_response::RequestError;
 use crate::metrics::{self, ExtractError, MetricSelector};
 use crate::request::{parse_body, rewrite_model, ApiKind, InferenceRequest, RequestHeaders};
-use crate::scheduling::plugins::{header_based_testing_filter, session_affinity_scorer};
+use crate::scheduling::plugins::{
+    filter::header_based_testing_filter, scorer::session_affinity_scorer,
+};
 use crate::scheduling::{ScheduleError, Scheduler};
 
 /// Which optional protocol headers the configuration reads: each is a host call per request.

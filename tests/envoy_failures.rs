@@ -152,7 +152,7 @@ fn nothing_a_client_sends_routes_outside_the_pool() {
     let a = Sim::start("pod-a", &[]);
     let outsider = Sim::start("outsider", &[]);
     let envoy = gateway(&[&a], "");
-    let token = inference_picker::scheduling::plugins::session_affinity_scorer::token_for(
+    let token = inference_picker::scheduling::plugins::scorer::session_affinity_scorer::token_for(
         &outsider.address,
     );
     let steering = [

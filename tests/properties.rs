@@ -6,7 +6,7 @@ use inference_picker::config::load;
 use inference_picker::endpoint::{EndpointState, Health, Pool};
 use inference_picker::metrics::{CacheConfig, EndpointMetrics, LoraInfo};
 use inference_picker::request::{parse_body, ApiKind, InferenceRequest, RequestHeaders};
-use inference_picker::scheduling::plugins::{self, session_affinity_scorer};
+use inference_picker::scheduling::plugins::{self, scorer::session_affinity_scorer};
 use inference_picker::scheduling::rng::Rng;
 use inference_picker::scheduling::{CycleState, Plugin, PrefixMatches, SchedulingContext};
 use proptest::prelude::*;

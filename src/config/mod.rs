@@ -7,7 +7,9 @@ mod pool;
 pub use pool::{EndpointConfig, ObjectiveConfig, PoolConfig};
 
 use crate::metrics::MetricSelector;
-use crate::scheduling::plugins::{self, max_score_picker, single_profile_handler};
+use crate::scheduling::plugins::{
+    self, picker::max_score_picker, profile_handler::single_profile_handler,
+};
 use crate::scheduling::{
     DataLayerPlugin, Plugin, PluginInstance, PluginSummary, Profile, Scheduler, WeightedScorer,
     Wiring,
@@ -248,9 +250,12 @@ fn saturation_detector(
     let Some(reference) = &raw.saturation_detector else {
         instances.push(PluginInstance {
             name: "utilization-detector (default)".into(),
-            type_name: plugins::utilization_detector::TYPE,
-            plugin: plugins::build(plugins::utilization_detector::TYPE, &Value::Null)
-                .map_err(|reason| ConfigError::invalid("saturationDetector", reason))?,
+            type_name: plugins::saturation_detector::utilization_detector::TYPE,
+            plugin: plugins::build(
+                plugins::saturation_detector::utilization_detector::TYPE,
+                &Value::Null,
+            )
+            .map_err(|reason| ConfigError::invalid("saturationDetector", reason))?,
         });
         return Ok(instances.len() - 1);
     };
@@ -414,8 +419,8 @@ const READS_PREFIX_MATCHES: &[&str] = &[
 
 fn warn_missing_prefix_scorer(instances: &[PluginInstance], warnings: &mut Vec<String>) {
     let has_prefix = instances.iter().any(|p| {
-        p.type_name == plugins::prefix_cache_scorer::TYPE
-            || p.type_name == plugins::prefix_cache_scorer::LEGACY_TYPE
+        p.type_name == plugins::scorer::prefix_cache_scorer::TYPE
+            || p.type_name == plugins::scorer::prefix_cache_scorer::LEGACY_TYPE
     });
     for instance in instances {
         if !has_prefix && READS_PREFIX_MATCHES.contains(&instance.type_name) {

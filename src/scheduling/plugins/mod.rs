@@ -1,39 +1,30 @@
 //! Every plugin type the filter knows, registered in one place. Each plugin lives in a file
 //! named after its config `type` and carries its parameters, defaults and tests.
 
-pub mod active_request_scorer;
-pub mod always_disagg_pd_decider;
-pub mod by_label;
-pub mod concurrency_detector;
-pub mod context_length_aware;
-pub mod decode_filter;
-pub mod disagg_headers_handler;
-pub mod disagg_profile_handler;
-pub mod encode_filter;
-pub mod header_based_testing_filter;
-pub mod kv_cache_utilization_scorer;
-pub mod label_selector_filter;
-pub mod load_aware_scorer;
-pub mod lora_affinity_scorer;
-pub mod max_score_picker;
-pub mod metric_scorer;
-pub mod metrics_data_source;
-pub mod no_hit_lru_scorer;
-pub mod pd_profile_handler;
-pub mod prefill_filter;
-pub mod prefix_based_pd_decider;
-pub mod prefix_cache_affinity_filter;
-pub mod prefix_cache_scorer;
-pub mod prometheus_metric;
-pub mod queue_scorer;
-pub mod random_picker;
-pub mod request_cost_scorer;
-pub mod running_requests_size_scorer;
-pub mod session_affinity_scorer;
-pub mod single_profile_handler;
-pub mod token_load_scorer;
-pub mod utilization_detector;
-pub mod weighted_random_picker;
+pub mod datalayer;
+pub mod decider;
+pub mod filter;
+pub mod picker;
+pub mod pre_request;
+pub mod profile_handler;
+pub mod saturation_detector;
+pub mod scorer;
+
+use datalayer::{metrics_data_source, prometheus_metric};
+use decider::{always_disagg_pd_decider, prefix_based_pd_decider};
+use filter::{
+    by_label, decode_filter, encode_filter, header_based_testing_filter, label_selector_filter,
+    prefill_filter, prefix_cache_affinity_filter,
+};
+use picker::{max_score_picker, random_picker, weighted_random_picker};
+use pre_request::disagg_headers_handler;
+use profile_handler::{disagg_profile_handler, pd_profile_handler, single_profile_handler};
+use saturation_detector::{concurrency_detector, utilization_detector};
+use scorer::{
+    active_request_scorer, context_length_aware, kv_cache_utilization_scorer, load_aware_scorer,
+    lora_affinity_scorer, metric_scorer, no_hit_lru_scorer, prefix_cache_scorer, queue_scorer,
+    request_cost_scorer, running_requests_size_scorer, session_affinity_scorer, token_load_scorer,
+};
 
 use super::Plugin;
 use serde::de::DeserializeOwned;

@@ -19,7 +19,8 @@ impl Default for Parameters {
     fn default() -> Self {
         Parameters {
             non_cached_tokens: 0,
-            prefix_plugin_name: super::prefix_cache_scorer::TYPE.into(),
+            prefix_plugin_name: crate::scheduling::plugins::scorer::prefix_cache_scorer::TYPE
+                .into(),
         }
     }
 }

@@ -59,7 +59,7 @@ mod tests {
         let mut scores = [0.0; 3];
         let value: Value = serde_yaml::from_str("{queueThresholdTokens: 1000}").unwrap();
         let mut scorer = TokenLoadScorer {
-            parameters: super::super::parameters(&value).unwrap(),
+            parameters: crate::scheduling::plugins::parameters(&value).unwrap(),
         };
         scorer.score(
             &SchedulingContext::new(&request, &pool),

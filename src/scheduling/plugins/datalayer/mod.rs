@@ -1,0 +1,6 @@
+//! Data layer: where metrics come from and which series are extracted.
+
+pub mod metrics_data_source;
+pub mod prometheus_metric;
+
+use super::parameters;
