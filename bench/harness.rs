@@ -216,7 +216,7 @@ fn time_picks(endpoints: usize, chars: usize) -> f64 {
             i % 256
         );
     }
-    let mut picker = inference_picker::picker::Picker::new(load(&yaml, 7).expect("config"));
+    let mut picker = inference_picker::director::Director::new(load(&yaml, 7).expect("config"));
     let mut rng = Rng::new(3);
     for i in 0..endpoints {
         let body = format!(

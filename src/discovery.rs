@@ -5,7 +5,7 @@
 
 use crate::duration::serde_go;
 use crate::endpoint::canonical_address;
-use crate::scheduling::plugins::filter::label_selector_filter::{Operator, Selector};
+use crate::label_selector::{Operator, Selector};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::time::Duration;

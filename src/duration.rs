@@ -2,6 +2,11 @@
 
 use std::time::Duration;
 
+/// Whole milliseconds, saturating: the unit of ticks, timeouts and the host clock.
+pub fn duration_ms(value: Duration) -> u64 {
+    u64::try_from(value.as_millis()).unwrap_or(u64::MAX)
+}
+
 /// Parses a Go duration string. Negative values and missing units are rejected.
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
     let text = text.trim();

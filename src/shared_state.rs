@@ -6,19 +6,10 @@
 
 use crate::endpoint::Pool;
 use crate::metrics::EndpointMetrics;
-use crate::request_flow::HostError;
+use crate::host::{HostError, SharedData};
 use crate::scheduling::LearnedPrefix;
 use serde::{Deserialize, Serialize};
 use std::collections::VecDeque;
-
-/// The host's shared data: values with a compare-and-swap token.
-pub trait SharedStore {
-    /// The value and its CAS token, or `None` when the key was never set.
-    fn get(&self, key: &str) -> Result<Option<(Vec<u8>, u32)>, HostError>;
-    /// Stores `value` if the key's CAS still equals `cas` (`None`: unconditionally). Returns
-    /// false when another VM wrote in between.
-    fn set(&self, key: &str, value: &[u8], cas: Option<u32>) -> Result<bool, HostError>;
-}
 
 /// What this VM does this tick.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -129,7 +120,7 @@ impl Coordinator {
     /// tick and whether it changed.
     pub fn elect(
         &mut self,
-        store: &impl SharedStore,
+        store: &impl SharedData,
         now_ms: u64,
     ) -> Result<(Role, bool), HostError> {
         let current = store.get(&self.lease_key)?;
@@ -158,7 +149,7 @@ impl Coordinator {
     /// The scraper publishes every endpoint's latest result.
     pub fn publish_snapshot(
         &mut self,
-        store: &impl SharedStore,
+        store: &impl SharedData,
         pool: &Pool,
     ) -> Result<(), HostError> {
         self.published_seq = self.published_seq.max(self.applied_seq) + 1;
@@ -182,7 +173,7 @@ impl Coordinator {
     /// whether anything was applied.
     pub fn apply_snapshot(
         &mut self,
-        store: &impl SharedStore,
+        store: &impl SharedData,
         pool: &mut Pool,
     ) -> Result<bool, HostError> {
         let Some(snapshot) = read::<Snapshot>(store, &self.snapshot_key)? else {
@@ -203,7 +194,7 @@ impl Coordinator {
     /// Publishes this VM's in-flight counts and sums the other VMs' into the pool.
     pub fn exchange_load(
         &mut self,
-        store: &impl SharedStore,
+        store: &impl SharedData,
         pool: &mut Pool,
         now_ms: u64,
     ) -> Result<(), HostError> {
@@ -242,7 +233,7 @@ impl Coordinator {
     /// The VM that runs discovery publishes the pool's members after a change.
     pub fn publish_members(
         &mut self,
-        store: &impl SharedStore,
+        store: &impl SharedData,
         members: Members,
     ) -> Result<(), HostError> {
         self.members_seq += 1;
@@ -254,7 +245,7 @@ impl Coordinator {
     }
 
     /// A membership list newer than the last one seen, if another VM published one.
-    pub fn take_members(&mut self, store: &impl SharedStore) -> Result<Option<Members>, HostError> {
+    pub fn take_members(&mut self, store: &impl SharedData) -> Result<Option<Members>, HostError> {
         let Some(membership) = read::<Membership>(store, &self.members_key)? else {
             return Ok(None);
         };
@@ -270,7 +261,7 @@ impl Coordinator {
     /// [`Coordinator::exchange_load`], which refreshes the list of VMs.
     pub fn exchange_prefixes(
         &mut self,
-        store: &impl SharedStore,
+        store: &impl SharedData,
         own: &[LearnedPrefix],
     ) -> Result<Vec<LearnedPrefix>, HostError> {
         if !own.is_empty() {
@@ -306,7 +297,7 @@ impl Coordinator {
     /// Makes sure this VM is in the shared list of VMs and refreshes the list of the others.
     /// A racing writer that overwrote our entry is caught by reading back on the next attempt
     /// (create-if-absent cannot be a CAS: a CAS of `None` overwrites).
-    fn register(&mut self, store: &impl SharedStore) -> Result<(), HostError> {
+    fn register(&mut self, store: &impl SharedData) -> Result<(), HostError> {
         for _ in 0..CAS_ATTEMPTS {
             let current = store.get(&self.vms_key)?;
             let mut vms: Vec<u64> = current
@@ -328,7 +319,7 @@ impl Coordinator {
 
 /// A value a VM published, or `None` if absent or unreadable (another version's format).
 fn read<T: serde::de::DeserializeOwned>(
-    store: &impl SharedStore,
+    store: &impl SharedData,
     key: &str,
 ) -> Result<Option<T>, HostError> {
     Ok(store
@@ -337,7 +328,7 @@ fn read<T: serde::de::DeserializeOwned>(
 }
 
 /// Publishes a value, overwriting whatever is there: only its owner writes the key.
-fn publish<T: Serialize>(store: &impl SharedStore, key: &str, value: &T) -> Result<(), HostError> {
+fn publish<T: Serialize>(store: &impl SharedData, key: &str, value: &T) -> Result<(), HostError> {
     let bytes = serde_json::to_vec(value).unwrap_or_default();
     store.set(key, &bytes, None).map(|_| ())
 }
@@ -418,29 +409,8 @@ fn take_u32(bytes: &mut &[u8]) -> Option<u32> {
 mod tests {
     use super::*;
     use crate::endpoint::{EndpointState, Health};
-    use std::cell::RefCell;
-    use std::collections::{BTreeMap, HashMap};
-
-    /// Envoy's shared data semantics: a CAS token per key, bumped on every write.
-    #[derive(Default)]
-    struct FakeStore {
-        data: RefCell<HashMap<String, (Vec<u8>, u32)>>,
-    }
-
-    impl SharedStore for FakeStore {
-        fn get(&self, key: &str) -> Result<Option<(Vec<u8>, u32)>, HostError> {
-            Ok(self.data.borrow().get(key).cloned())
-        }
-        fn set(&self, key: &str, value: &[u8], cas: Option<u32>) -> Result<bool, HostError> {
-            let mut data = self.data.borrow_mut();
-            let current = data.get(key).map_or(0, |(_, c)| *c);
-            if cas.is_some_and(|cas| cas != current) {
-                return Ok(false);
-            }
-            data.insert(key.into(), (value.to_vec(), current + 1));
-            Ok(true)
-        }
-    }
+    use crate::host::fake::FakeShared;
+    use std::collections::BTreeMap;
 
     fn pool() -> Pool {
         Pool::new(
@@ -452,7 +422,7 @@ mod tests {
 
     #[test]
     fn one_scraper_and_takeover_within_two_intervals() {
-        let store = FakeStore::default();
+        let store = FakeShared::default();
         let mut a = Coordinator::new("ns", 1, 50);
         let mut b = Coordinator::new("ns", 2, 50);
         assert_eq!(a.elect(&store, 1000).unwrap(), (Role::Scraper, true));
@@ -470,7 +440,7 @@ mod tests {
 
     #[test]
     fn followers_apply_newer_snapshots_only() {
-        let store = FakeStore::default();
+        let store = FakeShared::default();
         let mut scraper = Coordinator::new("ns", 1, 50);
         let mut follower = Coordinator::new("ns", 2, 50);
         let mut source = pool();
@@ -499,7 +469,7 @@ mod tests {
 
     #[test]
     fn in_flight_counts_are_summed_across_vms() {
-        let store = FakeStore::default();
+        let store = FakeShared::default();
         let mut a = Coordinator::new("ns", 1, 50);
         let mut b = Coordinator::new("ns", 2, 50);
         let (mut pool_a, mut pool_b) = (pool(), pool());
@@ -520,7 +490,7 @@ mod tests {
 
     #[test]
     fn prefix_picks_reach_every_other_vm_once() {
-        let store = FakeStore::default();
+        let store = FakeShared::default();
         let mut a = Coordinator::new("ns", 1, 50);
         let mut b = Coordinator::new("ns", 2, 50);
         let (mut pool_a, mut pool_b) = (pool(), pool());
@@ -558,7 +528,7 @@ mod tests {
 
     #[test]
     fn membership_reaches_the_others_once() {
-        let store = FakeStore::default();
+        let store = FakeShared::default();
         let mut a = Coordinator::new("ns", 1, 50);
         let mut b = Coordinator::new("ns", 2, 50);
         let members = vec![("10.0.0.9:8000".to_string(), Default::default(), false)];

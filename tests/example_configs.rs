@@ -2,7 +2,7 @@
 //! and routes as its comment says (checked natively through the picker with scraped metrics).
 
 use inference_picker::config::load;
-use inference_picker::picker::{Picker, Routed};
+use inference_picker::director::{Director, Routed};
 use inference_picker::request::{ApiKind, RequestHeaders};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -15,13 +15,13 @@ fn text(name: &str) -> String {
     std::fs::read_to_string(config_dir().join(name)).expect("example config exists")
 }
 
-fn picker(name: &str) -> Picker {
+fn picker(name: &str) -> Director {
     let config = load(&text(name), 42).unwrap_or_else(|e| panic!("{name}: {e}"));
-    Picker::new(config)
+    Director::new(config)
 }
 
 /// A vLLM scrape body with the given queue, running and KV usage, plus extra lines.
-fn scrape(picker: &mut Picker, index: usize, waiting: u32, running: u32, kv: f64, extra: &str) {
+fn scrape(picker: &mut Director, index: usize, waiting: u32, running: u32, kv: f64, extra: &str) {
     let body = format!(
         "vllm:num_requests_waiting{{model_name=\"m\"}} {waiting}\n\
          vllm:num_requests_running{{model_name=\"m\"}} {running}\n\
@@ -32,14 +32,14 @@ fn scrape(picker: &mut Picker, index: usize, waiting: u32, running: u32, kv: f64
         .expect("scrape parses");
 }
 
-fn fresh(picker: &mut Picker, count: usize) {
+fn fresh(picker: &mut Director, count: usize) {
     for i in 0..count {
         scrape(picker, i, 0, 0, 0.0, "");
     }
     picker.on_tick(1000);
 }
 
-fn route(picker: &mut Picker, body: &str, headers: RequestHeaders) -> Routed {
+fn route(picker: &mut Director, body: &str, headers: RequestHeaders) -> Routed {
     picker
         .route(ApiKind::Completions, Some(body.as_bytes()), headers)
         .unwrap_or_else(|e| panic!("{body}: {e:?}"))

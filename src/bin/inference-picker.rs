@@ -7,11 +7,11 @@
 //! ```
 //! `check` prints the errors (with the key or the line and column), the warnings, and the
 //! effective configuration with every default filled in. `explain` also feeds one `/metrics`
-//! file per endpoint (in `pool.endpoints` order) and a request body to the picker, and prints
+//! file per endpoint (in `pool.endpoints` order) and a request body to the director, and prints
 //! every scorer's score per endpoint and the winner.
 
 use inference_picker::config::{load, FilterConfig};
-use inference_picker::picker::Picker;
+use inference_picker::director::Director;
 use inference_picker::request::{ApiKind, RequestHeaders};
 use std::process::ExitCode;
 
@@ -100,8 +100,8 @@ fn explain_args(args: &[String]) -> Result<ExplainArgs, String> {
 
 fn explain(args: &[String]) -> Result<(), String> {
     let args = explain_args(args)?;
-    let mut picker = Picker::new(load_file(&args.config)?);
-    let endpoints = picker.pool().len();
+    let mut director = Director::new(load_file(&args.config)?);
+    let endpoints = director.pool().len();
     if args.metrics.len() != endpoints {
         return Err(format!(
             "{} has {endpoints} endpoints but {} --metrics files were given (one per endpoint, in order)",
@@ -110,13 +110,13 @@ fn explain(args: &[String]) -> Result<(), String> {
         ));
     }
     for (index, path) in args.metrics.iter().enumerate() {
-        match picker.on_scrape_ok(index, 0, &read(path)?) {
+        match director.on_scrape_ok(index, 0, &read(path)?) {
             Ok(Some(warning)) => println!("warning: {warning}"),
             Ok(None) => {}
             Err(error) => println!("warning: {path}: {error}; the endpoint counts as unreachable"),
         }
     }
-    picker.on_tick(0);
+    director.on_tick(0);
     let body = args.body.as_deref().map(read).transpose()?;
     let header = |name: &str| {
         args.headers
@@ -131,8 +131,8 @@ fn explain(args: &[String]) -> Result<(), String> {
         model_rewrite: header("x-gateway-model-name-rewrite"),
     };
     let api = ApiKind::from_path(&args.path);
-    let routed = picker.route(api, body.as_deref().map(str::as_bytes), headers);
-    for row in picker.explain_rows() {
+    let routed = director.route(api, body.as_deref().map(str::as_bytes), headers);
+    for row in director.explain_rows() {
         let scores: Vec<String> = row
             .scores
             .iter()

@@ -8,7 +8,7 @@ pub use pool::{EndpointConfig, ObjectiveConfig, PoolConfig};
 
 use crate::metrics::MetricSelector;
 use crate::scheduling::plugins::{
-    self, picker::max_score_picker, profile_handler::single_profile_handler,
+    self, picker::max_score_picker, profile_handler::single_profile_handler, Data,
 };
 use crate::scheduling::{
     DataLayerPlugin, Plugin, PluginInstance, PluginSummary, Profile, Scheduler, WeightedScorer,
@@ -409,26 +409,21 @@ fn resolve_scorers(instances: &mut [PluginInstance], wiring: &Wiring) -> Result<
     Ok(())
 }
 
-/// Plugins that read the prompt's prefix matches, which only `prefix-cache-scorer` computes.
-const READS_PREFIX_MATCHES: &[&str] = &[
-    "prefix-cache-affinity-filter",
-    "no-hit-lru-scorer",
-    "request-cost-scorer",
-    "prefix-based-pd-decider",
-];
-
+/// A plugin that reads prefix matches sees none unless a plugin that computes them is declared.
 fn warn_missing_prefix_scorer(instances: &[PluginInstance], warnings: &mut Vec<String>) {
-    let has_prefix = instances.iter().any(|p| {
-        p.type_name == plugins::scorer::prefix_cache_scorer::TYPE
-            || p.type_name == plugins::scorer::prefix_cache_scorer::LEGACY_TYPE
-    });
-    for instance in instances {
-        if !has_prefix && READS_PREFIX_MATCHES.contains(&instance.type_name) {
-            warnings.push(format!(
-                "plugin {:?} reads prefix-cache matches but no prefix-cache-scorer is declared; it sees no cache hits",
-                instance.name
-            ));
-        }
+    let specs = || {
+        instances
+            .iter()
+            .filter_map(|instance| Some((instance, plugins::spec(instance.type_name)?)))
+    };
+    if specs().any(|(_, spec)| spec.produces(Data::PrefixMatches)) {
+        return;
+    }
+    for (instance, _) in specs().filter(|(_, spec)| spec.consumes(Data::PrefixMatches)) {
+        warnings.push(format!(
+            "plugin {:?} reads prefix-cache matches but no prefix-cache-scorer is declared; it sees no cache hits",
+            instance.name
+        ));
     }
 }
 

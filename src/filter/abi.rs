@@ -2,7 +2,7 @@
 //! returns is handled: the SDK's wrappers panic on statuses they do not expect, and a panic
 //! kills the VM. Statuses come back as raw `u32`, never as an enum the host could overflow.
 
-use crate::request_flow::HostError;
+use crate::host::HostError;
 use proxy_wasm::types::{BufferType, MapType};
 use std::ptr::null_mut;
 

@@ -1,11 +1,12 @@
-//! The host edge: proxy-wasm root and HTTP contexts that feed the pure [`Picker`] and
+//! The host edge: proxy-wasm root and HTTP contexts that feed the pure [`Director`] and
 //! [`RequestFlow`] with ticks, scrape results and request events. Nothing here decides.
 
 mod abi;
 mod stats;
 
 use crate::config;
-use crate::picker::{duration_ms, Picker};
+use crate::director::Director;
+use crate::duration::duration_ms;
 use crate::request_flow::{
     Flow, HostError, HttpHost, Outcome, RequestFlow, DESTINATION_HEADER, FAIRNESS_ID_HEADER,
 };
@@ -23,7 +24,7 @@ proxy_wasm::main! {{
     proxy_wasm::set_root_context(|context_id| -> Box<dyn RootContext> { Box::new(PickerRoot::new(context_id)) });
 }}
 
-type SharedPicker = Rc<RefCell<Picker>>;
+type SharedDirector = Rc<RefCell<Director>>;
 
 /// Envoy's process-wide shared data, for the [`Coordinator`].
 struct EnvoyShared;
@@ -40,7 +41,7 @@ impl SharedStore for EnvoyShared {
 
 struct PickerRoot {
     context_id: u32,
-    picker: Option<SharedPicker>,
+    director: Option<SharedDirector>,
     stats: Option<Rc<Stats>>,
     coordinator: Option<Coordinator>,
     /// Callout token -> endpoint index being scraped.
@@ -58,7 +59,7 @@ impl PickerRoot {
     fn new(context_id: u32) -> Self {
         PickerRoot {
             context_id,
-            picker: None,
+            director: None,
             stats: None,
             coordinator: None,
             scrapes: HashMap::new(),
@@ -71,8 +72,8 @@ impl PickerRoot {
     }
 
     /// Asks the Kubernetes API for the pool's pods, when due (scraping VM only).
-    fn dispatch_discovery(&mut self, picker: &Picker) {
-        let Some(discovery) = &picker.settings().discovery else {
+    fn dispatch_discovery(&mut self, director: &Director) {
+        let Some(discovery) = &director.settings().discovery else {
             return;
         };
         if self.discovery_call.is_some() || self.last_tick_ms < self.next_discovery_ms {
@@ -103,7 +104,7 @@ impl PickerRoot {
 
     /// The pod list arrived: apply it and tell the other workers. A failed call keeps the
     /// last known pool.
-    fn on_discovery_response(&mut self, picker: &mut Picker, num_headers: usize, body_size: usize) {
+    fn on_discovery_response(&mut self, director: &mut Director, num_headers: usize, body_size: usize) {
         self.discovery_call = None;
         let status = (num_headers > 0)
             .then(|| {
@@ -120,7 +121,7 @@ impl PickerRoot {
             );
             return;
         }
-        let Some(discovery) = picker.settings().discovery.clone() else {
+        let Some(discovery) = director.settings().discovery.clone() else {
             return;
         };
         let found = abi::buffer(BufferType::HttpCallResponseBody, 0, body_size)
@@ -133,28 +134,28 @@ impl PickerRoot {
                 return;
             }
         };
-        let (added, removed) = picker.set_discovered(&found);
+        let (added, removed) = director.set_discovered(&found);
         if added.is_empty() && removed.is_empty() {
             return;
         }
         log::info!("inference-picker: discovery: added {added:?}, removed {removed:?}");
         if let Some(stats) = &self.stats {
-            stats.cover(picker);
+            stats.cover(director);
         }
         if let Some(coordinator) = self.coordinator.as_mut() {
-            if let Err(error) = coordinator.publish_members(&EnvoyShared, picker.members()) {
+            if let Err(error) = coordinator.publish_members(&EnvoyShared, director.members()) {
                 log::warn!("inference-picker: sharing the pool: {error}");
             }
         }
     }
 
-    fn dispatch_scrapes(&mut self, picker: &mut Picker) {
-        picker.take_scrape_targets(&mut self.targets);
-        let settings = picker.settings();
+    fn dispatch_scrapes(&mut self, director: &mut Director) {
+        director.take_scrape_targets(&mut self.targets);
+        let settings = director.settings();
         let timeout = u32::try_from(duration_ms(settings.metrics_timeout)).unwrap_or(u32::MAX);
         let mut unsent = Vec::new();
         for &index in &self.targets {
-            let Some(address) = picker.address(index) else {
+            let Some(address) = director.address(index) else {
                 continue;
             };
             let headers = [
@@ -175,14 +176,14 @@ impl PickerRoot {
             }
         }
         for index in unsent {
-            picker.on_scrape_failed(index);
+            director.on_scrape_failed(index);
         }
     }
 }
 
 impl PickerRoot {
     /// Elects the scraper, shares scrape results and in-flight counts between the VMs.
-    fn coordinate(&mut self, picker: &mut Picker) -> Role {
+    fn coordinate(&mut self, director: &mut Director) -> Role {
         let Some(coordinator) = self.coordinator.as_mut() else {
             return Role::Scraper;
         };
@@ -204,37 +205,37 @@ impl PickerRoot {
         };
         match coordinator.take_members(&EnvoyShared) {
             Ok(Some(members)) => {
-                picker.apply_members(&members);
+                director.apply_members(&members);
                 if let Some(stats) = &self.stats {
-                    stats.cover(picker);
+                    stats.cover(director);
                 }
             }
             Ok(_) => {}
             Err(error) => log::warn!("inference-picker: reading the pool: {error}"),
         }
         let shared = match role {
-            Role::Scraper => coordinator.publish_snapshot(&EnvoyShared, picker.pool()),
+            Role::Scraper => coordinator.publish_snapshot(&EnvoyShared, director.pool()),
             Role::Follower => coordinator
-                .apply_snapshot(&EnvoyShared, picker.pool_mut())
+                .apply_snapshot(&EnvoyShared, director.pool_mut())
                 .map(|_| ()),
         }
-        .and_then(|()| coordinator.exchange_load(&EnvoyShared, picker.pool_mut(), now))
+        .and_then(|()| coordinator.exchange_load(&EnvoyShared, director.pool_mut(), now))
         .and_then(|()| {
             let mut own = Vec::new();
-            picker.take_learned(&mut own);
+            director.take_learned(&mut own);
             coordinator.exchange_prefixes(&EnvoyShared, &own)
         });
         match shared {
             Ok(remote) => remote
                 .iter()
-                .for_each(|learned| picker.learn_remote(learned)),
+                .for_each(|learned| director.learn_remote(learned)),
             Err(error) => log::warn!("inference-picker: sharing state: {error}"),
         }
         role
     }
 }
 
-fn log_health(report: &crate::picker::TickReport) {
+fn log_health(report: &crate::director::TickReport) {
     for transition in &report.transitions {
         log::warn!(
             "inference-picker: endpoint {} is now {:?} (was {:?})",
@@ -271,8 +272,8 @@ impl Context for PickerRoot {
     ) {
         if self.discovery_call == Some(token) {
             if let Some(shared) = self.picker.clone() {
-                if let Ok(mut picker) = shared.try_borrow_mut() {
-                    self.on_discovery_response(&mut picker, num_headers, body_size);
+                if let Ok(mut director) = shared.try_borrow_mut() {
+                    self.on_discovery_response(&mut director, num_headers, body_size);
                 }
             }
             return;
@@ -280,15 +281,15 @@ impl Context for PickerRoot {
         let Some(index) = self.scrapes.remove(&token) else {
             return;
         };
-        let Some(picker) = &self.picker else {
+        let Some(director) = &self.picker else {
             return;
         };
-        let Ok(mut picker) = picker.try_borrow_mut() else {
+        let Ok(mut director) = director.try_borrow_mut() else {
             return;
         };
         // Stamped on arrival, so the age other workers see is the real one.
         let now = abi::current_time_ms().unwrap_or(self.last_tick_ms);
-        let ok = record_scrape(&mut picker, index, num_headers, body_size, now);
+        let ok = record_scrape(&mut director, index, num_headers, body_size, now);
         if let Some(stats) = &self.stats {
             stats.scrape(index, ok);
         }
@@ -296,7 +297,7 @@ impl Context for PickerRoot {
         if self.scrapes.is_empty() {
             if let Some(coordinator) = self.coordinator.as_mut() {
                 if coordinator.role() == Role::Scraper {
-                    if let Err(error) = coordinator.publish_snapshot(&EnvoyShared, picker.pool()) {
+                    if let Err(error) = coordinator.publish_snapshot(&EnvoyShared, director.pool()) {
                         log::warn!("inference-picker: sharing state: {error}");
                     }
                 }
@@ -305,9 +306,9 @@ impl Context for PickerRoot {
     }
 }
 
-/// Feeds one `/metrics` callout's answer to the picker; true when it gave usable metrics.
+/// Feeds one `/metrics` callout's answer to the director; true when it gave usable metrics.
 fn record_scrape(
-    picker: &mut Picker,
+    director: &mut Director,
     index: usize,
     num_headers: usize,
     body_size: usize,
@@ -320,19 +321,19 @@ fn record_scrape(
             .ok()
             .flatten()
     };
-    let address = picker.address(index).unwrap_or("?").to_owned();
+    let address = director.address(index).unwrap_or("?").to_owned();
     if status.as_deref() != Some(b"200".as_slice()) {
         let shown = status.map_or("no response (timeout or reset)".to_owned(), |s| {
             format!("status {}", String::from_utf8_lossy(&s))
         });
         log::debug!("inference-picker: scrape of {address} failed: {shown}");
-        picker.on_scrape_failed(index);
+        director.on_scrape_failed(index);
         return false;
     }
     match abi::buffer(BufferType::HttpCallResponseBody, 0, body_size) {
         Ok(body) => {
             let text = String::from_utf8_lossy(&body);
-            match picker.on_scrape_ok(index, now, &text) {
+            match director.on_scrape_ok(index, now, &text) {
                 Ok(None) => true,
                 Ok(Some(warning)) => {
                     log::warn!("inference-picker: {warning}");
@@ -346,7 +347,7 @@ fn record_scrape(
         }
         Err(error) => {
             log::warn!("inference-picker: reading scrape of {address}: {error}");
-            picker.on_scrape_failed(index);
+            director.on_scrape_failed(index);
             false
         }
     }
@@ -396,9 +397,9 @@ impl RootContext for PickerRoot {
             crate::hash::hash_bytes(0, text.as_bytes())
         );
         self.coordinator = Some(Coordinator::new(&namespace, seed, u64::from(interval)));
-        let picker = Picker::new(loaded);
-        self.stats = Some(Rc::new(Stats::define(&picker)));
-        self.picker = Some(Rc::new(RefCell::new(picker)));
+        let director = Director::new(loaded);
+        self.stats = Some(Rc::new(Stats::define(&director)));
+        self.picker = Some(Rc::new(RefCell::new(director)));
         self.scrapes.clear();
         log::info!(
             "inference-picker: configured with {endpoints} endpoints, scraping every {interval}ms"
@@ -415,25 +416,25 @@ impl RootContext for PickerRoot {
         let Some(shared) = self.picker.clone() else {
             return;
         };
-        let Ok(mut picker) = shared.try_borrow_mut() else {
+        let Ok(mut director) = shared.try_borrow_mut() else {
             return;
         };
-        let role = self.coordinate(&mut picker);
-        let report = picker.on_tick(self.last_tick_ms);
+        let role = self.coordinate(&mut director);
+        let report = director.on_tick(self.last_tick_ms);
         if role == Role::Scraper {
             // Every VM sees the same transitions; only the scraper logs them.
             log_health(&report);
             if let Some(stats) = &self.stats {
-                stats.endpoint_gauges(&picker, self.last_tick_ms);
+                stats.endpoint_gauges(&director, self.last_tick_ms);
             }
-            self.dispatch_discovery(&picker);
-            self.dispatch_scrapes(&mut picker);
+            self.dispatch_discovery(&director);
+            self.dispatch_scrapes(&mut director);
         }
     }
 
     fn create_http_context(&self, _context_id: u32) -> Option<Box<dyn HttpContext>> {
         Some(Box::new(PickerHttp {
-            picker: self.picker.clone(),
+            director: self.picker.clone(),
             stats: self.stats.clone(),
             flow: RequestFlow::default(),
         }))
@@ -486,7 +487,7 @@ impl HttpHost for EnvoyRequest {
 }
 
 struct PickerHttp {
-    picker: Option<SharedPicker>,
+    director: Option<SharedDirector>,
     stats: Option<Rc<Stats>>,
     flow: RequestFlow,
 }
@@ -498,21 +499,21 @@ impl PickerHttp {
     fn run(
         &mut self,
         last: bool,
-        step: impl FnOnce(&mut RequestFlow, &mut Picker) -> Flow,
+        step: impl FnOnce(&mut RequestFlow, &mut Director) -> Flow,
     ) -> Action {
         let Some(shared) = &self.picker else {
             return self.unavailable();
         };
-        let Ok(mut picker) = shared.try_borrow_mut() else {
+        let Ok(mut director) = shared.try_borrow_mut() else {
             return self.unavailable();
         };
         let was_pending = self.flow.outcome == Outcome::Pending;
         let started_ns = (was_pending && last)
             .then(abi::current_time_ns)
             .and_then(Result::ok);
-        let flow = step(&mut self.flow, &mut picker);
+        let flow = step(&mut self.flow, &mut director);
         if was_pending {
-            log_decision(&self.flow, &picker);
+            log_decision(&self.flow, &director);
             self.count_decision(started_ns);
         }
         match flow {
@@ -547,7 +548,7 @@ impl PickerHttp {
     }
 }
 
-fn log_decision(flow: &RequestFlow, picker: &Picker) {
+fn log_decision(flow: &RequestFlow, director: &Director) {
     if !log::log_enabled!(log::Level::Debug) {
         return;
     }
@@ -568,7 +569,7 @@ fn log_decision(flow: &RequestFlow, picker: &Picker) {
             if routed.degraded {
                 String::new()
             } else {
-                picker.explain_last()
+                director.explain_last()
             }
         ),
         Outcome::Rejected(error) => log::debug!(
@@ -582,21 +583,21 @@ impl Context for PickerHttp {}
 
 impl HttpContext for PickerHttp {
     fn on_http_request_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Action {
-        self.run(end_of_stream, |flow, picker| {
-            flow.on_headers(&EnvoyRequest, picker, end_of_stream)
+        self.run(end_of_stream, |flow, director| {
+            flow.on_headers(&EnvoyRequest, director, end_of_stream)
         })
     }
 
     fn on_http_request_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
-        self.run(end_of_stream, |flow, picker| {
-            flow.on_body(&EnvoyRequest, picker, body_size, end_of_stream)
+        self.run(end_of_stream, |flow, director| {
+            flow.on_body(&EnvoyRequest, director, body_size, end_of_stream)
         })
     }
 
     fn on_http_response_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
         if let Some(shared) = &self.picker {
-            if let Ok(mut picker) = shared.try_borrow_mut() {
-                self.flow.on_response_headers(&EnvoyRequest, &mut picker);
+            if let Ok(mut director) = shared.try_borrow_mut() {
+                self.flow.on_response_headers(&EnvoyRequest, &mut director);
             }
         }
         Action::Continue
@@ -604,8 +605,8 @@ impl HttpContext for PickerHttp {
 
     fn on_log(&mut self) {
         if let Some(shared) = &self.picker {
-            if let Ok(mut picker) = shared.try_borrow_mut() {
-                self.flow.on_done(&mut picker);
+            if let Ok(mut director) = shared.try_borrow_mut() {
+                self.flow.on_done(&mut director);
             }
         }
     }

@@ -4,7 +4,7 @@
 
 use super::abi::{self, MetricKind};
 use crate::error_response::RequestError;
-use crate::picker::Picker;
+use crate::director::Director;
 use std::cell::RefCell;
 
 /// Outcomes of a request as the `decisions` counter tags them.
@@ -58,7 +58,7 @@ fn endpoint_stats(address: &str) -> Option<EndpointStats> {
 }
 
 impl Stats {
-    pub fn define(picker: &Picker) -> Self {
+    pub fn define(director: &Director) -> Self {
         let stats = Stats {
             endpoints: RefCell::new(Vec::new()),
             decisions: OUTCOMES.map(|outcome| {
@@ -72,17 +72,17 @@ impl Stats {
             vm_memory_bytes: define(MetricKind::Gauge, "inference_picker.vm_memory_bytes"),
             vms: define(MetricKind::Gauge, "inference_picker.vms"),
         };
-        stats.cover(picker);
+        stats.cover(director);
         stats
     }
 
     /// Defines the per-endpoint stats of endpoints that have none yet (discovery added them).
-    pub fn cover(&self, picker: &Picker) {
+    pub fn cover(&self, director: &Director) {
         let Ok(mut endpoints) = self.endpoints.try_borrow_mut() else {
             return;
         };
         let known = endpoints.len();
-        for endpoint in picker.pool().endpoints.iter().skip(known) {
+        for endpoint in director.pool().endpoints.iter().skip(known) {
             endpoints.push(endpoint_stats(&endpoint.address));
         }
     }
@@ -143,8 +143,8 @@ impl Stats {
 
     /// Per-endpoint gauges (metrics age, the whole Envoy's requests in flight), set by the
     /// VM that scrapes.
-    pub fn endpoint_gauges(&self, picker: &Picker, now_ms: u64) {
-        for (index, endpoint) in picker.pool().endpoints.iter().enumerate() {
+    pub fn endpoint_gauges(&self, director: &Director, now_ms: u64) {
+        for (index, endpoint) in director.pool().endpoints.iter().enumerate() {
             if let (Some(id), Some(at)) = (
                 self.endpoint(index, |e| e.metrics_age_ms),
                 endpoint.last_scrape_ok_ms,

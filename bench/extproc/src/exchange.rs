@@ -7,9 +7,9 @@ use crate::proto::{
     OVERWRITE_IF_EXISTS_OR_ADD,
 };
 use inference_picker::error_response::RequestError;
-use inference_picker::picker::{Picker, Routed};
+use inference_picker::director::{Director, Routed};
 use inference_picker::request::{ApiKind, RequestHeaders};
-use inference_picker::request_flow::DESTINATION_HEADER;
+use inference_picker::protocol::DESTINATION_HEADER;
 
 #[derive(Default)]
 pub struct Exchange {
@@ -23,7 +23,7 @@ impl Exchange {
     pub fn on_message(
         &mut self,
         message: ProcessingRequest,
-        picker: &mut Picker,
+        picker: &mut Director,
     ) -> Vec<ProcessingResponse> {
         match message.request {
             Some(Request::RequestHeaders(headers)) => {
@@ -84,13 +84,13 @@ impl Exchange {
     }
 
     /// The stream ended: the request's in-flight slot is given back, exactly once.
-    pub fn finish(&mut self, picker: &mut Picker) {
+    pub fn finish(&mut self, picker: &mut Director) {
         if let Some(routed) = self.routed.take() {
             picker.release(&routed);
         }
     }
 
-    fn route(&mut self, picker: &mut Picker, body: Option<Vec<u8>>) -> Vec<ProcessingResponse> {
+    fn route(&mut self, picker: &mut Director, body: Option<Vec<u8>>) -> Vec<ProcessingResponse> {
         let api = self.api.unwrap_or(ApiKind::Other);
         let routed = match picker.route(api, body.as_deref(), RequestHeaders::default()) {
             Ok(routed) => routed,

@@ -15,7 +15,7 @@ mod exchange;
 mod proto;
 mod scrape;
 
-use inference_picker::picker::Picker;
+use inference_picker::director::Director;
 use proto::{ProcessingRequest, ProcessingResponse};
 use std::sync::{Arc, Mutex};
 use tokio_stream::wrappers::ReceiverStream;
@@ -26,7 +26,7 @@ const PROCESS_PATH: &str = "/envoy.service.ext_proc.v3.ExternalProcessor/Process
 
 #[derive(Clone)]
 struct ExternalProcessor {
-    picker: Arc<Mutex<Picker>>,
+    picker: Arc<Mutex<Director>>,
 }
 
 impl tonic::server::NamedService for ExternalProcessor {
@@ -73,7 +73,7 @@ fn unimplemented_method() -> http::Response<tonic::body::BoxBody> {
 }
 
 /// One `Process` stream: one HTTP request and its response.
-struct Process(Arc<Mutex<Picker>>);
+struct Process(Arc<Mutex<Director>>);
 
 impl tonic::server::StreamingService<ProcessingRequest> for Process {
     type Response = ProcessingResponse;
@@ -127,7 +127,7 @@ fn main() {
         eprintln!("extproc-picker: {config_path}: {error}");
         std::process::exit(2);
     });
-    let picker = Arc::new(Mutex::new(Picker::new(config)));
+    let picker = Arc::new(Mutex::new(Director::new(config)));
     scrape::spawn(picker.clone());
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -140,7 +140,7 @@ fn main() {
     runtime.block_on(serve(port, picker));
 }
 
-async fn serve(port: u16, picker: Arc<Mutex<Picker>>) {
+async fn serve(port: u16, picker: Arc<Mutex<Director>>) {
     let listener = match tokio::net::TcpListener::bind(("127.0.0.1", port)).await {
         Ok(listener) => listener,
         Err(error) => {

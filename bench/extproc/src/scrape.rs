@@ -1,13 +1,14 @@
 //! Keeps the pool's metrics fresh: every `pool.refreshMetricsInterval`, a `GET /metrics` to each
 //! endpoint (in parallel, each bounded by `pool.metricsTimeout`), then a health tick.
 
-use inference_picker::picker::{duration_ms, Picker};
+use inference_picker::director::Director;
+use inference_picker::duration::duration_ms;
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-pub fn spawn(picker: Arc<Mutex<Picker>>) {
+pub fn spawn(picker: Arc<Mutex<Director>>) {
     std::thread::spawn(move || {
         let started = Instant::now();
         let mut targets = Vec::new();

@@ -10,267 +10,86 @@ pub mod profile_handler;
 pub mod saturation_detector;
 pub mod scorer;
 
-use datalayer::{metrics_data_source, prometheus_metric};
-use decider::{always_disagg_pd_decider, prefix_based_pd_decider};
-use filter::{
-    by_label, decode_filter, encode_filter, header_based_testing_filter, label_selector_filter,
-    prefill_filter, prefix_cache_affinity_filter,
-};
-use picker::{max_score_picker, random_picker, weighted_random_picker};
-use pre_request::disagg_headers_handler;
-use profile_handler::{disagg_profile_handler, pd_profile_handler, single_profile_handler};
-use saturation_detector::{concurrency_detector, utilization_detector};
-use scorer::{
-    active_request_scorer, context_length_aware, kv_cache_utilization_scorer, load_aware_scorer,
-    lora_affinity_scorer, metric_scorer, no_hit_lru_scorer, prefix_cache_scorer, queue_scorer,
-    request_cost_scorer, running_requests_size_scorer, session_affinity_scorer, token_load_scorer,
-};
+mod spec;
+
+pub use spec::{Builder, Data, Effective, Kind, PluginSpec, Signal};
 
 use super::Plugin;
 use serde::de::DeserializeOwned;
 use serde_yaml::Value;
 
-type Builder = fn(&Value) -> Result<Plugin, String>;
-/// Parameters with every default filled in, for the config checker.
-type Effective = fn(&Value) -> Result<Value, String>;
-
-/// `(type, builder, effective parameters)`; older names and aliases users still write are
-/// their own entries.
-const REGISTRY: &[(&str, Builder, Effective)] = &[
-    // Data layer (custom metrics).
-    (
-        metrics_data_source::TYPE,
-        metrics_data_source::build,
-        effective::<metrics_data_source::Parameters>,
-    ),
-    (
-        prometheus_metric::TYPE,
-        prometheus_metric::build,
-        effective::<prometheus_metric::Parameters>,
-    ),
-    // Filters.
-    (
-        decode_filter::TYPE,
-        decode_filter::build,
-        effective::<NoParameters>,
-    ),
-    (
-        prefill_filter::TYPE,
-        prefill_filter::build,
-        effective::<NoParameters>,
-    ),
-    (
-        encode_filter::TYPE,
-        encode_filter::build,
-        effective::<NoParameters>,
-    ),
-    (
-        label_selector_filter::TYPE,
-        label_selector_filter::build,
-        effective::<label_selector_filter::Selector>,
-    ),
-    (
-        label_selector_filter::ALIAS_TYPE,
-        label_selector_filter::build,
-        effective::<label_selector_filter::Selector>,
-    ),
-    (
-        by_label::TYPE,
-        by_label::build,
-        effective::<by_label::Parameters>,
-    ),
-    (
-        prefix_cache_affinity_filter::TYPE,
-        prefix_cache_affinity_filter::build,
-        effective::<prefix_cache_affinity_filter::Parameters>,
-    ),
-    (
-        header_based_testing_filter::TYPE,
-        header_based_testing_filter::build,
-        effective::<NoParameters>,
-    ),
-    // Scorers.
-    (
-        queue_scorer::TYPE,
-        queue_scorer::build,
-        effective::<NoParameters>,
-    ),
-    (
-        kv_cache_utilization_scorer::TYPE,
-        kv_cache_utilization_scorer::build,
-        effective::<NoParameters>,
-    ),
-    (
-        kv_cache_utilization_scorer::LEGACY_TYPE,
-        kv_cache_utilization_scorer::build,
-        effective::<NoParameters>,
-    ),
-    (
-        running_requests_size_scorer::TYPE,
-        running_requests_size_scorer::build,
-        effective::<NoParameters>,
-    ),
-    (
-        lora_affinity_scorer::TYPE,
-        lora_affinity_scorer::build,
-        effective::<NoParameters>,
-    ),
-    (
-        prefix_cache_scorer::TYPE,
-        prefix_cache_scorer::build,
-        effective::<prefix_cache_scorer::Parameters>,
-    ),
-    (
-        prefix_cache_scorer::LEGACY_TYPE,
-        prefix_cache_scorer::build,
-        effective::<prefix_cache_scorer::Parameters>,
-    ),
-    (
-        active_request_scorer::TYPE,
-        active_request_scorer::build,
-        effective::<active_request_scorer::Parameters>,
-    ),
-    (
-        load_aware_scorer::TYPE,
-        load_aware_scorer::build,
-        effective::<load_aware_scorer::Parameters>,
-    ),
-    (
-        token_load_scorer::TYPE,
-        token_load_scorer::build,
-        effective::<token_load_scorer::Parameters>,
-    ),
-    (
-        session_affinity_scorer::TYPE,
-        session_affinity_scorer::build,
-        effective::<NoParameters>,
-    ),
-    (
-        no_hit_lru_scorer::TYPE,
-        no_hit_lru_scorer::build,
-        effective::<no_hit_lru_scorer::Parameters>,
-    ),
-    (
-        context_length_aware::TYPE,
-        context_length_aware::build,
-        effective::<context_length_aware::Parameters>,
-    ),
-    (
-        metric_scorer::TYPE,
-        metric_scorer::build,
-        effective::<metric_scorer::Parameters>,
-    ),
-    (
-        request_cost_scorer::TYPE,
-        request_cost_scorer::build,
-        effective::<request_cost_scorer::Parameters>,
-    ),
-    // Pickers.
-    (
-        max_score_picker::TYPE,
-        max_score_picker::build,
-        effective::<PickerParameters>,
-    ),
-    (
-        max_score_picker::LEGACY_TYPE,
-        max_score_picker::build,
-        effective::<PickerParameters>,
-    ),
-    (
-        random_picker::TYPE,
-        random_picker::build,
-        effective::<PickerParameters>,
-    ),
-    (
-        weighted_random_picker::TYPE,
-        weighted_random_picker::build,
-        effective::<PickerParameters>,
-    ),
-    // Profile handlers and P/D.
-    (
-        single_profile_handler::TYPE,
-        single_profile_handler::build,
-        effective::<NoParameters>,
-    ),
-    (
-        single_profile_handler::LEGACY_TYPE,
-        single_profile_handler::build,
-        effective::<NoParameters>,
-    ),
-    (
-        disagg_profile_handler::TYPE,
-        disagg_profile_handler::build,
-        effective::<disagg_profile_handler::Parameters>,
-    ),
-    (
-        pd_profile_handler::TYPE,
-        pd_profile_handler::build,
-        effective::<pd_profile_handler::Parameters>,
-    ),
-    (
-        prefix_based_pd_decider::TYPE,
-        prefix_based_pd_decider::build,
-        effective::<prefix_based_pd_decider::Parameters>,
-    ),
-    (
-        always_disagg_pd_decider::TYPE,
-        always_disagg_pd_decider::build,
-        effective::<NoParameters>,
-    ),
-    (
-        disagg_headers_handler::TYPE,
-        disagg_headers_handler::build,
-        effective::<disagg_headers_handler::Parameters>,
-    ),
-    (
-        disagg_headers_handler::LEGACY_TYPE,
-        disagg_headers_handler::build,
-        effective::<disagg_headers_handler::Parameters>,
-    ),
-    // Saturation detectors (`saturationDetector.pluginRef`).
-    (
-        utilization_detector::TYPE,
-        utilization_detector::build,
-        effective::<utilization_detector::Parameters>,
-    ),
-    (
-        concurrency_detector::TYPE,
-        concurrency_detector::build,
-        effective::<concurrency_detector::Parameters>,
-    ),
+/// Every plugin type, by kind. Each entry is the `SPEC` its own file declares.
+const REGISTRY: &[&PluginSpec] = &[
+    &datalayer::metrics_data_source::SPEC,
+    &datalayer::prometheus_metric::SPEC,
+    &filter::by_label::SPEC,
+    &filter::decode_filter::SPEC,
+    &filter::encode_filter::SPEC,
+    &filter::header_based_testing_filter::SPEC,
+    &filter::label_selector_filter::SPEC,
+    &filter::prefill_filter::SPEC,
+    &filter::prefix_cache_affinity_filter::SPEC,
+    &scorer::active_request_scorer::SPEC,
+    &scorer::context_length_aware::SPEC,
+    &scorer::kv_cache_utilization_scorer::SPEC,
+    &scorer::load_aware_scorer::SPEC,
+    &scorer::lora_affinity_scorer::SPEC,
+    &scorer::metric_scorer::SPEC,
+    &scorer::no_hit_lru_scorer::SPEC,
+    &scorer::prefix_cache_scorer::SPEC,
+    &scorer::queue_scorer::SPEC,
+    &scorer::request_cost_scorer::SPEC,
+    &scorer::running_requests_size_scorer::SPEC,
+    &scorer::session_affinity_scorer::SPEC,
+    &scorer::token_load_scorer::SPEC,
+    &picker::max_score_picker::SPEC,
+    &picker::random_picker::SPEC,
+    &picker::weighted_random_picker::SPEC,
+    &profile_handler::disagg_profile_handler::SPEC,
+    &profile_handler::pd_profile_handler::SPEC,
+    &profile_handler::single_profile_handler::SPEC,
+    &decider::always_disagg_pd_decider::SPEC,
+    &decider::prefix_based_pd_decider::SPEC,
+    &saturation_detector::concurrency_detector::SPEC,
+    &saturation_detector::utilization_detector::SPEC,
+    &pre_request::disagg_headers_handler::SPEC,
 ];
 
-/// The canonical type name (`&'static`) for a configured type, if known.
-pub fn known_type(type_name: &str) -> Option<&'static str> {
-    REGISTRY
-        .iter()
-        .find(|(name, _, _)| *name == type_name)
-        .map(|(name, _, _)| *name)
+/// The spec registered for a type name or one of its aliases.
+pub fn spec(type_name: &str) -> Option<&'static PluginSpec> {
+    REGISTRY.iter().copied().find(|spec| spec.answers_to(type_name))
 }
 
+/// Every spec, in registry order.
+pub fn specs() -> impl Iterator<Item = &'static PluginSpec> {
+    REGISTRY.iter().copied()
+}
+
+/// The name a configured type was registered under (`&'static`), if known.
+pub fn known_type(type_name: &str) -> Option<&'static str> {
+    specs()
+        .flat_map(|spec| std::iter::once(spec.type_name).chain(spec.aliases.iter().copied()))
+        .find(|name| *name == type_name)
+}
+
+/// Every type name and alias the loader accepts.
 pub fn all_types() -> impl Iterator<Item = &'static str> {
-    REGISTRY.iter().map(|(name, _, _)| *name)
+    specs().flat_map(|spec| std::iter::once(spec.type_name).chain(spec.aliases.iter().copied()))
 }
 
 /// Builds a plugin from its type and `parameters` (null when absent).
 pub fn build(type_name: &str, parameters: &Value) -> Result<Plugin, String> {
-    let (_, builder, _) = REGISTRY
-        .iter()
-        .find(|(name, _, _)| *name == type_name)
-        .ok_or_else(|| format!("unknown plugin type {type_name:?}"))?;
-    builder(parameters)
+    let spec = spec(type_name).ok_or_else(|| format!("unknown plugin type {type_name:?}"))?;
+    (spec.build)(parameters)
 }
 
 /// A plugin's parameters as the filter uses them: given values plus every default.
 pub fn effective_parameters(type_name: &str, parameters: &Value) -> Result<Value, String> {
-    let (_, _, effective) = REGISTRY
-        .iter()
-        .find(|(name, _, _)| *name == type_name)
-        .ok_or_else(|| format!("unknown plugin type {type_name:?}"))?;
-    effective(parameters)
+    let spec = spec(type_name).ok_or_else(|| format!("unknown plugin type {type_name:?}"))?;
+    (spec.effective)(parameters)
 }
 
-fn effective<P: DeserializeOwned + serde::Serialize + Default>(
+pub fn effective<P: DeserializeOwned + serde::Serialize + Default>(
     value: &Value,
 ) -> Result<Value, String> {
     let parsed: P = parameters(value)?;
@@ -326,11 +145,11 @@ mod tests {
 
     /// Types that need parameters to mean anything.
     const NEED_PARAMETERS: &[&str] = &[
-        prometheus_metric::TYPE,
-        metric_scorer::TYPE,
-        label_selector_filter::TYPE,
-        label_selector_filter::ALIAS_TYPE,
-        by_label::TYPE,
+        "prometheus-metric",
+        "metric-scorer",
+        "label-selector-filter",
+        "by-label-selector",
+        "by-label",
     ];
 
     #[test]

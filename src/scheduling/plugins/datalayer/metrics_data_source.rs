@@ -2,10 +2,22 @@
 //! filter scrapes every pod once per `refreshMetricsInterval` through `pool.metricsCluster`;
 //! this plugin's `path` is the path of that one scrape, shared with the built-in metrics.
 
+use crate::scheduling::plugins::{effective, Kind, PluginSpec};
 use crate::scheduling::{DataLayerPlugin, Plugin};
 use serde_yaml::Value;
 
 pub const TYPE: &str = "metrics-data-source";
+
+/// The registry's entry for this plugin.
+pub const SPEC: PluginSpec = PluginSpec {
+    type_name: TYPE,
+    aliases: &[],
+    kind: Kind::DataLayer,
+    build,
+    effective: effective::<Parameters>,
+    consumes: &[],
+    produces: &[],
+};
 
 #[derive(Debug, Clone, PartialEq, serde::Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase", default)]

@@ -1,12 +1,24 @@
 //! `prometheus-metric`: an extractor that keeps one Prometheus series per pod, chosen by name
 //! and, optionally, by labels (series selection). Several matching series are summed.
 
+use crate::scheduling::plugins::{Data, effective, Kind, PluginSpec};
 use crate::metrics::MetricSelector;
 use crate::scheduling::{DataLayerPlugin, Plugin};
 use serde_yaml::Value;
 use std::collections::BTreeMap;
 
 pub const TYPE: &str = "prometheus-metric";
+
+/// The registry's entry for this plugin.
+pub const SPEC: PluginSpec = PluginSpec {
+    type_name: TYPE,
+    aliases: &[],
+    kind: Kind::DataLayer,
+    build,
+    effective: effective::<Parameters>,
+    consumes: &[],
+    produces: &[Data::CustomMetric],
+};
 
 #[derive(Debug, Clone, Default, PartialEq, serde::Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase", default)]

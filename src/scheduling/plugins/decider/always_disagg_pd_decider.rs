@@ -1,9 +1,21 @@
 //! `always-disagg-pd-decider`: every request gets a prefill endpoint (when one exists).
 
+use crate::scheduling::plugins::{effective, Kind, PluginSpec, NoParameters};
 use crate::scheduling::{PdDecider, Plugin, SchedulingContext};
 use serde_yaml::Value;
 
 pub const TYPE: &str = "always-disagg-pd-decider";
+
+/// The registry's entry for this plugin.
+pub const SPEC: PluginSpec = PluginSpec {
+    type_name: TYPE,
+    aliases: &[],
+    kind: Kind::PdDecider,
+    build,
+    effective: effective::<NoParameters>,
+    consumes: &[],
+    produces: &[],
+};
 
 pub struct AlwaysDisaggPdDecider;
 

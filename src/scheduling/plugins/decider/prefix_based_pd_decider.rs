@@ -2,10 +2,22 @@
 //! least `nonCachedTokens` prompt tokens it does not hold (prompt tokens minus its prefix-cache
 //! match). `nonCachedTokens: 0` (the default) never disaggregates.
 
+use crate::scheduling::plugins::{Data, effective, Kind, PluginSpec};
 use crate::scheduling::{PdDecider, Plugin, SchedulingContext};
 use serde_yaml::Value;
 
 pub const TYPE: &str = "prefix-based-pd-decider";
+
+/// The registry's entry for this plugin.
+pub const SPEC: PluginSpec = PluginSpec {
+    type_name: TYPE,
+    aliases: &[],
+    kind: Kind::PdDecider,
+    build,
+    effective: effective::<Parameters>,
+    consumes: &[Data::PrefixMatches],
+    produces: &[],
+};
 
 #[derive(Debug, Clone, PartialEq, serde::Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase", default)]

@@ -1,10 +1,22 @@
 //! `by-label` (llm-d): keeps endpoints whose `label` has one of `validValues`; endpoints
 //! without the label pass only with `allowsNoLabel`.
 
+use crate::scheduling::plugins::{Data, effective, Kind, PluginSpec};
 use crate::scheduling::{Filter, Plugin, SchedulingContext};
 use serde_yaml::Value;
 
 pub const TYPE: &str = "by-label";
+
+/// The registry's entry for this plugin.
+pub const SPEC: PluginSpec = PluginSpec {
+    type_name: TYPE,
+    aliases: &[],
+    kind: Kind::Filter,
+    build,
+    effective: effective::<Parameters>,
+    consumes: &[Data::EndpointLabels],
+    produces: &[],
+};
 
 #[derive(Debug, Clone, Default, PartialEq, serde::Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase", default)]

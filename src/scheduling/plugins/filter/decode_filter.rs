@@ -2,11 +2,23 @@
 //! `prefill-decode`, `both`, or no role at all (a plain aggregated server).
 //! `prefill-filter` and `encode-filter` are the same filter with other accepted roles.
 
+use crate::scheduling::plugins::{Data, effective, Kind, PluginSpec, NoParameters};
 use crate::endpoint::ROLE_LABEL;
 use crate::scheduling::{Filter, Plugin, SchedulingContext};
 use serde_yaml::Value;
 
 pub const TYPE: &str = "decode-filter";
+
+/// The registry's entry for this plugin.
+pub const SPEC: PluginSpec = PluginSpec {
+    type_name: TYPE,
+    aliases: &[],
+    kind: Kind::Filter,
+    build,
+    effective: effective::<NoParameters>,
+    consumes: &[Data::EndpointLabels],
+    produces: &[],
+};
 
 /// Keeps endpoints whose role is one of `roles` (or unlabelled, when `unlabelled` is set).
 pub struct RoleFilter {

@@ -3,10 +3,23 @@
 //! the pool: an address that is not a pool member selects nothing. Without the header, or
 //! without this filter in the config, the header has no effect.
 
+use crate::scheduling::plugins::{Data, effective, Kind, PluginSpec, NoParameters};
+use crate::protocol::TEST_SELECTION_HEADER;
 use crate::scheduling::{Filter, Plugin, SchedulingContext};
 use serde_yaml::Value;
 
 pub const TYPE: &str = "header-based-testing-filter";
+
+/// The registry's entry for this plugin.
+pub const SPEC: PluginSpec = PluginSpec {
+    type_name: TYPE,
+    aliases: &[],
+    kind: Kind::Filter,
+    build,
+    effective: effective::<NoParameters>,
+    consumes: &[Data::RequestHeader(TEST_SELECTION_HEADER)],
+    produces: &[],
+};
 
 pub struct HeaderBasedTestingFilter;
 

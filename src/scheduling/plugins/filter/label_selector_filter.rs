@@ -3,86 +3,25 @@
 //! `Exists` and `DoesNotExist`. The seed's backend preference is one of these on
 //! `llm-d.ai/kv-backend: nvlink`.
 
-use crate::endpoint::EndpointState;
+use crate::scheduling::plugins::{Data, effective, Kind, PluginSpec};
+use crate::label_selector::Selector;
 use crate::scheduling::{Filter, Plugin, SchedulingContext};
 use serde_yaml::Value;
-use std::collections::BTreeMap;
 
 pub const TYPE: &str = "label-selector-filter";
 /// The llm-d name.
 pub const ALIAS_TYPE: &str = "by-label-selector";
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
-pub enum Operator {
-    In,
-    NotIn,
-    Exists,
-    DoesNotExist,
-}
-
-#[derive(Debug, Clone, PartialEq, serde::Deserialize, serde::Serialize)]
-#[serde(deny_unknown_fields)]
-pub struct Expression {
-    pub key: String,
-    pub operator: Operator,
-    #[serde(default)]
-    pub values: Vec<String>,
-}
-
-#[derive(Debug, Clone, Default, PartialEq, serde::Deserialize, serde::Serialize)]
-#[serde(deny_unknown_fields, rename_all = "camelCase", default)]
-pub struct Selector {
-    pub match_labels: BTreeMap<String, String>,
-    pub match_expressions: Vec<Expression>,
-}
-
-impl Expression {
-    fn matches(&self, labels: &BTreeMap<String, String>) -> bool {
-        let value = labels.get(&self.key);
-        match self.operator {
-            Operator::In => value.is_some_and(|v| self.values.contains(v)),
-            Operator::NotIn => value.is_none_or(|v| !self.values.contains(v)),
-            Operator::Exists => value.is_some(),
-            Operator::DoesNotExist => value.is_none(),
-        }
-    }
-
-    fn validate(&self) -> Result<(), String> {
-        let needs_values = matches!(self.operator, Operator::In | Operator::NotIn);
-        match (needs_values, self.values.is_empty()) {
-            (true, true) => Err(format!(
-                "{:?} on {:?} needs values",
-                self.operator, self.key
-            )),
-            (false, false) => Err(format!(
-                "{:?} on {:?} takes no values",
-                self.operator, self.key
-            )),
-            _ => Ok(()),
-        }
-    }
-}
-
-impl Selector {
-    pub fn matches(&self, endpoint: &EndpointState) -> bool {
-        self.match_labels
-            .iter()
-            .all(|(key, value)| endpoint.labels.get(key) == Some(value))
-            && self
-                .match_expressions
-                .iter()
-                .all(|e| e.matches(&endpoint.labels))
-    }
-
-    pub fn validate(&self) -> Result<(), String> {
-        if self.match_labels.is_empty() && self.match_expressions.is_empty() {
-            return Err("the selector needs matchLabels or matchExpressions".into());
-        }
-        self.match_expressions
-            .iter()
-            .try_for_each(Expression::validate)
-    }
-}
+/// The registry's entry for this plugin.
+pub const SPEC: PluginSpec = PluginSpec {
+    type_name: TYPE,
+    aliases: &[ALIAS_TYPE],
+    kind: Kind::Filter,
+    build,
+    effective: effective::<Selector>,
+    consumes: &[Data::EndpointLabels],
+    produces: &[],
+};
 
 pub struct LabelSelectorFilter {
     selector: Selector,
@@ -96,7 +35,7 @@ pub fn build(parameters: &Value) -> Result<Plugin, String> {
 
 impl Filter for LabelSelectorFilter {
     fn filter(&mut self, ctx: &SchedulingContext<'_>, candidates: &mut Vec<usize>) {
-        candidates.retain(|&i| ctx.pool.get(i).is_some_and(|e| self.selector.matches(e)));
+        candidates.retain(|&i| ctx.pool.get(i).is_some_and(|e| self.selector.matches(&e.labels)));
     }
 }
 

@@ -1,11 +1,23 @@
 //! `prefill-filter`: keeps endpoints whose `llm-d.ai/role` is `prefill`, `prefill-decode` or
 //! `both`; unlabelled endpoints are not prefill workers.
 
+use crate::scheduling::plugins::{Data, effective, Kind, PluginSpec, NoParameters};
 use super::decode_filter::{build_role_filter, RoleFilter};
 use crate::scheduling::Plugin;
 use serde_yaml::Value;
 
 pub const TYPE: &str = "prefill-filter";
+
+/// The registry's entry for this plugin.
+pub const SPEC: PluginSpec = PluginSpec {
+    type_name: TYPE,
+    aliases: &[],
+    kind: Kind::Filter,
+    build,
+    effective: effective::<NoParameters>,
+    consumes: &[Data::EndpointLabels],
+    produces: &[],
+};
 
 pub fn build(parameters: &Value) -> Result<Plugin, String> {
     build_role_filter(

@@ -2,10 +2,22 @@
 //! `affinityThreshold` of the prompt's prefix blocks, keeps only those; otherwise keeps all.
 //! The matches come from `prefix-cache-scorer` through the cycle state.
 
+use crate::scheduling::plugins::{Data, effective, Kind, PluginSpec};
 use crate::scheduling::{Filter, Plugin, SchedulingContext};
 use serde_yaml::Value;
 
 pub const TYPE: &str = "prefix-cache-affinity-filter";
+
+/// The registry's entry for this plugin.
+pub const SPEC: PluginSpec = PluginSpec {
+    type_name: TYPE,
+    aliases: &[],
+    kind: Kind::Filter,
+    build,
+    effective: effective::<Parameters>,
+    consumes: &[Data::PrefixMatches],
+    produces: &[],
+};
 
 #[derive(Debug, Clone, Copy, PartialEq, serde::Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase", default)]

@@ -1,6 +1,7 @@
 //! `max-score-picker`: the highest total wins; ties are broken at random. With
 //! `maxNumOfEndpoints > 1` the next best follow as fallbacks.
 
+use crate::scheduling::plugins::{effective, Kind, PluginSpec};
 use super::PickerParameters;
 use crate::scheduling::rng::Rng;
 use crate::scheduling::{Picker, Plugin};
@@ -9,6 +10,17 @@ use serde_yaml::Value;
 pub const TYPE: &str = "max-score-picker";
 /// The name older llm-d configs use.
 pub const LEGACY_TYPE: &str = "max-score";
+
+/// The registry's entry for this plugin.
+pub const SPEC: PluginSpec = PluginSpec {
+    type_name: TYPE,
+    aliases: &[LEGACY_TYPE],
+    kind: Kind::Picker,
+    build,
+    effective: effective::<PickerParameters>,
+    consumes: &[],
+    produces: &[],
+};
 
 pub struct MaxScorePicker {
     parameters: PickerParameters,

@@ -1,11 +1,23 @@
 //! `random-picker`: a uniformly random candidate (and distinct random fallbacks).
 
+use crate::scheduling::plugins::{effective, Kind, PluginSpec};
 use super::PickerParameters;
 use crate::scheduling::rng::Rng;
 use crate::scheduling::{Picker, Plugin};
 use serde_yaml::Value;
 
 pub const TYPE: &str = "random-picker";
+
+/// The registry's entry for this plugin.
+pub const SPEC: PluginSpec = PluginSpec {
+    type_name: TYPE,
+    aliases: &[],
+    kind: Kind::Picker,
+    build,
+    effective: effective::<PickerParameters>,
+    consumes: &[],
+    produces: &[],
+};
 
 pub struct RandomPicker {
     parameters: PickerParameters,

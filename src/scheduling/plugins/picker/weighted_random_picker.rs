@@ -2,12 +2,24 @@
 //! weighted reservoir sampling (key `u^(1/w)`, largest keys win), so fallbacks are distinct and
 //! follow the same weights. If every total is 0 the pick is uniform.
 
+use crate::scheduling::plugins::{effective, Kind, PluginSpec};
 use super::PickerParameters;
 use crate::scheduling::rng::Rng;
 use crate::scheduling::{Picker, Plugin};
 use serde_yaml::Value;
 
 pub const TYPE: &str = "weighted-random-picker";
+
+/// The registry's entry for this plugin.
+pub const SPEC: PluginSpec = PluginSpec {
+    type_name: TYPE,
+    aliases: &[],
+    kind: Kind::Picker,
+    build,
+    effective: effective::<PickerParameters>,
+    consumes: &[],
+    produces: &[],
+};
 
 pub struct WeightedRandomPicker {
     parameters: PickerParameters,

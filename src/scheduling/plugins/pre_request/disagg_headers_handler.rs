@@ -2,11 +2,23 @@
 //! `x-prefiller-host-port` after a P/D pick. The filter always does that itself (and removes a
 //! client's own value), so the plugin only has to load.
 
+use crate::scheduling::plugins::{effective, Kind, PluginSpec};
 use crate::scheduling::{BuiltIn, Plugin};
 use serde_yaml::Value;
 
 pub const TYPE: &str = "disagg-headers-handler";
 pub const LEGACY_TYPE: &str = "prefill-header-handler";
+
+/// The registry's entry for this plugin.
+pub const SPEC: PluginSpec = PluginSpec {
+    type_name: TYPE,
+    aliases: &[LEGACY_TYPE],
+    kind: Kind::BuiltIn,
+    build,
+    effective: effective::<Parameters>,
+    consumes: &[],
+    produces: &[],
+};
 
 #[derive(Debug, Default, serde::Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]

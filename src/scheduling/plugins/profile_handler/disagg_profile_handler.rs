@@ -9,10 +9,22 @@ use crate::scheduling::{
     PdDecider, Plugin, PluginInstance, PluginSummary, Profile, ProfileHandler, ProfileResult,
     SchedulingContext,
 };
+use crate::scheduling::plugins::{effective, Kind, PluginSpec};
 use serde_yaml::Value;
 use std::collections::BTreeMap;
 
 pub const TYPE: &str = "disagg-profile-handler";
+
+/// The registry's entry for this plugin.
+pub const SPEC: PluginSpec = PluginSpec {
+    type_name: TYPE,
+    aliases: &[],
+    kind: Kind::ProfileHandler,
+    build,
+    effective: effective::<Parameters>,
+    consumes: &[],
+    produces: &[],
+};
 
 #[derive(Debug, Clone, PartialEq, serde::Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase", default)]

@@ -2,11 +2,23 @@
 //! with its decision built in: disaggregate when the decode endpoint would have to prefill at
 //! least `threshold` uncached prompt tokens; `threshold: 0` always disaggregates.
 
+use crate::scheduling::plugins::{Data, effective, Kind, PluginSpec};
 use super::disagg_profile_handler::{Decision, DisaggProfileHandler};
 use crate::scheduling::{PdDecider, Plugin, SchedulingContext};
 use serde_yaml::Value;
 
 pub const TYPE: &str = "pd-profile-handler";
+
+/// The registry's entry for this plugin.
+pub const SPEC: PluginSpec = PluginSpec {
+    type_name: TYPE,
+    aliases: &[],
+    kind: Kind::ProfileHandler,
+    build,
+    effective: effective::<Parameters>,
+    consumes: &[Data::PrefixMatches],
+    produces: &[],
+};
 
 #[derive(Debug, Clone, PartialEq, serde::Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase", default)]

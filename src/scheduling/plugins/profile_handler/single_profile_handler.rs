@@ -4,11 +4,23 @@ use crate::scheduling::{
     Plugin, PluginInstance, PluginSummary, Profile, ProfileHandler, ProfileResult,
     SchedulingContext,
 };
+use crate::scheduling::plugins::{effective, Kind, PluginSpec, NoParameters};
 use serde_yaml::Value;
 
 pub const TYPE: &str = "single-profile-handler";
 /// The name older llm-d configs use.
 pub const LEGACY_TYPE: &str = "single-profile";
+
+/// The registry's entry for this plugin.
+pub const SPEC: PluginSpec = PluginSpec {
+    type_name: TYPE,
+    aliases: &[LEGACY_TYPE],
+    kind: Kind::ProfileHandler,
+    build,
+    effective: effective::<NoParameters>,
+    consumes: &[],
+    produces: &[],
+};
 
 pub struct SingleProfileHandler;
 

@@ -3,11 +3,23 @@
 //! `tokens`) in flight there, raised by `headroom`. Counts are the filter's own, shared
 //! across workers, so it reacts before any scrape.
 
+use crate::scheduling::plugins::{Data, effective, Kind, PluginSpec};
 use crate::endpoint::EndpointState;
 use crate::scheduling::{Plugin, SaturationDetector};
 use serde_yaml::Value;
 
 pub const TYPE: &str = "concurrency-detector";
+
+/// The registry's entry for this plugin.
+pub const SPEC: PluginSpec = PluginSpec {
+    type_name: TYPE,
+    aliases: &[],
+    kind: Kind::SaturationDetector,
+    build,
+    effective: effective::<Parameters>,
+    consumes: &[Data::InFlight],
+    produces: &[],
+};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
 #[serde(rename_all = "lowercase")]

@@ -4,6 +4,7 @@
 //! missing); each threshold is raised by `headroom` (0.2 = 20 % more). The pool is saturated
 //! when every endpoint is; sheddable requests (priority < 0) then get 429.
 
+use crate::scheduling::plugins::{Data, effective, Kind, PluginSpec, Signal};
 use crate::duration::serde_go;
 use crate::endpoint::{EndpointState, Health};
 use crate::scheduling::{Plugin, SaturationDetector};
@@ -11,6 +12,17 @@ use serde_yaml::Value;
 use std::time::Duration;
 
 pub const TYPE: &str = "utilization-detector";
+
+/// The registry's entry for this plugin.
+pub const SPEC: PluginSpec = PluginSpec {
+    type_name: TYPE,
+    aliases: &[],
+    kind: Kind::SaturationDetector,
+    build,
+    effective: effective::<Parameters>,
+    consumes: &[Data::Metric(Signal::WaitingQueue), Data::Metric(Signal::KvCacheUsage)],
+    produces: &[],
+};
 
 #[derive(Debug, Clone, PartialEq, serde::Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase", default)]
@@ -53,7 +65,7 @@ impl UtilizationDetector {
         if !(p.headroom >= 0.0 && p.headroom.is_finite()) {
             return Err(format!("headroom {} must be >= 0", p.headroom));
         }
-        let staleness_ms = crate::picker::duration_ms(p.metrics_staleness_threshold);
+        let staleness_ms = crate::duration::duration_ms(p.metrics_staleness_threshold);
         Ok(UtilizationDetector {
             parameters,
             staleness_ms,

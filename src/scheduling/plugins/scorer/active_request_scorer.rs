@@ -5,12 +5,24 @@
 //! `count <= idleThreshold` scores 1; otherwise `maxBusyScore * (max - count) / max`, with
 //! `max` the highest count among the candidates.
 
+use crate::scheduling::plugins::{Data, effective, Kind, PluginSpec};
 use crate::duration::serde_go;
 use crate::scheduling::{Plugin, SchedulingContext, Scorer};
 use serde_yaml::Value;
 use std::time::Duration;
 
 pub const TYPE: &str = "active-request-scorer";
+
+/// The registry's entry for this plugin.
+pub const SPEC: PluginSpec = PluginSpec {
+    type_name: TYPE,
+    aliases: &[],
+    kind: Kind::Scorer,
+    build,
+    effective: effective::<Parameters>,
+    consumes: &[Data::InFlight],
+    produces: &[],
+};
 
 #[derive(Debug, Clone, PartialEq, serde::Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase", default)]

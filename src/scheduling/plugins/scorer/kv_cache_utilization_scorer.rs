@@ -1,11 +1,23 @@
 //! `kv-cache-utilization-scorer`: `1 - kv`, preferring endpoints with free KV cache.
 
+use crate::scheduling::plugins::{Data, effective, Kind, PluginSpec, Signal, NoParameters};
 use crate::scheduling::{Plugin, SchedulingContext, Scorer};
 use serde_yaml::Value;
 
 pub const TYPE: &str = "kv-cache-utilization-scorer";
 /// The name older GIE configs use.
 pub const LEGACY_TYPE: &str = "kv-cache-scorer";
+
+/// The registry's entry for this plugin.
+pub const SPEC: PluginSpec = PluginSpec {
+    type_name: TYPE,
+    aliases: &[LEGACY_TYPE],
+    kind: Kind::Scorer,
+    build,
+    effective: effective::<NoParameters>,
+    consumes: &[Data::Metric(Signal::KvCacheUsage)],
+    produces: &[],
+};
 
 pub struct KvCacheUtilizationScorer;
 

@@ -1,10 +1,22 @@
 //! `load-aware-scorer` (llm-d): an empty queue scores 0.5; a queue of `q` scores
 //! `0.5 * (1 - min(q, threshold) / threshold)`, so a full queue scores 0.
 
+use crate::scheduling::plugins::{Data, effective, Kind, PluginSpec, Signal};
 use crate::scheduling::{Plugin, SchedulingContext, Scorer};
 use serde_yaml::Value;
 
 pub const TYPE: &str = "load-aware-scorer";
+
+/// The registry's entry for this plugin.
+pub const SPEC: PluginSpec = PluginSpec {
+    type_name: TYPE,
+    aliases: &[],
+    kind: Kind::Scorer,
+    build,
+    effective: effective::<Parameters>,
+    consumes: &[Data::Metric(Signal::WaitingQueue)],
+    produces: &[],
+};
 
 #[derive(Debug, Clone, Copy, PartialEq, serde::Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase", default)]

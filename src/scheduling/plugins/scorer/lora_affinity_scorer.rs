@@ -1,11 +1,23 @@
 //! `lora-affinity-scorer`: prefers endpoints that already run the requested LoRA adapter, then
 //! those with a free adapter slot, then those that have it queued.
 
+use crate::scheduling::plugins::{Data, effective, Kind, PluginSpec, Signal, NoParameters};
 use crate::metrics::LoraInfo;
 use crate::scheduling::{Plugin, SchedulingContext, Scorer};
 use serde_yaml::Value;
 
 pub const TYPE: &str = "lora-affinity-scorer";
+
+/// The registry's entry for this plugin.
+pub const SPEC: PluginSpec = PluginSpec {
+    type_name: TYPE,
+    aliases: &[],
+    kind: Kind::Scorer,
+    build,
+    effective: effective::<NoParameters>,
+    consumes: &[Data::Metric(Signal::LoraAdapters)],
+    produces: &[],
+};
 
 const RUNNING: f64 = 1.0;
 const FREE_SLOT: f64 = 0.8;

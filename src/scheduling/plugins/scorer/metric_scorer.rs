@@ -5,10 +5,22 @@
 //! Softmax: over the candidates, `exp(x - max x) / sum exp(x - max x)` with `x = clamp(v)` when
 //! maximising and `x = -clamp(v)` when minimising. A pod without the series scores 0 (worst).
 
+use crate::scheduling::plugins::{Data, effective, Kind, PluginSpec};
 use crate::scheduling::{Plugin, SchedulingContext, Scorer, Wiring};
 use serde_yaml::Value;
 
 pub const TYPE: &str = "metric-scorer";
+
+/// The registry's entry for this plugin.
+pub const SPEC: PluginSpec = PluginSpec {
+    type_name: TYPE,
+    aliases: &[],
+    kind: Kind::Scorer,
+    build,
+    effective: effective::<Parameters>,
+    consumes: &[Data::CustomMetric],
+    produces: &[],
+};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
 pub enum OptimizationMode {

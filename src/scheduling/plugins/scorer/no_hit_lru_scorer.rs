@@ -6,10 +6,22 @@
 //! Cold scores are by recency rank: never used or oldest 1.0, most recent 0.0, linear between;
 //! endpoints used equally recently score alike.
 
+use crate::scheduling::plugins::{Data, effective, Kind, PluginSpec};
 use crate::scheduling::{Plugin, SchedulingContext, Scorer};
 use serde_yaml::Value;
 
 pub const TYPE: &str = "no-hit-lru-scorer";
+
+/// The registry's entry for this plugin.
+pub const SPEC: PluginSpec = PluginSpec {
+    type_name: TYPE,
+    aliases: &[],
+    kind: Kind::Scorer,
+    build,
+    effective: effective::<Parameters>,
+    consumes: &[Data::PrefixMatches],
+    produces: &[],
+};
 
 #[derive(Debug, Clone, PartialEq, serde::Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase", default)]

@@ -4,6 +4,7 @@
 //! Blocks are `blockSizeTokens * 4` characters; block hashes chain from the model name, so a
 //! block only matches when everything before it matched too.
 
+use crate::scheduling::plugins::{Data, effective, Kind, PluginSpec, Signal};
 use crate::endpoint::Pool;
 use crate::hash::hash_bytes;
 use crate::request::InferenceRequest;
@@ -15,6 +16,17 @@ use serde_yaml::Value;
 pub const TYPE: &str = "prefix-cache-scorer";
 /// The name older llm-d configs use.
 pub const LEGACY_TYPE: &str = "prefix-cache";
+
+/// The registry's entry for this plugin.
+pub const SPEC: PluginSpec = PluginSpec {
+    type_name: TYPE,
+    aliases: &[LEGACY_TYPE],
+    kind: Kind::Scorer,
+    build,
+    effective: effective::<Parameters>,
+    consumes: &[Data::Metric(Signal::CacheConfig)],
+    produces: &[Data::PrefixMatches],
+};
 
 #[derive(Debug, Clone, PartialEq, serde::Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase", default)]

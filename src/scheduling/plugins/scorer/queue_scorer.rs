@@ -1,10 +1,22 @@
 //! `queue-scorer`: prefers endpoints with shorter waiting queues, min-max normalised over the
 //! candidates (GIE semantics).
 
+use crate::scheduling::plugins::{Data, effective, Kind, PluginSpec, Signal, NoParameters};
 use crate::scheduling::{score_lower_is_better, Plugin, SchedulingContext, Scorer};
 use serde_yaml::Value;
 
 pub const TYPE: &str = "queue-scorer";
+
+/// The registry's entry for this plugin.
+pub const SPEC: PluginSpec = PluginSpec {
+    type_name: TYPE,
+    aliases: &[],
+    kind: Kind::Scorer,
+    build,
+    effective: effective::<NoParameters>,
+    consumes: &[Data::Metric(Signal::WaitingQueue)],
+    produces: &[],
+};
 
 pub struct QueueScorer;
 

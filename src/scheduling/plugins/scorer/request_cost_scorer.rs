@@ -13,11 +13,23 @@
 //!   request would just fill the pod, and still ordered past that, where clamping would make
 //!   every overloaded pod tie.
 
+use crate::scheduling::plugins::{Data, effective, Kind, PluginSpec, Signal};
 use crate::endpoint::EndpointState;
 use crate::scheduling::{Plugin, SchedulingContext, Scorer};
 use serde_yaml::Value;
 
 pub const TYPE: &str = "request-cost-scorer";
+
+/// The registry's entry for this plugin.
+pub const SPEC: PluginSpec = PluginSpec {
+    type_name: TYPE,
+    aliases: &[],
+    kind: Kind::Scorer,
+    build,
+    effective: effective::<Parameters>,
+    consumes: &[Data::PrefixMatches, Data::Metric(Signal::KvCacheUsage), Data::Metric(Signal::WaitingQueue), Data::Metric(Signal::CacheConfig), Data::InFlight, Data::EndpointLabels],
+    produces: &[],
+};
 
 #[derive(Debug, Clone, PartialEq, serde::Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase", default)]

@@ -1,10 +1,22 @@
 //! `running-requests-size-scorer`: prefers endpoints running fewer requests, min-max
 //! normalised over the candidates.
 
+use crate::scheduling::plugins::{Data, effective, Kind, PluginSpec, Signal, NoParameters};
 use crate::scheduling::{score_lower_is_better, Plugin, SchedulingContext, Scorer};
 use serde_yaml::Value;
 
 pub const TYPE: &str = "running-requests-size-scorer";
+
+/// The registry's entry for this plugin.
+pub const SPEC: PluginSpec = PluginSpec {
+    type_name: TYPE,
+    aliases: &[],
+    kind: Kind::Scorer,
+    build,
+    effective: effective::<NoParameters>,
+    consumes: &[Data::Metric(Signal::RunningRequests)],
+    produces: &[],
+};
 
 pub struct RunningRequestsSizeScorer;
 

@@ -3,10 +3,23 @@
 //! it on every response so the client can send it back. A token naming an address that is not
 //! a candidate has no effect: it can only score pool members.
 
+use crate::scheduling::plugins::{Data, effective, Kind, PluginSpec, NoParameters};
+use crate::protocol::SESSION_TOKEN_HEADER;
 use crate::scheduling::{Plugin, SchedulingContext, Scorer};
 use serde_yaml::Value;
 
 pub const TYPE: &str = "session-affinity-scorer";
+
+/// The registry's entry for this plugin.
+pub const SPEC: PluginSpec = PluginSpec {
+    type_name: TYPE,
+    aliases: &[],
+    kind: Kind::Scorer,
+    build,
+    effective: effective::<NoParameters>,
+    consumes: &[Data::RequestHeader(SESSION_TOKEN_HEADER)],
+    produces: &[],
+};
 
 pub struct SessionAffinityScorer;
 

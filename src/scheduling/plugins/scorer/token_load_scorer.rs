@@ -2,10 +2,22 @@
 //! are those of the requests the filter routed there that have not ended (prompt not already
 //! cached plus expected output), so long prompts weigh more than short ones.
 
+use crate::scheduling::plugins::{Data, effective, Kind, PluginSpec};
 use crate::scheduling::{Plugin, SchedulingContext, Scorer};
 use serde_yaml::Value;
 
 pub const TYPE: &str = "token-load-scorer";
+
+/// The registry's entry for this plugin.
+pub const SPEC: PluginSpec = PluginSpec {
+    type_name: TYPE,
+    aliases: &[],
+    kind: Kind::Scorer,
+    build,
+    effective: effective::<Parameters>,
+    consumes: &[Data::InFlight],
+    produces: &[],
+};
 
 #[derive(Debug, Clone, Copy, PartialEq, serde::Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase", default)]

@@ -1,14 +1,14 @@
-//! The picker's state inside one VM: the pool, the scheduler and the scrape bookkeeping.
+//! The director: one VM's picker state: the pool, the scheduler and the scrape bookkeeping.
 //! Plain data in, plain data out; the host edge feeds it ticks, scrape bodies and requests.
 
 use crate::config::{FilterConfig, PoolConfig};
+use crate::duration::duration_ms;
 use crate::endpoint::{EndpointState, Health, HealthTransition, Pool};
 use crate::error_response::RequestError;
 use crate::metrics::{self, ExtractError, MetricSelector};
 use crate::request::{parse_body, rewrite_model, ApiKind, InferenceRequest, RequestHeaders};
-use crate::scheduling::plugins::{
-    filter::header_based_testing_filter, scorer::session_affinity_scorer,
-};
+use crate::protocol::{SESSION_TOKEN_HEADER, TEST_SELECTION_HEADER};
+use crate::scheduling::plugins::{self, scorer::session_affinity_scorer, Data};
 use crate::scheduling::{ScheduleError, Scheduler};
 
 /// Which optional protocol headers the configuration reads: each is a host call per request.
@@ -58,7 +58,7 @@ pub struct Routed {
     pub degraded: bool,
 }
 
-pub struct Picker {
+pub struct Director {
     pool: Pool,
     scheduler: Scheduler,
     settings: PoolConfig,
@@ -75,7 +75,7 @@ pub struct Picker {
     static_count: usize,
 }
 
-impl Picker {
+impl Director {
     pub fn new(config: FilterConfig) -> Self {
         let endpoints: Vec<EndpointState> = config
             .pool
@@ -84,19 +84,18 @@ impl Picker {
             .map(|(address, labels)| EndpointState::new(address, labels))
             .collect();
         let count = endpoints.len();
-        let configured = |type_name: &str| {
-            config
-                .scheduler
-                .plugins()
-                .iter()
-                .any(|p| p.type_name == type_name)
+        let reads_header = |name: &'static str| {
+            config.scheduler.plugins().iter().any(|p| {
+                plugins::spec(p.type_name)
+                    .is_some_and(|spec| spec.consumes(Data::RequestHeader(name)))
+            })
         };
         let header_use = HeaderUse {
-            session_token: configured(session_affinity_scorer::TYPE),
-            test_selection: configured(header_based_testing_filter::TYPE),
+            session_token: reads_header(SESSION_TOKEN_HEADER),
+            test_selection: reads_header(TEST_SELECTION_HEADER),
             objective: !config.pool.objectives.is_empty(),
         };
-        Picker {
+        Director {
             static_count: count,
             header_use,
             selector_warned: vec![false; config.metric_selectors.len()],
@@ -423,9 +422,6 @@ impl Picker {
     }
 }
 
-pub fn duration_ms(value: std::time::Duration) -> u64 {
-    u64::try_from(value.as_millis()).unwrap_or(u64::MAX)
-}
 
 #[cfg(test)]
 mod tests {
@@ -445,52 +441,52 @@ pool:
   - address: 10.0.0.3:8000
 ";
 
-    fn picker() -> Picker {
-        Picker::new(load(CONFIG, 7).unwrap())
+    fn director() -> Director {
+        Director::new(load(CONFIG, 7).unwrap())
     }
 
-    fn scrape(picker: &mut Picker, index: usize, queue: u32, kv: f64) {
+    fn scrape(director: &mut Director, index: usize, queue: u32, kv: f64) {
         let body = format!("vllm:num_requests_waiting {queue}\nvllm:kv_cache_usage_perc {kv}\n");
-        picker.on_scrape_ok(index, 1000, &body).unwrap();
+        director.on_scrape_ok(index, 1000, &body).unwrap();
     }
 
     const BODY: &[u8] = br#"{"model":"m","prompt":"hi"}"#;
 
     fn route(
-        picker: &mut Picker,
+        director: &mut Director,
         api: ApiKind,
         body: Option<&[u8]>,
     ) -> Result<Routed, RequestError> {
-        picker.route(api, body, RequestHeaders::default())
+        director.route(api, body, RequestHeaders::default())
     }
 
     #[test]
     fn routes_to_shortest_queue_with_fallback_list() {
-        let mut picker = picker();
-        scrape(&mut picker, 0, 5, 0.1);
-        scrape(&mut picker, 1, 0, 0.9);
-        scrape(&mut picker, 2, 2, 0.1);
-        picker.on_tick(1000);
-        let routed = route(&mut picker, ApiKind::Completions, Some(BODY)).unwrap();
+        let mut director = director();
+        scrape(&mut director, 0, 5, 0.1);
+        scrape(&mut director, 1, 0, 0.9);
+        scrape(&mut director, 2, 2, 0.1);
+        director.on_tick(1000);
+        let routed = route(&mut director, ApiKind::Completions, Some(BODY)).unwrap();
         // queue: 0.0, 1.0, 0.6; kv: 0.9, 0.1, 0.9 -> totals 0.9, 1.1, 1.5
         assert_eq!(routed.destination, "10.0.0.3:8000");
         assert_eq!(routed.fallbacks, "10.0.0.2:8000");
         assert_eq!(routed.primary, 2);
-        assert_eq!(picker.pool().endpoints[2].in_flight, 1);
-        assert_eq!(picker.pool().endpoints[2].in_flight_tokens, 1 + 256);
-        picker.release(&routed);
-        assert_eq!(picker.pool().endpoints[2].in_flight, 0);
+        assert_eq!(director.pool().endpoints[2].in_flight, 1);
+        assert_eq!(director.pool().endpoints[2].in_flight_tokens, 1 + 256);
+        director.release(&routed);
+        assert_eq!(director.pool().endpoints[2].in_flight, 0);
     }
 
     #[test]
     fn scrape_failures_and_staleness_remove_endpoints() {
-        let mut picker = picker();
-        scrape(&mut picker, 0, 0, 0.0);
-        scrape(&mut picker, 1, 9, 0.9);
-        picker.on_scrape_failed(2);
-        picker.on_tick(1000);
+        let mut director = director();
+        scrape(&mut director, 0, 0, 0.0);
+        scrape(&mut director, 1, 9, 0.9);
+        director.on_scrape_failed(2);
+        director.on_tick(1000);
         for _ in 0..20 {
-            let routed = route(&mut picker, ApiKind::Completions, Some(BODY)).unwrap();
+            let routed = route(&mut director, ApiKind::Completions, Some(BODY)).unwrap();
             assert!(
                 !routed.destination.contains("10.0.0.3"),
                 "{}",
@@ -498,86 +494,86 @@ pool:
             );
         }
         // All metrics stale: still routed, to a reachable endpoint, flagged degraded.
-        let report = picker.on_tick(10_000);
+        let report = director.on_tick(10_000);
         assert_eq!(report.all_unfresh, Some(true));
-        let routed = route(&mut picker, ApiKind::Completions, Some(BODY)).unwrap();
+        let routed = route(&mut director, ApiKind::Completions, Some(BODY)).unwrap();
         assert!(routed.degraded);
         assert_ne!(routed.primary, 2);
-        picker.on_scrape_failed(0);
-        picker.on_scrape_failed(1);
-        picker.on_tick(10_000);
-        let error = route(&mut picker, ApiKind::Completions, Some(BODY)).unwrap_err();
+        director.on_scrape_failed(0);
+        director.on_scrape_failed(1);
+        director.on_tick(10_000);
+        let error = route(&mut director, ApiKind::Completions, Some(BODY)).unwrap_err();
         assert_eq!(error.status(), 503);
     }
 
     #[test]
     fn bad_bodies_are_client_errors_and_take_no_slot() {
-        let mut picker = picker();
-        scrape(&mut picker, 0, 0, 0.0);
-        picker.on_tick(1000);
+        let mut director = director();
+        scrape(&mut director, 0, 0, 0.0);
+        director.on_tick(1000);
         assert_eq!(
-            route(&mut picker, ApiKind::ChatCompletions, Some(b"{"))
+            route(&mut director, ApiKind::ChatCompletions, Some(b"{"))
                 .unwrap_err()
                 .status(),
             400
         );
         assert_eq!(
-            route(&mut picker, ApiKind::ChatCompletions, None)
+            route(&mut director, ApiKind::ChatCompletions, None)
                 .unwrap_err()
                 .status(),
             400
         );
-        assert!(picker.pool().endpoints.iter().all(|e| e.in_flight == 0));
+        assert!(director.pool().endpoints.iter().all(|e| e.in_flight == 0));
         assert!(
-            route(&mut picker, ApiKind::Other, None).is_ok(),
+            route(&mut director, ApiKind::Other, None).is_ok(),
             "GET /v1/models is routed"
         );
     }
 
     #[test]
     fn non_model_server_scrape_counts_as_failure() {
-        let mut picker = picker();
-        assert!(picker.on_scrape_ok(0, 1000, "up 1\n").is_err());
-        picker.on_tick(1000);
-        assert_eq!(picker.pool().endpoints[0].health, Health::Unreachable);
+        let mut director = director();
+        assert!(director.on_scrape_ok(0, 1000, "up 1\n").is_err());
+        director.on_tick(1000);
+        assert_eq!(director.pool().endpoints[0].health, Health::Unreachable);
     }
 
     #[test]
     fn scrape_targets_skip_pending_ones() {
-        let mut picker = picker();
+        let mut director = director();
         let mut targets = Vec::new();
-        picker.take_scrape_targets(&mut targets);
+        director.take_scrape_targets(&mut targets);
         assert_eq!(targets, [0, 1, 2]);
-        scrape(&mut picker, 1, 0, 0.0);
-        picker.take_scrape_targets(&mut targets);
+        scrape(&mut director, 1, 0, 0.0);
+        director.take_scrape_targets(&mut targets);
         assert_eq!(targets, [1]);
     }
 
     #[test]
     fn discovery_adds_and_removes_but_keeps_static_endpoints() {
-        let mut picker = picker();
+        let mut director = director();
         let labels = std::collections::BTreeMap::new;
         let found = vec![
             ("10.0.0.9:8000".to_string(), labels()),
             ("10.0.0.8:8000".to_string(), labels()),
         ];
-        let (added, removed) = picker.set_discovered(&found);
+        let (added, removed) = director.set_discovered(&found);
         assert_eq!(added, ["10.0.0.9:8000", "10.0.0.8:8000"]);
         assert!(removed.is_empty());
-        assert_eq!(picker.pool().len(), 5);
+        assert_eq!(director.pool().len(), 5);
         for index in 0..4 {
-            scrape(&mut picker, index, 5, 0.5);
+            scrape(&mut director, index, 5, 0.5);
         }
-        scrape(&mut picker, 4, 0, 0.0);
-        picker.on_tick(1000);
+        scrape(&mut director, 4, 0, 0.0);
+        director.on_tick(1000);
         assert_eq!(
-            route(&mut picker, ApiKind::Completions, Some(BODY))
+            route(&mut director, ApiKind::Completions, Some(BODY))
                 .unwrap()
                 .destination,
             "10.0.0.8:8000",
             "the idle discovered endpoint wins while it is listed"
         );
-        let (added, removed) = picker.set_discovered(&found[..1]);
+        let (added, removed) = director.set_discovered(&found[..1]);
         assert!(added.is_empty());
         assert_eq!(
             removed,
@@ -585,15 +581,15 @@ pool:
             "the three static endpoints stay"
         );
         let mut targets = Vec::new();
-        picker.take_scrape_targets(&mut targets);
+        director.take_scrape_targets(&mut targets);
         assert_eq!(targets, [0, 1, 2, 3], "removed endpoints are not scraped");
         // Another worker applies the list and ends up with the same indices.
-        let mut other = self::picker();
-        other.apply_members(&picker.members());
-        assert_eq!(other.members(), picker.members());
-        picker.on_tick(1000);
+        let mut other = self::director();
+        other.apply_members(&director.members());
+        assert_eq!(other.members(), director.members());
+        director.on_tick(1000);
         for _ in 0..10 {
-            let routed = route(&mut picker, ApiKind::Completions, Some(BODY)).unwrap();
+            let routed = route(&mut director, ApiKind::Completions, Some(BODY)).unwrap();
             assert_ne!(routed.destination, "10.0.0.8:8000");
         }
     }

@@ -1,0 +1,196 @@
+//! In-memory hosts for native tests: HTTP headers and bodies, shared data with Envoy's CAS
+//! semantics, HTTP callouts whose answers the test delivers, and a settable clock.
+
+use super::{Clock, HostError, HttpCallouts, HttpHost, SharedData};
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+
+/// One request's headers and body; records the headers read and the local reply sent.
+#[derive(Default)]
+pub struct FakeHost {
+    pub headers: RefCell<HashMap<String, String>>,
+    pub response_headers: RefCell<HashMap<String, String>>,
+    pub body: RefCell<Vec<u8>>,
+    pub reply: RefCell<Option<(u16, Vec<u8>)>>,
+    pub fail_set_header: bool,
+    pub reads: RefCell<Vec<String>>,
+}
+
+impl HttpHost for FakeHost {
+    fn request_header(&self, name: &str) -> Option<Vec<u8>> {
+        self.reads.borrow_mut().push(name.to_string());
+        self.headers
+            .borrow()
+            .get(name)
+            .map(|v| v.as_bytes().to_vec())
+    }
+    fn set_request_header(&self, name: &str, value: &str) -> Result<(), HostError> {
+        if self.fail_set_header {
+            return Err(HostError {
+                call: "set",
+                status: 2,
+            });
+        }
+        self.headers.borrow_mut().insert(name.into(), value.into());
+        Ok(())
+    }
+    fn remove_request_header(&self, name: &str) -> Result<(), HostError> {
+        self.headers.borrow_mut().remove(name);
+        Ok(())
+    }
+    fn request_body(&self, size: usize) -> Result<Vec<u8>, HostError> {
+        let body = self.body.borrow();
+        Ok(body[..size.min(body.len())].to_vec())
+    }
+    fn replace_request_body(&self, size: usize, body: &[u8]) -> Result<(), HostError> {
+        self.body.borrow_mut().splice(..size, body.iter().copied());
+        Ok(())
+    }
+    fn response_header(&self, name: &str) -> Option<Vec<u8>> {
+        self.response_headers
+            .borrow()
+            .get(name)
+            .map(|v| v.as_bytes().to_vec())
+    }
+    fn set_response_header(&self, name: &str, value: &str) -> Result<(), HostError> {
+        self.response_headers
+            .borrow_mut()
+            .insert(name.into(), value.into());
+        Ok(())
+    }
+    fn send_local_reply(&self, status: u16, json_body: &[u8]) -> Result<(), HostError> {
+        *self.reply.borrow_mut() = Some((status, json_body.to_vec()));
+        Ok(())
+    }
+}
+
+/// Envoy's shared data semantics: a CAS token per key, bumped on every write.
+#[derive(Default)]
+pub struct FakeShared {
+    data: RefCell<HashMap<String, (Vec<u8>, u32)>>,
+}
+
+impl SharedData for FakeShared {
+    fn get(&self, key: &str) -> Result<Option<(Vec<u8>, u32)>, HostError> {
+        Ok(self.data.borrow().get(key).cloned())
+    }
+    fn set(&self, key: &str, value: &[u8], cas: Option<u32>) -> Result<bool, HostError> {
+        let mut data = self.data.borrow_mut();
+        let current = data.get(key).map_or(0, |(_, c)| *c);
+        if cas.is_some_and(|cas| cas != current) {
+            return Ok(false);
+        }
+        data.insert(key.into(), (value.to_vec(), current + 1));
+        Ok(true)
+    }
+}
+
+/// A callout the code under test sent.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SentCall {
+    pub token: u32,
+    pub cluster: String,
+    pub headers: Vec<(String, String)>,
+    pub timeout_ms: u32,
+}
+
+/// Records dispatched callouts; a test then sets the answer being delivered with [`answer`]
+/// and calls the code's response handler. Dispatches fail once `capacity` calls are in flight,
+/// as Envoy's do past its limits.
+///
+/// [`answer`]: FakeCallouts::answer
+pub struct FakeCallouts {
+    pub sent: RefCell<Vec<SentCall>>,
+    next_token: Cell<u32>,
+    pub capacity: Cell<usize>,
+    delivering: RefCell<Option<(Option<Vec<u8>>, Vec<u8>)>>,
+}
+
+impl Default for FakeCallouts {
+    fn default() -> Self {
+        FakeCallouts {
+            sent: RefCell::new(Vec::new()),
+            next_token: Cell::new(1),
+            capacity: Cell::new(usize::MAX),
+            delivering: RefCell::new(None),
+        }
+    }
+}
+
+impl FakeCallouts {
+    /// The answer the next response callback sees: a status (`None`: timeout or reset) and
+    /// a body.
+    pub fn answer(&self, status: Option<&str>, body: &str) {
+        *self.delivering.borrow_mut() =
+            Some((status.map(|s| s.as_bytes().to_vec()), body.as_bytes().to_vec()));
+    }
+
+    /// Forgets the calls seen so far (the test answered or abandoned them).
+    pub fn take_sent(&self) -> Vec<SentCall> {
+        std::mem::take(&mut *self.sent.borrow_mut())
+    }
+
+    /// The token of the call sent to `authority`, if one was.
+    pub fn token_for(&self, authority: &str) -> Option<u32> {
+        self.sent.borrow().iter().find_map(|call| {
+            call.headers
+                .iter()
+                .any(|(name, value)| name == ":authority" && value == authority)
+                .then_some(call.token)
+        })
+    }
+}
+
+impl HttpCallouts for FakeCallouts {
+    fn dispatch(
+        &self,
+        cluster: &str,
+        headers: &[(&str, &str)],
+        timeout_ms: u32,
+    ) -> Result<u32, HostError> {
+        if self.sent.borrow().len() >= self.capacity.get() {
+            return Err(HostError {
+                call: "dispatch_http_call",
+                status: 1,
+            });
+        }
+        let token = self.next_token.get();
+        self.next_token.set(token + 1);
+        self.sent.borrow_mut().push(SentCall {
+            token,
+            cluster: cluster.into(),
+            headers: headers
+                .iter()
+                .map(|(n, v)| ((*n).to_owned(), (*v).to_owned()))
+                .collect(),
+            timeout_ms,
+        });
+        Ok(token)
+    }
+
+    fn response_status(&self) -> Option<Vec<u8>> {
+        self.delivering.borrow().as_ref().and_then(|(s, _)| s.clone())
+    }
+
+    fn response_body(&self, size: usize) -> Result<Vec<u8>, HostError> {
+        let delivering = self.delivering.borrow();
+        let body = delivering.as_ref().map_or(&[][..], |(_, b)| b.as_slice());
+        Ok(body.get(..size.min(body.len())).unwrap_or_default().to_vec())
+    }
+}
+
+/// A clock the test moves.
+#[derive(Default)]
+pub struct FakeClock(pub Cell<u64>);
+
+impl FakeClock {
+    pub fn advance(&self, ms: u64) {
+        self.0.set(self.0.get() + ms);
+    }
+}
+
+impl Clock for FakeClock {
+    fn now_ms(&self) -> Result<u64, HostError> {
+        Ok(self.0.get())
+    }
+}

@@ -1,0 +1,94 @@
+//! What a plugin is and what it needs, declared beside it: the registry builds from these, the
+//! loader warns from them (a prefix reader without a prefix producer), the director reads only
+//! the request headers they name, and a test checks the README's plugin table against them.
+
+use crate::scheduling::Plugin;
+use serde_yaml::Value;
+
+/// The plugin kinds of GIE / llm-d's scheduling framework.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Filter,
+    Scorer,
+    Picker,
+    ProfileHandler,
+    PdDecider,
+    SaturationDetector,
+    DataLayer,
+    /// Accepted for llm-d configs; the behaviour is built into the filter.
+    BuiltIn,
+}
+
+impl Kind {
+    /// As the README's plugin table names it.
+    pub fn label(self) -> &'static str {
+        match self {
+            Kind::Filter => "filter",
+            Kind::Scorer => "scorer",
+            Kind::Picker => "picker",
+            Kind::ProfileHandler => "profile handler",
+            Kind::PdDecider => "P/D decider",
+            Kind::SaturationDetector => "saturation detector",
+            Kind::DataLayer => "data layer",
+            Kind::BuiltIn => "built in",
+        }
+    }
+}
+
+/// A scraped engine signal (the series behind it depend on the engine; see `metrics`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Signal {
+    WaitingQueue,
+    RunningRequests,
+    KvCacheUsage,
+    LoraAdapters,
+    /// `vllm:cache_config_info`: block size and KV blocks.
+    CacheConfig,
+}
+
+/// Data a plugin reads or writes besides the candidate list.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Data {
+    /// How much of the prompt's prefix each endpoint probably caches (`prefix-cache-scorer`).
+    PrefixMatches,
+    /// A request header: read once per request, and only when a configured plugin names it.
+    RequestHeader(&'static str),
+    /// An engine metric from the endpoint's last scrape.
+    Metric(Signal),
+    /// A user-declared series extracted through `dataLayer`.
+    CustomMetric,
+    /// The filter's own open requests (and their tokens) per endpoint.
+    InFlight,
+    /// Endpoint labels (pool config or discovery).
+    EndpointLabels,
+}
+
+pub type Builder = fn(&Value) -> Result<Plugin, String>;
+/// Parameters with every default filled in, for the config checker.
+pub type Effective = fn(&Value) -> Result<Value, String>;
+
+/// One plugin type: its names, kind, constructor and the data it consumes and produces.
+pub struct PluginSpec {
+    pub type_name: &'static str,
+    /// Older or upstream names that load the same plugin.
+    pub aliases: &'static [&'static str],
+    pub kind: Kind,
+    pub build: Builder,
+    pub effective: Effective,
+    pub consumes: &'static [Data],
+    pub produces: &'static [Data],
+}
+
+impl PluginSpec {
+    pub fn answers_to(&self, type_name: &str) -> bool {
+        self.type_name == type_name || self.aliases.contains(&type_name)
+    }
+
+    pub fn consumes(&self, data: Data) -> bool {
+        self.consumes.contains(&data)
+    }
+
+    pub fn produces(&self, data: Data) -> bool {
+        self.produces.contains(&data)
+    }
+}
