@@ -6,8 +6,8 @@ use crate::duration::duration_ms;
 use crate::endpoint::{EndpointState, Health, HealthTransition, Pool};
 use crate::error_response::RequestError;
 use crate::metrics::{self, ExtractError, MetricSelector};
-use crate::request::{parse_body, rewrite_model, ApiKind, InferenceRequest, RequestHeaders};
 use crate::protocol::{SESSION_TOKEN_HEADER, TEST_SELECTION_HEADER};
+use crate::request::{parse_body, rewrite_model, ApiKind, InferenceRequest, RequestHeaders};
 use crate::scheduling::plugins::{self, scorer::session_affinity_scorer, Data};
 use crate::scheduling::{ScheduleError, Scheduler};
 
@@ -421,7 +421,6 @@ impl Director {
         self.scheduler.explain(&self.pool)
     }
 }
-
 
 #[cfg(test)]
 mod tests {

@@ -9,6 +9,7 @@
 #![cfg_attr(not(test), deny(clippy::indexing_slicing))]
 
 pub mod config;
+pub mod director;
 pub mod discovery;
 pub mod duration;
 pub mod endpoint;
@@ -17,13 +18,14 @@ pub mod hash;
 pub mod host;
 pub mod label_selector;
 pub mod metrics;
-pub mod director;
 pub mod prometheus;
 pub mod protocol;
 pub mod request;
 pub mod request_flow;
 pub mod scheduling;
 pub mod shared_state;
+pub mod stats;
+pub mod tick_flow;
 
 #[cfg(target_arch = "wasm32")]
 pub mod filter;

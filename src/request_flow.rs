@@ -1,15 +1,15 @@
 //! One request's life in the filter, written against a small host trait so it runs natively
 //! in tests: pause the headers, buffer the body, route once, answer errors as JSON.
 
-use crate::error_response::RequestError;
 use crate::director::{Director, Routed};
+use crate::error_response::RequestError;
 use crate::request::{ApiKind, RequestHeaders};
 
 use crate::host::{HostError, HttpHost};
 use crate::protocol::{
-    DESTINATION_HEADER, FALLBACKS_HEADER, FALLBACK_HEADER, MODEL_REWRITE_HEADER,
-    OBJECTIVE_HEADER, PREFILLER_HEADER, REQUEST_ID_HEADER, SESSION_TOKEN_HEADER,
-    TEST_SELECTION_HEADER,
+    DESTINATION_HEADER, FAIRNESS_ID_HEADER, FALLBACKS_HEADER, FALLBACK_HEADER,
+    MODEL_REWRITE_HEADER, OBJECTIVE_HEADER, PREFILLER_HEADER, REQUEST_ID_HEADER,
+    SESSION_TOKEN_HEADER, TEST_SELECTION_HEADER,
 };
 
 /// Whether the host should hold the request or let it go on.
@@ -128,6 +128,37 @@ impl RequestFlow {
 
     /// Response headers: a 5xx (from the pod, or Envoy's own when it could not connect)
     /// backs the pod off; the session token goes back so the client can stick to the pod.
+    /// The decision's debug line: where the request went and every score behind it, or why
+    /// it was refused.
+    pub fn log_decision(&self, host: &impl HttpHost, director: &Director) {
+        if !log::log_enabled!(log::Level::Debug) {
+            return;
+        }
+        match &self.outcome {
+            Outcome::Pending => {}
+            Outcome::Routed(routed) => log::debug!(
+                "inference-picker: decision request_id={} model={:?} priority={} fairness_id={} picked={} fallbacks={} prefill={} degraded={} {}",
+                self.request_id,
+                routed.model,
+                routed.priority,
+                header_text(host, FAIRNESS_ID_HEADER).as_deref().unwrap_or("-"),
+                routed.destination,
+                if routed.fallbacks.is_empty() { "-" } else { &routed.fallbacks },
+                routed.prefill.as_deref().unwrap_or("-"),
+                routed.degraded,
+                if routed.degraded {
+                    String::new()
+                } else {
+                    director.explain_last()
+                }
+            ),
+            Outcome::Rejected(error) => log::debug!(
+                "inference-picker: rejected request_id={} {error}",
+                self.request_id
+            ),
+        }
+    }
+
     pub fn on_response_headers(&mut self, host: &impl HttpHost, director: &mut Director) {
         let Outcome::Routed(routed) = &self.outcome else {
             return;
@@ -156,7 +187,12 @@ impl RequestFlow {
         }
     }
 
-    fn finish(&mut self, host: &impl HttpHost, director: &mut Director, body: Option<&[u8]>) -> Flow {
+    fn finish(
+        &mut self,
+        host: &impl HttpHost,
+        director: &mut Director,
+        body: Option<&[u8]>,
+    ) -> Flow {
         let body_size = body.map_or(0, <[u8]>::len);
         let routed = match director.route(self.api, body, std::mem::take(&mut self.headers)) {
             Ok(routed) => routed,
@@ -288,7 +324,8 @@ mod tests {
         ] {
             let host = host(path, body);
             let mut flow = RequestFlow::default();
-            if flow.on_headers(&host, &mut director, end_at_headers) == Flow::Pause && !end_at_headers
+            if flow.on_headers(&host, &mut director, end_at_headers) == Flow::Pause
+                && !end_at_headers
             {
                 flow.on_body(&host, &mut director, body.len(), true);
             }

@@ -5,8 +5,8 @@
 //! request path makes no shared-data calls.
 
 use crate::endpoint::Pool;
-use crate::metrics::EndpointMetrics;
 use crate::host::{HostError, SharedData};
+use crate::metrics::EndpointMetrics;
 use crate::scheduling::LearnedPrefix;
 use serde::{Deserialize, Serialize};
 use std::collections::VecDeque;
@@ -73,6 +73,9 @@ pub struct Coordinator {
     role: Role,
     published_seq: u64,
     applied_seq: u64,
+    /// The CAS token of the snapshot value last read: unchanged means nothing to decode.
+    applied_cas: Option<u32>,
+    snapshot_decodes: u64,
     others: Vec<u64>,
     prefix_key: String,
     /// This VM's latest prefix batches, each encoded once (see [`encode_batch`]).
@@ -108,12 +111,19 @@ impl Coordinator {
             role: Role::Follower,
             published_seq: 0,
             applied_seq: 0,
+            applied_cas: None,
+            snapshot_decodes: 0,
             others: Vec::new(),
         }
     }
 
     pub fn role(&self) -> Role {
         self.role
+    }
+
+    /// Snapshots this VM decoded: a follower decodes one only when its CAS token moved.
+    pub fn snapshot_decodes(&self) -> u64 {
+        self.snapshot_decodes
     }
 
     /// Takes or renews the lease when it is free, expired or ours. Returns the role for this
@@ -176,7 +186,15 @@ impl Coordinator {
         store: &impl SharedData,
         pool: &mut Pool,
     ) -> Result<bool, HostError> {
-        let Some(snapshot) = read::<Snapshot>(store, &self.snapshot_key)? else {
+        let Some((bytes, cas)) = store.get(&self.snapshot_key)? else {
+            return Ok(false);
+        };
+        if self.applied_cas == Some(cas) {
+            return Ok(false);
+        }
+        self.applied_cas = Some(cas);
+        self.snapshot_decodes += 1;
+        let Ok(snapshot) = serde_json::from_slice::<Snapshot>(&bytes) else {
             return Ok(false);
         };
         if snapshot.seq <= self.applied_seq {

@@ -42,7 +42,11 @@ fn every_spec_has_a_row_that_matches_its_declaration() {
             .find(|(first, _, _)| first.starts_with(&format!("`{}`", spec.type_name)))
             .unwrap_or_else(|| panic!("no README row for {}", spec.type_name));
         for alias in spec.aliases {
-            assert!(named(first, alias), "{}: alias {alias} not in the row", spec.type_name);
+            assert!(
+                named(first, alias),
+                "{}: alias {alias} not in the row",
+                spec.type_name
+            );
         }
         assert!(
             kind.contains(spec.kind.label()),
@@ -58,7 +62,11 @@ fn every_spec_has_a_row_that_matches_its_declaration() {
         );
         for data in spec.consumes {
             if let Data::RequestHeader(header) = data {
-                assert!(row.contains(header), "{}: row does not name {header}", spec.type_name);
+                assert!(
+                    row.contains(header),
+                    "{}: row does not name {header}",
+                    spec.type_name
+                );
             }
         }
     }

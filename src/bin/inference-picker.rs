@@ -10,7 +10,7 @@
 //! file per endpoint (in `pool.endpoints` order) and a request body to the director, and prints
 //! every scorer's score per endpoint and the winner.
 
-use inference_picker::config::{load, FilterConfig};
+use inference_picker::config::{load, load_with_effective, FilterConfig};
 use inference_picker::director::Director;
 use inference_picker::request::{ApiKind, RequestHeaders};
 use std::process::ExitCode;
@@ -46,7 +46,8 @@ fn load_file(path: &str) -> Result<FilterConfig, String> {
 }
 
 fn check(path: &str) -> Result<(), String> {
-    let config = load_file(path)?;
+    let (config, effective) =
+        load_with_effective(&read(path)?, 1).map_err(|error| format!("{path}: {error}"))?;
     println!("{path}: ok");
     for warning in &config.warnings {
         println!("warning: {warning}");
@@ -54,7 +55,7 @@ fn check(path: &str) -> Result<(), String> {
     println!("# effective configuration");
     print!(
         "{}",
-        serde_yaml::to_string(&config.effective).map_err(|e| e.to_string())?
+        serde_yaml::to_string(&effective).map_err(|e| e.to_string())?
     );
     Ok(())
 }

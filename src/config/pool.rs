@@ -1,6 +1,6 @@
 //! Our `pool` section: the endpoints and how their metrics are scraped.
 
-use super::ConfigError;
+use super::error::ConfigError;
 use crate::discovery::DiscoveryConfig;
 use crate::duration::serde_go;
 use crate::endpoint::canonical_address;

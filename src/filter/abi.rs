@@ -2,7 +2,7 @@
 //! returns is handled: the SDK's wrappers panic on statuses they do not expect, and a panic
 //! kills the VM. Statuses come back as raw `u32`, never as an enum the host could overflow.
 
-use crate::host::HostError;
+use crate::host::{encode_header_map, level_filter, HostError, HostLogger, MetricKind};
 use proxy_wasm::types::{BufferType, MapType};
 use std::ptr::null_mut;
 
@@ -125,6 +125,12 @@ pub fn current_time_ms() -> Result<u64, HostError> {
     current_time_ns().map(|nanos| nanos / 1_000_000)
 }
 
+/// This VM's linear memory in bytes (it never shrinks).
+pub fn memory_bytes() -> u64 {
+    let pages = u64::try_from(core::arch::wasm32::memory_size(0)).unwrap_or(0);
+    pages.saturating_mul(65536)
+}
+
 pub fn set_tick_period_ms(period: u32) -> Result<(), HostError> {
     check("proxy_set_tick_period_milliseconds", unsafe {
         proxy_set_tick_period_milliseconds(period)
@@ -184,14 +190,6 @@ pub fn replace_header(map_type: MapType, name: &str, value: &str) -> Result<(), 
             value.len(),
         )
     })
-}
-
-/// Envoy stat kinds for [`define_metric`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum MetricKind {
-    Counter = 0,
-    Gauge = 1,
-    Histogram = 2,
 }
 
 /// Defines (or finds) an Envoy stat; Envoy prefixes its name with `wasmcustom.`.
@@ -271,7 +269,7 @@ pub fn send_local_response(
     headers: &[(&str, &str)],
     body: &[u8],
 ) -> Result<(), HostError> {
-    let headers = serialize_pairs(headers);
+    let headers = encode_header_map(headers);
     let details = "inference_picker";
     check("proxy_send_local_response", unsafe {
         proxy_send_local_response(
@@ -310,61 +308,9 @@ pub fn http_call(
     })
 }
 
-/// The proxy-wasm map encoding: count, then (key length, value length) pairs, then the
-/// NUL-terminated keys and values.
-fn serialize_pairs(pairs: &[(&str, &str)]) -> Vec<u8> {
-    let text_len: usize = pairs.iter().map(|(k, v)| k.len() + v.len() + 2).sum();
-    let mut bytes = Vec::with_capacity(4 + pairs.len() * 8 + text_len);
-    bytes.extend_from_slice(&(pairs.len() as u32).to_le_bytes());
-    for (key, value) in pairs {
-        bytes.extend_from_slice(&(key.len() as u32).to_le_bytes());
-        bytes.extend_from_slice(&(value.len() as u32).to_le_bytes());
-    }
-    for (key, value) in pairs {
-        bytes.extend_from_slice(key.as_bytes());
-        bytes.push(0);
-        bytes.extend_from_slice(value.as_bytes());
-        bytes.push(0);
-    }
-    bytes
-}
+pub static LOGGER: HostLogger = HostLogger { sink: log };
 
-/// A `log` backend over `proxy_log` that never fails.
-pub struct HostLogger;
-
-pub static LOGGER: HostLogger = HostLogger;
-
-impl log::Log for HostLogger {
-    fn enabled(&self, metadata: &log::Metadata) -> bool {
-        metadata.level() <= log::max_level()
-    }
-
-    fn log(&self, record: &log::Record) {
-        if self.enabled(record.metadata()) {
-            let level = match record.level() {
-                log::Level::Trace => 0,
-                log::Level::Debug => 1,
-                log::Level::Info => 2,
-                log::Level::Warn => 3,
-                log::Level::Error => 4,
-            };
-            log(level, &record.args().to_string());
-        }
-    }
-
-    fn flush(&self) {}
-}
-
-/// Mirrors the host's log level so disabled debug lines cost nothing to skip.
+/// Mirrors the host's log level into `log`'s filter.
 pub fn sync_log_level() {
-    let filter = match log_level() {
-        Ok(0) => log::LevelFilter::Trace,
-        Ok(1) => log::LevelFilter::Debug,
-        Ok(2) => log::LevelFilter::Info,
-        Ok(3) => log::LevelFilter::Warn,
-        Ok(4) => log::LevelFilter::Error,
-        Ok(_) => log::LevelFilter::Off,
-        Err(_) => log::LevelFilter::Info,
-    };
-    log::set_max_level(filter);
+    log::set_max_level(level_filter(log_level()));
 }

@@ -85,6 +85,9 @@ impl SharedData for FakeShared {
     }
 }
 
+/// A callout's answer: its `:status` (`None`: timeout or reset) and its body.
+type Answer = (Option<Vec<u8>>, Vec<u8>);
+
 /// A callout the code under test sent.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SentCall {
@@ -103,7 +106,7 @@ pub struct FakeCallouts {
     pub sent: RefCell<Vec<SentCall>>,
     next_token: Cell<u32>,
     pub capacity: Cell<usize>,
-    delivering: RefCell<Option<(Option<Vec<u8>>, Vec<u8>)>>,
+    delivering: RefCell<Option<Answer>>,
 }
 
 impl Default for FakeCallouts {
@@ -121,8 +124,10 @@ impl FakeCallouts {
     /// The answer the next response callback sees: a status (`None`: timeout or reset) and
     /// a body.
     pub fn answer(&self, status: Option<&str>, body: &str) {
-        *self.delivering.borrow_mut() =
-            Some((status.map(|s| s.as_bytes().to_vec()), body.as_bytes().to_vec()));
+        *self.delivering.borrow_mut() = Some((
+            status.map(|s| s.as_bytes().to_vec()),
+            body.as_bytes().to_vec(),
+        ));
     }
 
     /// Forgets the calls seen so far (the test answered or abandoned them).
@@ -169,13 +174,19 @@ impl HttpCallouts for FakeCallouts {
     }
 
     fn response_status(&self) -> Option<Vec<u8>> {
-        self.delivering.borrow().as_ref().and_then(|(s, _)| s.clone())
+        self.delivering
+            .borrow()
+            .as_ref()
+            .and_then(|(s, _)| s.clone())
     }
 
     fn response_body(&self, size: usize) -> Result<Vec<u8>, HostError> {
         let delivering = self.delivering.borrow();
         let body = delivering.as_ref().map_or(&[][..], |(_, b)| b.as_slice());
-        Ok(body.get(..size.min(body.len())).unwrap_or_default().to_vec())
+        Ok(body
+            .get(..size.min(body.len()))
+            .unwrap_or_default()
+            .to_vec())
     }
 }
 

@@ -57,6 +57,122 @@ pub trait Clock {
     fn now_ms(&self) -> Result<u64, HostError>;
 }
 
+/// Envoy stat kinds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MetricKind {
+    Counter = 0,
+    Gauge = 1,
+    Histogram = 2,
+}
+
+/// Envoy stats: defined once by name, then bumped or set by id.
+pub trait Metrics {
+    /// Defines (or finds) a stat; Envoy prefixes its name with `wasmcustom.`.
+    fn define(&self, kind: MetricKind, name: &str) -> Result<u32, HostError>;
+    fn increment(&self, id: u32, offset: i64) -> Result<(), HostError>;
+    /// Sets a gauge or records a histogram sample.
+    fn record(&self, id: u32, value: u64) -> Result<(), HostError>;
+}
+
+/// proxy-wasm's log levels.
+pub const LOG_CRITICAL: u32 = 5;
+
+/// A `log` backend over the host's log call (`sink(level, message)`) that never fails.
+pub struct HostLogger {
+    pub sink: fn(u32, &str),
+}
+
+impl log::Log for HostLogger {
+    fn enabled(&self, metadata: &log::Metadata) -> bool {
+        metadata.level() <= log::max_level()
+    }
+
+    fn log(&self, record: &log::Record) {
+        if self.enabled(record.metadata()) {
+            (self.sink)(host_level(record.level()), &record.args().to_string());
+        }
+    }
+
+    fn flush(&self) {}
+}
+
+fn host_level(level: log::Level) -> u32 {
+    match level {
+        log::Level::Trace => 0,
+        log::Level::Debug => 1,
+        log::Level::Info => 2,
+        log::Level::Warn => 3,
+        log::Level::Error => 4,
+    }
+}
+
+/// The `log` filter for the host's level, so disabled debug lines cost nothing to skip.
+pub fn level_filter(host_level: Result<u32, HostError>) -> log::LevelFilter {
+    match host_level {
+        Ok(0) => log::LevelFilter::Trace,
+        Ok(1) => log::LevelFilter::Debug,
+        Ok(2) => log::LevelFilter::Info,
+        Ok(3) => log::LevelFilter::Warn,
+        Ok(4) => log::LevelFilter::Error,
+        Ok(_) => log::LevelFilter::Off,
+        Err(_) => log::LevelFilter::Info,
+    }
+}
+
+/// proxy-wasm's header-map encoding: the count, then (key length, value length) pairs, then
+/// the NUL-terminated keys and values.
+pub fn encode_header_map(pairs: &[(&str, &str)]) -> Vec<u8> {
+    let text_len: usize = pairs.iter().map(|(k, v)| k.len() + v.len() + 2).sum();
+    let mut bytes = Vec::with_capacity(4 + pairs.len() * 8 + text_len);
+    let len = |n: usize| u32::try_from(n).unwrap_or(u32::MAX).to_le_bytes();
+    bytes.extend_from_slice(&len(pairs.len()));
+    for (key, value) in pairs {
+        bytes.extend_from_slice(&len(key.len()));
+        bytes.extend_from_slice(&len(value.len()));
+    }
+    for (key, value) in pairs {
+        bytes.extend_from_slice(key.as_bytes());
+        bytes.push(0);
+        bytes.extend_from_slice(value.as_bytes());
+        bytes.push(0);
+    }
+    bytes
+}
+
 /// In-memory hosts for native tests.
 #[cfg(test)]
 pub mod fake;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn header_map_encoding() {
+        let bytes = encode_header_map(&[("a", "bc"), (":s", "")]);
+        let mut expected = vec![2, 0, 0, 0, 1, 0, 0, 0, 2, 0, 0, 0, 2, 0, 0, 0, 0, 0, 0, 0];
+        expected.extend_from_slice(b"a\0bc\0:s\0\0");
+        assert_eq!(bytes, expected);
+    }
+
+    #[test]
+    fn host_levels_map_both_ways() {
+        for level in [
+            log::Level::Trace,
+            log::Level::Debug,
+            log::Level::Info,
+            log::Level::Warn,
+            log::Level::Error,
+        ] {
+            assert_eq!(level_filter(Ok(host_level(level))), level.to_level_filter());
+        }
+        assert_eq!(level_filter(Ok(LOG_CRITICAL)), log::LevelFilter::Off);
+        assert_eq!(
+            level_filter(Err(HostError {
+                call: "x",
+                status: 2
+            })),
+            log::LevelFilter::Info
+        );
+    }
+}

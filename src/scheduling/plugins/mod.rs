@@ -10,12 +10,14 @@ pub mod profile_handler;
 pub mod saturation_detector;
 pub mod scorer;
 
-mod spec;
+pub mod spec;
 
-pub use spec::{Builder, Data, Effective, Kind, PluginSpec, Signal};
+pub use spec::{
+    no_parameters, parameters, Builder, Data, Effective, Kind, NoParameters, PickerParameters,
+    PluginSpec, Signal,
+};
 
 use super::Plugin;
-use serde::de::DeserializeOwned;
 use serde_yaml::Value;
 
 /// Every plugin type, by kind. Each entry is the `SPEC` its own file declares.
@@ -57,7 +59,10 @@ const REGISTRY: &[&PluginSpec] = &[
 
 /// The spec registered for a type name or one of its aliases.
 pub fn spec(type_name: &str) -> Option<&'static PluginSpec> {
-    REGISTRY.iter().copied().find(|spec| spec.answers_to(type_name))
+    REGISTRY
+        .iter()
+        .copied()
+        .find(|spec| spec.answers_to(type_name))
 }
 
 /// Every spec, in registry order.
@@ -87,56 +92,6 @@ pub fn build(type_name: &str, parameters: &Value) -> Result<Plugin, String> {
 pub fn effective_parameters(type_name: &str, parameters: &Value) -> Result<Value, String> {
     let spec = spec(type_name).ok_or_else(|| format!("unknown plugin type {type_name:?}"))?;
     (spec.effective)(parameters)
-}
-
-pub fn effective<P: DeserializeOwned + serde::Serialize + Default>(
-    value: &Value,
-) -> Result<Value, String> {
-    let parsed: P = parameters(value)?;
-    serde_yaml::to_value(parsed).map_err(|error| error.to_string())
-}
-
-/// Deserializes a plugin's parameters; absent parameters mean all defaults.
-pub fn parameters<P: DeserializeOwned + Default>(value: &Value) -> Result<P, String> {
-    if value.is_null() {
-        return Ok(P::default());
-    }
-    serde_yaml::from_value(value.clone()).map_err(|error| error.to_string())
-}
-
-/// The parameters of plugins that take none: any given key is an error.
-#[derive(Debug, Default, serde::Deserialize, serde::Serialize)]
-#[serde(deny_unknown_fields)]
-pub struct NoParameters {}
-
-/// Checks that a plugin that takes no parameters was given none.
-pub fn no_parameters(value: &Value) -> Result<(), String> {
-    parameters::<NoParameters>(value).map(|_| ())
-}
-
-/// `maxNumOfEndpoints`, shared by every picker.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
-#[serde(deny_unknown_fields, rename_all = "camelCase", default)]
-pub struct PickerParameters {
-    pub max_num_of_endpoints: usize,
-}
-
-impl Default for PickerParameters {
-    fn default() -> Self {
-        PickerParameters {
-            max_num_of_endpoints: 1,
-        }
-    }
-}
-
-impl PickerParameters {
-    pub fn parse(value: &Value) -> Result<Self, String> {
-        let parsed: PickerParameters = parameters(value)?;
-        if parsed.max_num_of_endpoints == 0 {
-            return Err("maxNumOfEndpoints must be at least 1".into());
-        }
-        Ok(parsed)
-    }
 }
 
 #[cfg(test)]

@@ -3,6 +3,7 @@
 //! the request headers they name, and a test checks the README's plugin table against them.
 
 use crate::scheduling::Plugin;
+use serde::de::DeserializeOwned;
 use serde_yaml::Value;
 
 /// The plugin kinds of GIE / llm-d's scheduling framework.
@@ -90,5 +91,56 @@ impl PluginSpec {
 
     pub fn produces(&self, data: Data) -> bool {
         self.produces.contains(&data)
+    }
+}
+
+/// A plugin's parameters with every default filled in: the `effective` of its spec.
+pub fn effective<P: DeserializeOwned + serde::Serialize + Default>(
+    value: &Value,
+) -> Result<Value, String> {
+    let parsed: P = parameters(value)?;
+    serde_yaml::to_value(parsed).map_err(|error| error.to_string())
+}
+
+/// Deserializes a plugin's parameters; absent parameters mean all defaults.
+pub fn parameters<P: DeserializeOwned + Default>(value: &Value) -> Result<P, String> {
+    if value.is_null() {
+        return Ok(P::default());
+    }
+    serde_yaml::from_value(value.clone()).map_err(|error| error.to_string())
+}
+
+/// The parameters of plugins that take none: any given key is an error.
+#[derive(Debug, Default, serde::Deserialize, serde::Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct NoParameters {}
+
+/// Checks that a plugin that takes no parameters was given none.
+pub fn no_parameters(value: &Value) -> Result<(), String> {
+    parameters::<NoParameters>(value).map(|_| ())
+}
+
+/// `maxNumOfEndpoints`, shared by every picker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase", default)]
+pub struct PickerParameters {
+    pub max_num_of_endpoints: usize,
+}
+
+impl Default for PickerParameters {
+    fn default() -> Self {
+        PickerParameters {
+            max_num_of_endpoints: 1,
+        }
+    }
+}
+
+impl PickerParameters {
+    pub fn parse(value: &Value) -> Result<Self, String> {
+        let parsed: PickerParameters = parameters(value)?;
+        if parsed.max_num_of_endpoints == 0 {
+            return Err("maxNumOfEndpoints must be at least 1".into());
+        }
+        Ok(parsed)
     }
 }

@@ -2,7 +2,7 @@
 //! filter scrapes every pod once per `refreshMetricsInterval` through `pool.metricsCluster`;
 //! this plugin's `path` is the path of that one scrape, shared with the built-in metrics.
 
-use crate::scheduling::plugins::{effective, Kind, PluginSpec};
+use crate::scheduling::plugins::spec::{effective, Kind, PluginSpec};
 use crate::scheduling::{DataLayerPlugin, Plugin};
 use serde_yaml::Value;
 

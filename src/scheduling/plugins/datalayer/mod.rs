@@ -3,4 +3,4 @@
 pub mod metrics_data_source;
 pub mod prometheus_metric;
 
-use super::parameters;
+use super::spec::parameters;

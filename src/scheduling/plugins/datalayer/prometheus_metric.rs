@@ -1,8 +1,8 @@
 //! `prometheus-metric`: an extractor that keeps one Prometheus series per pod, chosen by name
 //! and, optionally, by labels (series selection). Several matching series are summed.
 
-use crate::scheduling::plugins::{Data, effective, Kind, PluginSpec};
 use crate::metrics::MetricSelector;
+use crate::scheduling::plugins::spec::{effective, Data, Kind, PluginSpec};
 use crate::scheduling::{DataLayerPlugin, Plugin};
 use serde_yaml::Value;
 use std::collections::BTreeMap;

@@ -1,6 +1,6 @@
 //! `always-disagg-pd-decider`: every request gets a prefill endpoint (when one exists).
 
-use crate::scheduling::plugins::{effective, Kind, PluginSpec, NoParameters};
+use crate::scheduling::plugins::spec::{effective, Kind, NoParameters, PluginSpec};
 use crate::scheduling::{PdDecider, Plugin, SchedulingContext};
 use serde_yaml::Value;
 

@@ -3,4 +3,4 @@
 pub mod always_disagg_pd_decider;
 pub mod prefix_based_pd_decider;
 
-use super::{no_parameters, parameters};
+use super::spec::{no_parameters, parameters};

@@ -2,7 +2,7 @@
 //! least `nonCachedTokens` prompt tokens it does not hold (prompt tokens minus its prefix-cache
 //! match). `nonCachedTokens: 0` (the default) never disaggregates.
 
-use crate::scheduling::plugins::{Data, effective, Kind, PluginSpec};
+use crate::scheduling::plugins::spec::{effective, Data, Kind, PluginSpec};
 use crate::scheduling::{PdDecider, Plugin, SchedulingContext};
 use serde_yaml::Value;
 

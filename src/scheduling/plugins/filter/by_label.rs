@@ -1,7 +1,7 @@
 //! `by-label` (llm-d): keeps endpoints whose `label` has one of `validValues`; endpoints
 //! without the label pass only with `allowsNoLabel`.
 
-use crate::scheduling::plugins::{Data, effective, Kind, PluginSpec};
+use crate::scheduling::plugins::spec::{effective, Data, Kind, PluginSpec};
 use crate::scheduling::{Filter, Plugin, SchedulingContext};
 use serde_yaml::Value;
 

@@ -2,8 +2,8 @@
 //! `prefill-decode`, `both`, or no role at all (a plain aggregated server).
 //! `prefill-filter` and `encode-filter` are the same filter with other accepted roles.
 
-use crate::scheduling::plugins::{Data, effective, Kind, PluginSpec, NoParameters};
 use crate::endpoint::ROLE_LABEL;
+use crate::scheduling::plugins::spec::{effective, Data, Kind, NoParameters, PluginSpec};
 use crate::scheduling::{Filter, Plugin, SchedulingContext};
 use serde_yaml::Value;
 

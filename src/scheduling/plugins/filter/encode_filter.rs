@@ -1,8 +1,8 @@
 //! `encode-filter`: keeps endpoints whose `llm-d.ai/role` is `encode` (multimodal encoders in
 //! encode/prefill/decode disaggregation).
 
-use crate::scheduling::plugins::{Data, effective, Kind, PluginSpec, NoParameters};
 use super::decode_filter::{build_role_filter, RoleFilter};
+use crate::scheduling::plugins::spec::{effective, Data, Kind, NoParameters, PluginSpec};
 use crate::scheduling::Plugin;
 use serde_yaml::Value;
 

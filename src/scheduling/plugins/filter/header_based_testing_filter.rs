@@ -3,8 +3,8 @@
 //! the pool: an address that is not a pool member selects nothing. Without the header, or
 //! without this filter in the config, the header has no effect.
 
-use crate::scheduling::plugins::{Data, effective, Kind, PluginSpec, NoParameters};
 use crate::protocol::TEST_SELECTION_HEADER;
+use crate::scheduling::plugins::spec::{effective, Data, Kind, NoParameters, PluginSpec};
 use crate::scheduling::{Filter, Plugin, SchedulingContext};
 use serde_yaml::Value;
 

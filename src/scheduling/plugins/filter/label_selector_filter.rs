@@ -3,8 +3,8 @@
 //! `Exists` and `DoesNotExist`. The seed's backend preference is one of these on
 //! `llm-d.ai/kv-backend: nvlink`.
 
-use crate::scheduling::plugins::{Data, effective, Kind, PluginSpec};
 use crate::label_selector::Selector;
+use crate::scheduling::plugins::spec::{effective, Data, Kind, PluginSpec};
 use crate::scheduling::{Filter, Plugin, SchedulingContext};
 use serde_yaml::Value;
 
@@ -35,7 +35,11 @@ pub fn build(parameters: &Value) -> Result<Plugin, String> {
 
 impl Filter for LabelSelectorFilter {
     fn filter(&mut self, ctx: &SchedulingContext<'_>, candidates: &mut Vec<usize>) {
-        candidates.retain(|&i| ctx.pool.get(i).is_some_and(|e| self.selector.matches(&e.labels)));
+        candidates.retain(|&i| {
+            ctx.pool
+                .get(i)
+                .is_some_and(|e| self.selector.matches(&e.labels))
+        });
     }
 }
 

@@ -8,4 +8,4 @@ pub mod label_selector_filter;
 pub mod prefill_filter;
 pub mod prefix_cache_affinity_filter;
 
-use super::{no_parameters, parameters};
+use super::spec::{no_parameters, parameters};

@@ -1,8 +1,8 @@
 //! `prefill-filter`: keeps endpoints whose `llm-d.ai/role` is `prefill`, `prefill-decode` or
 //! `both`; unlabelled endpoints are not prefill workers.
 
-use crate::scheduling::plugins::{Data, effective, Kind, PluginSpec, NoParameters};
 use super::decode_filter::{build_role_filter, RoleFilter};
+use crate::scheduling::plugins::spec::{effective, Data, Kind, NoParameters, PluginSpec};
 use crate::scheduling::Plugin;
 use serde_yaml::Value;
 

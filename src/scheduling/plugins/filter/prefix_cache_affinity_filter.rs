@@ -2,7 +2,7 @@
 //! `affinityThreshold` of the prompt's prefix blocks, keeps only those; otherwise keeps all.
 //! The matches come from `prefix-cache-scorer` through the cycle state.
 
-use crate::scheduling::plugins::{Data, effective, Kind, PluginSpec};
+use crate::scheduling::plugins::spec::{effective, Data, Kind, PluginSpec};
 use crate::scheduling::{Filter, Plugin, SchedulingContext};
 use serde_yaml::Value;
 

@@ -1,8 +1,8 @@
 //! `max-score-picker`: the highest total wins; ties are broken at random. With
 //! `maxNumOfEndpoints > 1` the next best follow as fallbacks.
 
-use crate::scheduling::plugins::{effective, Kind, PluginSpec};
 use super::PickerParameters;
+use crate::scheduling::plugins::spec::{effective, Kind, PluginSpec};
 use crate::scheduling::rng::Rng;
 use crate::scheduling::{Picker, Plugin};
 use serde_yaml::Value;

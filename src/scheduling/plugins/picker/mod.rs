@@ -4,4 +4,4 @@ pub mod max_score_picker;
 pub mod random_picker;
 pub mod weighted_random_picker;
 
-use super::PickerParameters;
+use super::spec::PickerParameters;

@@ -1,7 +1,7 @@
 //! `random-picker`: a uniformly random candidate (and distinct random fallbacks).
 
-use crate::scheduling::plugins::{effective, Kind, PluginSpec};
 use super::PickerParameters;
+use crate::scheduling::plugins::spec::{effective, Kind, PluginSpec};
 use crate::scheduling::rng::Rng;
 use crate::scheduling::{Picker, Plugin};
 use serde_yaml::Value;

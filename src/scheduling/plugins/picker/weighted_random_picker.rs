@@ -2,8 +2,8 @@
 //! weighted reservoir sampling (key `u^(1/w)`, largest keys win), so fallbacks are distinct and
 //! follow the same weights. If every total is 0 the pick is uniform.
 
-use crate::scheduling::plugins::{effective, Kind, PluginSpec};
 use super::PickerParameters;
+use crate::scheduling::plugins::spec::{effective, Kind, PluginSpec};
 use crate::scheduling::rng::Rng;
 use crate::scheduling::{Picker, Plugin};
 use serde_yaml::Value;

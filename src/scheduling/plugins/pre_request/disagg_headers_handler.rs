@@ -2,7 +2,7 @@
 //! `x-prefiller-host-port` after a P/D pick. The filter always does that itself (and removes a
 //! client's own value), so the plugin only has to load.
 
-use crate::scheduling::plugins::{effective, Kind, PluginSpec};
+use crate::scheduling::plugins::spec::{effective, Kind, PluginSpec};
 use crate::scheduling::{BuiltIn, Plugin};
 use serde_yaml::Value;
 

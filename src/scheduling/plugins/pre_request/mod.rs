@@ -2,4 +2,4 @@
 
 pub mod disagg_headers_handler;
 
-use super::parameters;
+use super::spec::parameters;

@@ -5,11 +5,11 @@
 //! Without a decider, every request with a prefill profile is disaggregated.
 //! The older `pd-profile-handler` is the same handler with a built-in prefix decider.
 
+use crate::scheduling::plugins::spec::{effective, Kind, PluginSpec};
 use crate::scheduling::{
     PdDecider, Plugin, PluginInstance, PluginSummary, Profile, ProfileHandler, ProfileResult,
     SchedulingContext,
 };
-use crate::scheduling::plugins::{effective, Kind, PluginSpec};
 use serde_yaml::Value;
 use std::collections::BTreeMap;
 

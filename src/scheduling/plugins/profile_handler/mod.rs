@@ -4,4 +4,4 @@ pub mod disagg_profile_handler;
 pub mod pd_profile_handler;
 pub mod single_profile_handler;
 
-use super::{no_parameters, parameters};
+use super::spec::{no_parameters, parameters};

@@ -2,8 +2,8 @@
 //! with its decision built in: disaggregate when the decode endpoint would have to prefill at
 //! least `threshold` uncached prompt tokens; `threshold: 0` always disaggregates.
 
-use crate::scheduling::plugins::{Data, effective, Kind, PluginSpec};
 use super::disagg_profile_handler::{Decision, DisaggProfileHandler};
+use crate::scheduling::plugins::spec::{effective, Data, Kind, PluginSpec};
 use crate::scheduling::{PdDecider, Plugin, SchedulingContext};
 use serde_yaml::Value;
 

@@ -1,10 +1,10 @@
 //! `single-profile-handler`: runs the one scheduling profile and routes by its result.
 
+use crate::scheduling::plugins::spec::{effective, Kind, NoParameters, PluginSpec};
 use crate::scheduling::{
     Plugin, PluginInstance, PluginSummary, Profile, ProfileHandler, ProfileResult,
     SchedulingContext,
 };
-use crate::scheduling::plugins::{effective, Kind, PluginSpec, NoParameters};
 use serde_yaml::Value;
 
 pub const TYPE: &str = "single-profile-handler";

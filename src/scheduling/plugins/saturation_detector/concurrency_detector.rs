@@ -3,8 +3,8 @@
 //! `tokens`) in flight there, raised by `headroom`. Counts are the filter's own, shared
 //! across workers, so it reacts before any scrape.
 
-use crate::scheduling::plugins::{Data, effective, Kind, PluginSpec};
 use crate::endpoint::EndpointState;
+use crate::scheduling::plugins::spec::{effective, Data, Kind, PluginSpec};
 use crate::scheduling::{Plugin, SaturationDetector};
 use serde_yaml::Value;
 

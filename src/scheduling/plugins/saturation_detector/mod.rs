@@ -3,4 +3,4 @@
 pub mod concurrency_detector;
 pub mod utilization_detector;
 
-use super::parameters;
+use super::spec::parameters;

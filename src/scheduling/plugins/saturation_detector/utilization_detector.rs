@@ -4,9 +4,9 @@
 //! missing); each threshold is raised by `headroom` (0.2 = 20 % more). The pool is saturated
 //! when every endpoint is; sheddable requests (priority < 0) then get 429.
 
-use crate::scheduling::plugins::{Data, effective, Kind, PluginSpec, Signal};
 use crate::duration::serde_go;
 use crate::endpoint::{EndpointState, Health};
+use crate::scheduling::plugins::spec::{effective, Data, Kind, PluginSpec, Signal};
 use crate::scheduling::{Plugin, SaturationDetector};
 use serde_yaml::Value;
 use std::time::Duration;
@@ -20,7 +20,10 @@ pub const SPEC: PluginSpec = PluginSpec {
     kind: Kind::SaturationDetector,
     build,
     effective: effective::<Parameters>,
-    consumes: &[Data::Metric(Signal::WaitingQueue), Data::Metric(Signal::KvCacheUsage)],
+    consumes: &[
+        Data::Metric(Signal::WaitingQueue),
+        Data::Metric(Signal::KvCacheUsage),
+    ],
     produces: &[],
 };
 

@@ -5,8 +5,8 @@
 //! `count <= idleThreshold` scores 1; otherwise `maxBusyScore * (max - count) / max`, with
 //! `max` the highest count among the candidates.
 
-use crate::scheduling::plugins::{Data, effective, Kind, PluginSpec};
 use crate::duration::serde_go;
+use crate::scheduling::plugins::spec::{effective, Data, Kind, PluginSpec};
 use crate::scheduling::{Plugin, SchedulingContext, Scorer};
 use serde_yaml::Value;
 use std::time::Duration;

@@ -4,7 +4,7 @@
 //! without the label 0.5. With `enableFiltering` it also drops endpoints whose ranges exclude
 //! the request (unlabelled ones stay).
 
-use crate::scheduling::plugins::{Data, effective, Kind, PluginSpec};
+use crate::scheduling::plugins::spec::{effective, Data, Kind, PluginSpec};
 use crate::scheduling::{Plugin, SchedulingContext, Scorer};
 use serde_yaml::Value;
 

@@ -1,6 +1,6 @@
 //! `kv-cache-utilization-scorer`: `1 - kv`, preferring endpoints with free KV cache.
 
-use crate::scheduling::plugins::{Data, effective, Kind, PluginSpec, Signal, NoParameters};
+use crate::scheduling::plugins::spec::{effective, Data, Kind, NoParameters, PluginSpec, Signal};
 use crate::scheduling::{Plugin, SchedulingContext, Scorer};
 use serde_yaml::Value;
 

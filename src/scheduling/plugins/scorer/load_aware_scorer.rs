@@ -1,7 +1,7 @@
 //! `load-aware-scorer` (llm-d): an empty queue scores 0.5; a queue of `q` scores
 //! `0.5 * (1 - min(q, threshold) / threshold)`, so a full queue scores 0.
 
-use crate::scheduling::plugins::{Data, effective, Kind, PluginSpec, Signal};
+use crate::scheduling::plugins::spec::{effective, Data, Kind, PluginSpec, Signal};
 use crate::scheduling::{Plugin, SchedulingContext, Scorer};
 use serde_yaml::Value;
 

@@ -1,8 +1,8 @@
 //! `lora-affinity-scorer`: prefers endpoints that already run the requested LoRA adapter, then
 //! those with a free adapter slot, then those that have it queued.
 
-use crate::scheduling::plugins::{Data, effective, Kind, PluginSpec, Signal, NoParameters};
 use crate::metrics::LoraInfo;
+use crate::scheduling::plugins::spec::{effective, Data, Kind, NoParameters, PluginSpec, Signal};
 use crate::scheduling::{Plugin, SchedulingContext, Scorer};
 use serde_yaml::Value;
 

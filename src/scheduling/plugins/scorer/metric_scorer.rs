@@ -5,7 +5,7 @@
 //! Softmax: over the candidates, `exp(x - max x) / sum exp(x - max x)` with `x = clamp(v)` when
 //! maximising and `x = -clamp(v)` when minimising. A pod without the series scores 0 (worst).
 
-use crate::scheduling::plugins::{Data, effective, Kind, PluginSpec};
+use crate::scheduling::plugins::spec::{effective, Data, Kind, PluginSpec};
 use crate::scheduling::{Plugin, SchedulingContext, Scorer, Wiring};
 use serde_yaml::Value;
 

@@ -14,4 +14,4 @@ pub mod running_requests_size_scorer;
 pub mod session_affinity_scorer;
 pub mod token_load_scorer;
 
-use super::{no_parameters, parameters};
+use super::spec::{no_parameters, parameters};

@@ -6,7 +6,7 @@
 //! Cold scores are by recency rank: never used or oldest 1.0, most recent 0.0, linear between;
 //! endpoints used equally recently score alike.
 
-use crate::scheduling::plugins::{Data, effective, Kind, PluginSpec};
+use crate::scheduling::plugins::spec::{effective, Data, Kind, PluginSpec};
 use crate::scheduling::{Plugin, SchedulingContext, Scorer};
 use serde_yaml::Value;
 

@@ -4,11 +4,11 @@
 //! Blocks are `blockSizeTokens * 4` characters; block hashes chain from the model name, so a
 //! block only matches when everything before it matched too.
 
-use crate::scheduling::plugins::{Data, effective, Kind, PluginSpec, Signal};
 use crate::endpoint::Pool;
 use crate::hash::hash_bytes;
 use crate::request::InferenceRequest;
 use crate::request::CHARS_PER_TOKEN;
+use crate::scheduling::plugins::spec::{effective, Data, Kind, PluginSpec, Signal};
 use crate::scheduling::prefix_index::PrefixIndex;
 use crate::scheduling::{CycleState, LearnedPrefix, Plugin, SchedulingContext, Scorer};
 use serde_yaml::Value;

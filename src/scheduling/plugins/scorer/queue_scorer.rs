@@ -1,7 +1,7 @@
 //! `queue-scorer`: prefers endpoints with shorter waiting queues, min-max normalised over the
 //! candidates (GIE semantics).
 
-use crate::scheduling::plugins::{Data, effective, Kind, PluginSpec, Signal, NoParameters};
+use crate::scheduling::plugins::spec::{effective, Data, Kind, NoParameters, PluginSpec, Signal};
 use crate::scheduling::{score_lower_is_better, Plugin, SchedulingContext, Scorer};
 use serde_yaml::Value;
 

@@ -13,8 +13,8 @@
 //!   request would just fill the pod, and still ordered past that, where clamping would make
 //!   every overloaded pod tie.
 
-use crate::scheduling::plugins::{Data, effective, Kind, PluginSpec, Signal};
 use crate::endpoint::EndpointState;
+use crate::scheduling::plugins::spec::{effective, Data, Kind, PluginSpec, Signal};
 use crate::scheduling::{Plugin, SchedulingContext, Scorer};
 use serde_yaml::Value;
 
@@ -27,7 +27,14 @@ pub const SPEC: PluginSpec = PluginSpec {
     kind: Kind::Scorer,
     build,
     effective: effective::<Parameters>,
-    consumes: &[Data::PrefixMatches, Data::Metric(Signal::KvCacheUsage), Data::Metric(Signal::WaitingQueue), Data::Metric(Signal::CacheConfig), Data::InFlight, Data::EndpointLabels],
+    consumes: &[
+        Data::PrefixMatches,
+        Data::Metric(Signal::KvCacheUsage),
+        Data::Metric(Signal::WaitingQueue),
+        Data::Metric(Signal::CacheConfig),
+        Data::InFlight,
+        Data::EndpointLabels,
+    ],
     produces: &[],
 };
 

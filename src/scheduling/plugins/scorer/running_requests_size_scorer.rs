@@ -1,7 +1,7 @@
 //! `running-requests-size-scorer`: prefers endpoints running fewer requests, min-max
 //! normalised over the candidates.
 
-use crate::scheduling::plugins::{Data, effective, Kind, PluginSpec, Signal, NoParameters};
+use crate::scheduling::plugins::spec::{effective, Data, Kind, NoParameters, PluginSpec, Signal};
 use crate::scheduling::{score_lower_is_better, Plugin, SchedulingContext, Scorer};
 use serde_yaml::Value;
 

@@ -3,8 +3,8 @@
 //! it on every response so the client can send it back. A token naming an address that is not
 //! a candidate has no effect: it can only score pool members.
 
-use crate::scheduling::plugins::{Data, effective, Kind, PluginSpec, NoParameters};
 use crate::protocol::SESSION_TOKEN_HEADER;
+use crate::scheduling::plugins::spec::{effective, Data, Kind, NoParameters, PluginSpec};
 use crate::scheduling::{Plugin, SchedulingContext, Scorer};
 use serde_yaml::Value;
 

@@ -2,7 +2,7 @@
 //! are those of the requests the filter routed there that have not ended (prompt not already
 //! cached plus expected output), so long prompts weigh more than short ones.
 
-use crate::scheduling::plugins::{Data, effective, Kind, PluginSpec};
+use crate::scheduling::plugins::spec::{effective, Data, Kind, PluginSpec};
 use crate::scheduling::{Plugin, SchedulingContext, Scorer};
 use serde_yaml::Value;
 

@@ -1,10 +1,10 @@
-//! The filter's Envoy stats. Names carry their tags in dotted segments that the shipped Envoy
-//! config's `stats_tags` turn into labels, so `/stats/prometheus` shows, for example,
-//! `inference_picker_endpoint_picks{endpoint="10.0.0.7:8000"}`.
+//! The filter's Envoy stats, through the host's [`Metrics`]. Names carry their tags in dotted
+//! segments that the shipped Envoy config's `stats_tags` turn into labels, so
+//! `/stats/prometheus` shows, for example, `inference_picker_endpoint_picks{endpoint="..."}`.
 
-use super::abi::{self, MetricKind};
-use crate::error_response::RequestError;
 use crate::director::Director;
+use crate::error_response::RequestError;
+use crate::host::{MetricKind, Metrics};
 use std::cell::RefCell;
 
 /// Outcomes of a request as the `decisions` counter tags them.
@@ -18,7 +18,8 @@ struct EndpointStats {
     in_flight: u32,
 }
 
-pub struct Stats {
+pub struct Stats<H: Metrics> {
+    host: H,
     /// Per pool index; grows when discovery adds endpoints.
     endpoints: RefCell<Vec<Option<EndpointStats>>>,
     decisions: [Option<u32>; 5],
@@ -29,36 +30,9 @@ pub struct Stats {
     vms: Option<u32>,
 }
 
-fn define(kind: MetricKind, name: &str) -> Option<u32> {
-    match abi::define_metric(kind, name) {
-        Ok(id) => Some(id),
-        Err(error) => {
-            log::warn!("inference-picker: defining stat {name}: {error}");
-            None
-        }
-    }
-}
-
-fn bump(id: Option<u32>) {
-    if let Some(id) = id {
-        let _ = abi::increment_metric(id, 1);
-    }
-}
-
-fn endpoint_stats(address: &str) -> Option<EndpointStats> {
-    let stat =
-        |kind, what: &str| define(kind, &format!("inference_picker.endpoint.{address}.{what}"));
-    Some(EndpointStats {
-        picks: stat(MetricKind::Counter, "picks")?,
-        scrape_success: stat(MetricKind::Counter, "scrape_success")?,
-        scrape_failure: stat(MetricKind::Counter, "scrape_failure")?,
-        metrics_age_ms: stat(MetricKind::Gauge, "metrics_age_ms")?,
-        in_flight: stat(MetricKind::Gauge, "in_flight")?,
-    })
-}
-
-impl Stats {
-    pub fn define(director: &Director) -> Self {
+impl<H: Metrics> Stats<H> {
+    pub fn define(host: H, director: &Director) -> Self {
+        let define = |kind, name: &str| define(&host, kind, name);
         let stats = Stats {
             endpoints: RefCell::new(Vec::new()),
             decisions: OUTCOMES.map(|outcome| {
@@ -71,6 +45,7 @@ impl Stats {
             scheduling_us: define(MetricKind::Histogram, "inference_picker.scheduling_time_us"),
             vm_memory_bytes: define(MetricKind::Gauge, "inference_picker.vm_memory_bytes"),
             vms: define(MetricKind::Gauge, "inference_picker.vms"),
+            host,
         };
         stats.cover(director);
         stats
@@ -83,7 +58,13 @@ impl Stats {
         };
         let known = endpoints.len();
         for endpoint in director.pool().endpoints.iter().skip(known) {
-            endpoints.push(endpoint_stats(&endpoint.address));
+            endpoints.push(endpoint_stats(&self.host, &endpoint.address));
+        }
+    }
+
+    fn bump(&self, id: Option<u32>) {
+        if let Some(id) = id {
+            let _ = self.host.increment(id, 1);
         }
     }
 
@@ -95,20 +76,20 @@ impl Stats {
 
     /// A routed request; `scheduling_us` when its decision was timed.
     pub fn routed(&self, primary: usize, scheduling_us: Option<u64>) {
-        bump(self.decisions.first().copied().flatten());
-        bump(self.endpoint(primary, |e| e.picks));
+        self.bump(self.decisions.first().copied().flatten());
+        self.bump(self.endpoint(primary, |e| e.picks));
         if let (Some(id), Some(us)) = (self.scheduling_us, scheduling_us) {
-            let _ = abi::record_metric(id, us);
+            let _ = self.host.record(id, us);
         }
     }
 
     pub fn rejected(&self, error: &RequestError) {
         let status = error.status().to_string();
         let slot = OUTCOMES.iter().position(|o| *o == status);
-        bump(slot.and_then(|i| self.decisions.get(i).copied().flatten()));
+        self.bump(slot.and_then(|i| self.decisions.get(i).copied().flatten()));
         if matches!(error, RequestError::TooManyRequests(message) if message.contains("saturated"))
         {
-            bump(self.shed);
+            self.bump(self.shed);
         }
     }
 
@@ -118,25 +99,23 @@ impl Stats {
         } else {
             |e| e.scrape_failure
         };
-        bump(self.endpoint(index, which));
+        self.bump(self.endpoint(index, which));
     }
 
     /// Adds this VM's growth in linear memory since it last reported (`reported`, which
     /// outlives reconfigurations) to the gauge all VMs share. Wasm memory never shrinks.
-    pub fn vm_memory(&self, reported: &mut u64) {
-        let pages = u64::try_from(core::arch::wasm32::memory_size(0)).unwrap_or(0);
-        let bytes = pages.saturating_mul(65536);
+    pub fn vm_memory(&self, bytes: u64, reported: &mut u64) {
         let (Some(id), Ok(growth)) = (
             self.vm_memory_bytes,
             i64::try_from(bytes.saturating_sub(*reported)),
         ) else {
             return;
         };
-        if growth <= 0 || abi::increment_metric(id, growth).is_err() {
+        if growth <= 0 || self.host.increment(id, growth).is_err() {
             return;
         }
         if *reported == 0 {
-            bump(self.vms);
+            self.bump(self.vms);
         }
         *reported = bytes;
     }
@@ -149,11 +128,38 @@ impl Stats {
                 self.endpoint(index, |e| e.metrics_age_ms),
                 endpoint.last_scrape_ok_ms,
             ) {
-                let _ = abi::record_metric(id, now_ms.saturating_sub(at));
+                let _ = self.host.record(id, now_ms.saturating_sub(at));
             }
             if let Some(id) = self.endpoint(index, |e| e.in_flight) {
-                let _ = abi::record_metric(id, u64::from(endpoint.total_in_flight()));
+                let _ = self.host.record(id, u64::from(endpoint.total_in_flight()));
             }
         }
     }
+}
+
+fn define(host: &impl Metrics, kind: MetricKind, name: &str) -> Option<u32> {
+    match host.define(kind, name) {
+        Ok(id) => Some(id),
+        Err(error) => {
+            log::warn!("inference-picker: defining stat {name}: {error}");
+            None
+        }
+    }
+}
+
+fn endpoint_stats(host: &impl Metrics, address: &str) -> Option<EndpointStats> {
+    let stat = |kind, what: &str| {
+        define(
+            host,
+            kind,
+            &format!("inference_picker.endpoint.{address}.{what}"),
+        )
+    };
+    Some(EndpointStats {
+        picks: stat(MetricKind::Counter, "picks")?,
+        scrape_success: stat(MetricKind::Counter, "scrape_success")?,
+        scrape_failure: stat(MetricKind::Counter, "scrape_failure")?,
+        metrics_age_ms: stat(MetricKind::Gauge, "metrics_age_ms")?,
+        in_flight: stat(MetricKind::Gauge, "in_flight")?,
+    })
 }

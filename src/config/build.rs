@@ -1,0 +1,350 @@
+//! From checked raw sections to the scheduler's parts: plugin instances, profiles, the
+//! profile handler, the saturation detector and the data-layer wiring.
+
+use super::defaults::{default_picker, implicit_profile};
+use super::error::ConfigError;
+use super::pool::PoolConfig;
+use super::raw::{RawConfig, RawPlugin, RawProfile};
+use super::validate::weight;
+use crate::scheduling::plugins::{self, profile_handler::single_profile_handler};
+use crate::scheduling::{
+    DataLayerPlugin, Plugin, PluginInstance, PluginSummary, Profile, WeightedScorer, Wiring,
+};
+use serde_yaml::Value;
+
+pub(super) fn build_plugins(raw: &[RawPlugin]) -> Result<Vec<PluginInstance>, ConfigError> {
+    let mut instances: Vec<PluginInstance> = Vec::with_capacity(raw.len() + 2);
+    for (i, spec) in raw.iter().enumerate() {
+        let type_name = plugins::known_type(&spec.type_name).ok_or_else(|| {
+            ConfigError::invalid(
+                format!("plugins[{i}].type"),
+                format!(
+                    "unknown plugin type {:?}; known types: {}",
+                    spec.type_name,
+                    plugins::all_types().collect::<Vec<_>>().join(", ")
+                ),
+            )
+        })?;
+        let name = spec.name.clone().unwrap_or_else(|| spec.type_name.clone());
+        if name.is_empty() {
+            return Err(ConfigError::invalid(
+                format!("plugins[{i}].name"),
+                "must not be empty",
+            ));
+        }
+        if instances.iter().any(|p| p.name == name) {
+            return Err(ConfigError::invalid(
+                format!("plugins[{i}].name"),
+                format!("plugin name {name:?} is declared twice"),
+            ));
+        }
+        let plugin = plugins::build(type_name, &spec.parameters).map_err(|reason| {
+            ConfigError::invalid(format!("plugins[{i}].parameters ({name})"), reason)
+        })?;
+        instances.push(PluginInstance {
+            name,
+            type_name,
+            plugin,
+        });
+    }
+    Ok(instances)
+}
+
+pub(super) fn build_profiles(
+    raw: &[RawProfile],
+    instances: &mut Vec<PluginInstance>,
+    warnings: &mut Vec<String>,
+) -> Result<Vec<Profile>, ConfigError> {
+    let implicit;
+    let explicit = !raw.is_empty();
+    let raw = if raw.is_empty() {
+        implicit = [implicit_profile(instances)];
+        &implicit[..]
+    } else {
+        raw
+    };
+    let mut profiles: Vec<Profile> = Vec::with_capacity(raw.len());
+    for (p, spec) in raw.iter().enumerate() {
+        let key = format!("schedulingProfiles[{p}]");
+        if spec.name.is_empty() || profiles.iter().any(|existing| existing.name == spec.name) {
+            return Err(ConfigError::invalid(
+                format!("{key}.name"),
+                format!("profile name {:?} is empty or declared twice", spec.name),
+            ));
+        }
+        let mut filters = Vec::new();
+        let mut scorers = Vec::new();
+        let mut picker = None;
+        for (r, reference) in spec.plugins.iter().enumerate() {
+            let key = format!("{key}.plugins[{r}].pluginRef");
+            let index = instances
+                .iter()
+                .position(|instance| instance.name == reference.plugin_ref)
+                .ok_or_else(|| {
+                    ConfigError::invalid(
+                        &key,
+                        format!("no plugin named {:?} is declared", reference.plugin_ref),
+                    )
+                })?;
+            match instances.get(index).map(|i| &i.plugin) {
+                Some(Plugin::Filter(_)) => filters.push(index),
+                Some(Plugin::Scorer(scorer)) => {
+                    if scorer.filters() {
+                        filters.push(index);
+                    }
+                    scorers.push(WeightedScorer {
+                        plugin: index,
+                        weight: weight(reference.weight, &key)?,
+                    })
+                }
+                Some(Plugin::Picker(_)) if picker.is_none() => picker = Some(index),
+                Some(Plugin::Picker(_)) => {
+                    return Err(ConfigError::invalid(
+                        &key,
+                        "a profile takes exactly one picker",
+                    ))
+                }
+                Some(other) => {
+                    return Err(ConfigError::invalid(
+                        &key,
+                        format!(
+                            "{:?} is a {}, not a filter, scorer or picker",
+                            reference.plugin_ref,
+                            other.kind()
+                        ),
+                    ))
+                }
+                None => return Err(ConfigError::invalid(&key, "unresolvable plugin")),
+            }
+        }
+        let picker = match picker {
+            Some(picker) => picker,
+            None => {
+                if explicit {
+                    warnings.push(format!(
+                        "profile {:?} names no picker; using max-score-picker",
+                        spec.name
+                    ));
+                }
+                default_picker(instances)
+            }
+        };
+        profiles.push(Profile {
+            name: spec.name.clone(),
+            filters,
+            scorers,
+            picker,
+        });
+    }
+    Ok(profiles)
+}
+
+pub(super) fn profile_handler(
+    instances: &mut Vec<PluginInstance>,
+    profiles: &[Profile],
+) -> Result<usize, ConfigError> {
+    let handlers: Vec<usize> = instances
+        .iter()
+        .enumerate()
+        .filter(|(_, p)| matches!(p.plugin, Plugin::ProfileHandler(_)))
+        .map(|(i, _)| i)
+        .collect();
+    let handler = match handlers.as_slice() {
+        [] => {
+            instances.push(PluginInstance {
+                name: single_profile_handler::TYPE.into(),
+                type_name: single_profile_handler::TYPE,
+                plugin: Plugin::ProfileHandler(Box::new(
+                    single_profile_handler::SingleProfileHandler,
+                )),
+            });
+            instances.len() - 1
+        }
+        [one] => *one,
+        _ => {
+            return Err(ConfigError::invalid(
+                "plugins",
+                "more than one profile handler is declared",
+            ))
+        }
+    };
+    let summaries: Vec<PluginSummary> = instances.iter().map(PluginSummary::of).collect();
+    if let Some(instance) = instances.get_mut(handler) {
+        if let Plugin::ProfileHandler(plugin) = &mut instance.plugin {
+            plugin.resolve(profiles, &summaries).map_err(|reason| {
+                ConfigError::invalid(format!("plugins ({})", instance.name), reason)
+            })?;
+        }
+    }
+    Ok(handler)
+}
+
+/// The plugin `saturationDetector.pluginRef` names, or GIE's default `utilization-detector`.
+pub(super) fn saturation_detector(
+    raw: &RawConfig,
+    instances: &mut Vec<PluginInstance>,
+) -> Result<usize, ConfigError> {
+    let Some(reference) = &raw.saturation_detector else {
+        instances.push(PluginInstance {
+            name: "utilization-detector (default)".into(),
+            type_name: plugins::saturation_detector::utilization_detector::TYPE,
+            plugin: plugins::build(
+                plugins::saturation_detector::utilization_detector::TYPE,
+                &Value::Null,
+            )
+            .map_err(|reason| ConfigError::invalid("saturationDetector", reason))?,
+        });
+        return Ok(instances.len() - 1);
+    };
+    let key = "saturationDetector.pluginRef";
+    let name = &reference.plugin_ref;
+    match instances.iter().position(|p| p.name == *name) {
+        Some(index) => match instances.get(index).map(|p| &p.plugin) {
+            Some(Plugin::SaturationDetector(_)) => Ok(index),
+            Some(other) => Err(ConfigError::invalid(
+                key,
+                format!("{name:?} is a {}, not a saturation detector", other.kind()),
+            )),
+            None => Err(ConfigError::invalid(key, "unresolvable plugin")),
+        },
+        None => Err(ConfigError::invalid(
+            key,
+            format!("no plugin named {name:?} is declared"),
+        )),
+    }
+}
+
+pub(super) const DATA_LAYER_GATE: &str = "dataLayer";
+
+/// Wires `dataLayer.sources[].extractors[]` (the seed's `data:`) into the scrape: the sources
+/// say which path is scraped, the extractors which custom series are kept.
+pub(super) fn wire_data_layer(
+    raw: &RawConfig,
+    instances: &[PluginInstance],
+    pool: &mut PoolConfig,
+    warnings: &mut Vec<String>,
+) -> Result<Wiring, ConfigError> {
+    let declared = instances
+        .iter()
+        .position(|p| matches!(p.plugin, Plugin::DataLayer(_)));
+    let sources = raw.data_layer.as_ref().map_or(&[][..], |d| &d.sources[..]);
+    let gated = raw.feature_gates.iter().any(|g| g == DATA_LAYER_GATE);
+    if let (Some(index), false) = (declared, gated) {
+        return Err(ConfigError::invalid(
+            format!("plugins[{index}]"),
+            "data layer plugins need `featureGates: [dataLayer]`",
+        ));
+    }
+    if !sources.is_empty() && !gated {
+        return Err(ConfigError::invalid(
+            "dataLayer.sources",
+            "the data layer needs `featureGates: [dataLayer]`",
+        ));
+    }
+    let mut wiring = Wiring::default();
+    let mut source_path: Option<&str> = None;
+    for (s, source) in sources.iter().enumerate() {
+        let key = format!("dataLayer.sources[{s}].pluginRef");
+        match find_data_plugin(instances, &source.plugin_ref, &key)? {
+            DataLayerPlugin::Source { path, .. } => {
+                if source_path.is_some_and(|p| p != path) {
+                    return Err(ConfigError::invalid(
+                        key,
+                        "every metrics data source must scrape the same path",
+                    ));
+                }
+                source_path = Some(path);
+            }
+            DataLayerPlugin::Extractor(_) => {
+                return Err(ConfigError::invalid(
+                    key,
+                    format!("{:?} is an extractor, not a data source", source.plugin_ref),
+                ))
+            }
+        }
+        for (e, extractor) in source.extractors.iter().enumerate() {
+            let key = format!("dataLayer.sources[{s}].extractors[{e}].pluginRef");
+            let DataLayerPlugin::Extractor(selector) =
+                find_data_plugin(instances, &extractor.plugin_ref, &key)?
+            else {
+                return Err(ConfigError::invalid(
+                    key,
+                    format!(
+                        "{:?} is a data source, not an extractor",
+                        extractor.plugin_ref
+                    ),
+                ));
+            };
+            if !wiring
+                .extractors
+                .iter()
+                .any(|(name, _)| *name == extractor.plugin_ref)
+            {
+                wiring
+                    .extractors
+                    .push((extractor.plugin_ref.clone(), selector.clone()));
+            }
+        }
+    }
+    if let Some(path) = source_path {
+        if pool.metrics_path != PoolConfig::default().metrics_path && pool.metrics_path != path {
+            return Err(ConfigError::invalid(
+                "pool.metricsPath",
+                format!("differs from the metrics data source's path {path:?}"),
+            ));
+        }
+        pool.metrics_path = path.to_owned();
+    }
+    for instance in instances {
+        let wired = wiring
+            .extractors
+            .iter()
+            .any(|(name, _)| *name == instance.name);
+        if matches!(
+            instance.plugin,
+            Plugin::DataLayer(DataLayerPlugin::Extractor(_))
+        ) && !wired
+        {
+            warnings.push(format!(
+                "extractor {:?} is not wired into dataLayer.sources; its metric is not extracted",
+                instance.name
+            ));
+        }
+    }
+    Ok(wiring)
+}
+
+pub(super) fn find_data_plugin<'a>(
+    instances: &'a [PluginInstance],
+    name: &str,
+    key: &str,
+) -> Result<&'a DataLayerPlugin, ConfigError> {
+    match instances.iter().find(|p| p.name == name).map(|p| &p.plugin) {
+        Some(Plugin::DataLayer(plugin)) => Ok(plugin),
+        Some(other) => Err(ConfigError::invalid(
+            key,
+            format!("{name:?} is a {}, not a data layer plugin", other.kind()),
+        )),
+        None => Err(ConfigError::invalid(
+            key,
+            format!("no plugin named {name:?} is declared"),
+        )),
+    }
+}
+
+pub(super) fn resolve_scorers(
+    instances: &mut [PluginInstance],
+    wiring: &Wiring,
+) -> Result<(), ConfigError> {
+    for (i, instance) in instances.iter_mut().enumerate() {
+        if let Plugin::Scorer(scorer) = &mut instance.plugin {
+            scorer.resolve(wiring).map_err(|reason| {
+                ConfigError::invalid(
+                    format!("plugins[{i}].parameters ({})", instance.name),
+                    reason,
+                )
+            })?;
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,331 @@
+use super::*;
+use crate::config::load;
+use crate::endpoint::Health;
+use crate::host::fake::{FakeCallouts, FakeClock, FakeShared};
+
+/// One worker VM's view of the host: shared data and the clock are the process's, callouts are
+/// the VM's own.
+struct VmHost<'a> {
+    shared: &'a FakeShared,
+    clock: &'a FakeClock,
+    callouts: FakeCallouts,
+}
+
+impl SharedData for VmHost<'_> {
+    fn get(&self, key: &str) -> Result<Option<(Vec<u8>, u32)>, HostError> {
+        self.shared.get(key)
+    }
+    fn set(&self, key: &str, value: &[u8], cas: Option<u32>) -> Result<bool, HostError> {
+        self.shared.set(key, value, cas)
+    }
+}
+
+impl HttpCallouts for VmHost<'_> {
+    fn dispatch(
+        &self,
+        cluster: &str,
+        headers: &[(&str, &str)],
+        timeout: u32,
+    ) -> Result<u32, HostError> {
+        self.callouts.dispatch(cluster, headers, timeout)
+    }
+    fn response_status(&self) -> Option<Vec<u8>> {
+        self.callouts.response_status()
+    }
+    fn response_body(&self, size: usize) -> Result<Vec<u8>, HostError> {
+        self.callouts.response_body(size)
+    }
+}
+
+impl Clock for VmHost<'_> {
+    fn now_ms(&self) -> Result<u64, HostError> {
+        self.clock.now_ms()
+    }
+}
+
+const INTERVAL_MS: u64 = 50;
+const POOL: &str = "pool:
+  refreshMetricsInterval: 50ms
+  endpoints: [{address: '10.0.0.1:8000'}, {address: '10.0.0.2:8000'}, {address: '10.0.0.3:8000'}]
+";
+
+struct Vm<'a> {
+    host: VmHost<'a>,
+    flow: TickFlow,
+    director: Director,
+}
+
+impl<'a> Vm<'a> {
+    fn new(config: &str, id: u64, shared: &'a FakeShared, clock: &'a FakeClock) -> Self {
+        Vm {
+            host: VmHost {
+                shared,
+                clock,
+                callouts: FakeCallouts::default(),
+            },
+            flow: TickFlow::new(Some(Coordinator::new("test", id, INTERVAL_MS))),
+            director: Director::new(load(config, id).unwrap()),
+        }
+    }
+
+    fn tick(&mut self) -> TickOutcome {
+        self.flow.on_tick(&self.host, &mut self.director)
+    }
+
+    /// Delivers an answer to the scrape of `address` (`None`: timeout or reset).
+    fn answer(&mut self, address: &str, status: Option<&str>, body: &str) -> CalloutOutcome {
+        let token = self
+            .host
+            .callouts
+            .token_for(address)
+            .expect("a scrape of it");
+        self.deliver(token, status, body)
+    }
+
+    fn deliver(&mut self, token: u32, status: Option<&str>, body: &str) -> CalloutOutcome {
+        self.host.callouts.answer(status, body);
+        self.flow
+            .on_callout_response(&self.host, &mut self.director, token, body.len())
+    }
+
+    fn health(&self, index: usize) -> Health {
+        self.director.pool().get(index).unwrap().health
+    }
+
+    fn queue(&self, index: usize) -> f64 {
+        self.director
+            .pool()
+            .get(index)
+            .unwrap()
+            .metrics
+            .waiting_queue
+    }
+
+    fn scraped_addresses(&self) -> Vec<String> {
+        self.host
+            .callouts
+            .sent
+            .borrow()
+            .iter()
+            .filter_map(|call| {
+                call.headers
+                    .iter()
+                    .find(|(name, _)| name == ":authority")
+                    .map(|(_, value)| value.clone())
+            })
+            .collect()
+    }
+}
+
+fn snapshot_cas(shared: &FakeShared) -> Option<u32> {
+    shared.get("test/snapshot").unwrap().map(|(_, cas)| cas)
+}
+
+#[test]
+fn one_scraper_and_a_handover_when_it_stops_ticking() {
+    let (shared, clock) = (FakeShared::default(), FakeClock::default());
+    let mut a = Vm::new(POOL, 1, &shared, &clock);
+    let mut b = Vm::new(POOL, 2, &shared, &clock);
+    assert_eq!(a.tick().role, Role::Scraper);
+    assert_eq!(b.tick().role, Role::Follower);
+    assert_eq!(a.scraped_addresses().len(), 3);
+    assert!(
+        b.scraped_addresses().is_empty(),
+        "a follower sends no scrape"
+    );
+    // `a` stops ticking (its VM is busy or gone): within two intervals `b` takes over.
+    clock.advance(INTERVAL_MS);
+    assert_eq!(
+        b.tick().role,
+        Role::Follower,
+        "the lease lasts two intervals"
+    );
+    clock.advance(INTERVAL_MS);
+    assert_eq!(b.tick().role, Role::Scraper);
+    assert_eq!(b.scraped_addresses().len(), 3);
+    // `a` comes back and finds the lease taken.
+    clock.advance(1);
+    assert_eq!(a.tick().role, Role::Follower);
+}
+
+#[test]
+fn a_round_with_a_failing_and_a_hanging_pod_is_published_once_when_it_completes() {
+    let (shared, clock) = (FakeShared::default(), FakeClock::default());
+    let mut scraper = Vm::new(POOL, 1, &shared, &clock);
+    let mut follower = Vm::new(POOL, 2, &shared, &clock);
+    scraper.tick();
+    follower.tick();
+    clock.advance(5);
+    let ok = scraper.answer(
+        "10.0.0.1:8000",
+        Some("200"),
+        "vllm:num_requests_waiting 3\n",
+    );
+    assert_eq!(ok, CalloutOutcome::Scraped { index: 0, ok: true });
+    let failed = scraper.answer("10.0.0.2:8000", Some("503"), "busy");
+    assert_eq!(
+        failed,
+        CalloutOutcome::Scraped {
+            index: 1,
+            ok: false
+        }
+    );
+    assert_eq!(
+        snapshot_cas(&shared),
+        None,
+        "the round is not complete: nothing published"
+    );
+    assert_eq!(scraper.flow.scrapes_in_flight(), 1);
+
+    // The third pod hangs past the next tick: the new round skips it and completes alone.
+    clock.advance(INTERVAL_MS);
+    scraper.tick();
+    let resent = scraper.scraped_addresses();
+    assert_eq!(
+        resent.len(),
+        5,
+        "pods 1 and 2 again, not the hanging pod 3: {resent:?}"
+    );
+    let round_two: Vec<u32> = scraper.host.callouts.sent.borrow()[3..]
+        .iter()
+        .map(|c| c.token)
+        .collect();
+    scraper.deliver(round_two[0], Some("200"), "vllm:num_requests_waiting 4\n");
+    assert_eq!(snapshot_cas(&shared), None);
+    scraper.deliver(round_two[1], Some("200"), "vllm:num_requests_waiting 0\n");
+    let first = snapshot_cas(&shared).expect("published when round two completed");
+
+    // The hanging scrape times out: a failure, published with the next completed round.
+    let hung = scraper.host.callouts.sent.borrow()[2].token;
+    assert_eq!(
+        scraper.deliver(hung, None, ""),
+        CalloutOutcome::Scraped {
+            index: 2,
+            ok: false
+        }
+    );
+    assert_eq!(scraper.health(2), Health::Unreachable);
+    assert_eq!(scraper.queue(0), 4.0);
+    assert_eq!(
+        snapshot_cas(&shared),
+        Some(first + 1),
+        "no round left open: published"
+    );
+
+    follower.tick();
+    assert_eq!(follower.queue(0), 4.0);
+    assert_eq!(follower.queue(1), 0.0);
+    assert_eq!(follower.health(2), Health::Unreachable);
+}
+
+#[test]
+fn a_follower_decodes_the_snapshot_only_when_it_changed() {
+    let (shared, clock) = (FakeShared::default(), FakeClock::default());
+    let mut scraper = Vm::new(POOL, 1, &shared, &clock);
+    let mut follower = Vm::new(POOL, 2, &shared, &clock);
+    scraper.tick();
+    for address in ["10.0.0.1:8000", "10.0.0.2:8000", "10.0.0.3:8000"] {
+        scraper.answer(address, Some("200"), "vllm:num_requests_waiting 1\n");
+    }
+    let decodes = |vm: &Vm| vm.flow.coordinator().unwrap().snapshot_decodes();
+    follower.tick();
+    assert_eq!(decodes(&follower), 1);
+    for _ in 0..3 {
+        clock.advance(1);
+        follower.tick();
+    }
+    assert_eq!(decodes(&follower), 1, "same CAS token: nothing decoded");
+    // Ticks of the scraper without answers publish nothing new either.
+    clock.advance(1);
+    scraper.tick();
+    follower.tick();
+    assert_eq!(decodes(&follower), 1);
+}
+
+#[test]
+fn scrapes_the_host_refuses_count_as_failures() {
+    let (shared, clock) = (FakeShared::default(), FakeClock::default());
+    let mut vm = Vm::new(POOL, 1, &shared, &clock);
+    vm.host.callouts.capacity.set(1);
+    vm.tick();
+    assert_eq!(vm.scraped_addresses().len(), 1);
+    assert_eq!(vm.health(1), Health::Unreachable);
+    assert_eq!(vm.health(2), Health::Unreachable);
+    assert_eq!(vm.flow.scrapes_in_flight(), 1);
+}
+
+const DISCOVERED: &str = "pool:
+  refreshMetricsInterval: 50ms
+  discovery: {cluster: k8s, targetPorts: [8000], selector: {matchLabels: {app: vllm}}, interval: 1s}
+";
+
+fn pod_list(ips: &[&str]) -> String {
+    let items: Vec<String> = ips
+        .iter()
+        .map(|ip| {
+            format!(
+                r#"{{"metadata":{{"name":"{ip}","labels":{{"app":"vllm"}}}},"status":{{"phase":"Running","podIP":"{ip}","conditions":[{{"type":"Ready","status":"True"}}]}}}}"#
+            )
+        })
+        .collect();
+    format!(r#"{{"kind":"PodList","items":[{}]}}"#, items.join(","))
+}
+
+#[test]
+fn discovery_applies_the_pod_list_and_a_failure_keeps_the_last_pool() {
+    let (shared, clock) = (FakeShared::default(), FakeClock::default());
+    let mut vm = Vm::new(DISCOVERED, 1, &shared, &clock);
+    vm.tick();
+    let call = vm
+        .host
+        .callouts
+        .take_sent()
+        .pop()
+        .expect("a discovery call");
+    assert_eq!(call.cluster, "k8s");
+    let body = pod_list(&["10.1.0.1", "10.1.0.2"]);
+    assert_eq!(
+        vm.deliver(call.token, Some("200"), &body),
+        CalloutOutcome::Discovered { changed: true }
+    );
+    assert_eq!(vm.director.pool().len(), 2);
+
+    // A follower learns the members through shared data.
+    let mut follower = Vm::new(DISCOVERED, 2, &shared, &clock);
+    assert!(follower.tick().members_changed);
+    assert_eq!(follower.director.address(1), Some("10.1.0.2:8000"));
+
+    // Not due before the interval; then a 500 and a garbage body keep the pool.
+    clock.advance(INTERVAL_MS);
+    vm.host.callouts.take_sent();
+    vm.tick();
+    assert_eq!(vm.scraped_addresses(), ["10.1.0.1:8000", "10.1.0.2:8000"]);
+    for (status, body) in [(Some("500"), "oops"), (Some("200"), "<html>"), (None, "")] {
+        clock.advance(1000);
+        vm.host.callouts.take_sent();
+        vm.tick();
+        let call = vm.host.callouts.sent.borrow().last().unwrap().clone();
+        assert_eq!(call.cluster, "k8s");
+        assert_eq!(
+            vm.deliver(call.token, status, body),
+            CalloutOutcome::Discovered { changed: false }
+        );
+        assert_eq!(vm.director.pool().len(), 2, "{status:?} {body}");
+    }
+}
+
+#[test]
+fn answers_to_unknown_calls_are_ignored() {
+    let (shared, clock) = (FakeShared::default(), FakeClock::default());
+    let mut vm = Vm::new(POOL, 1, &shared, &clock);
+    assert_eq!(vm.deliver(999, Some("200"), "x"), CalloutOutcome::Unknown);
+}
+
+#[test]
+fn configure_loads_or_says_why_not() {
+    let configured = configure(POOL.as_bytes(), 7).unwrap();
+    assert_eq!(configured.tick_ms, 50);
+    assert_eq!(configured.director.pool().len(), 3);
+    assert!(configure(b"\xff\xfe", 7).err().unwrap().contains("UTF-8"));
+    assert!(configure(b"pool: {endpoints: nope}", 7).is_err());
+}
