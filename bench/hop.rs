@@ -1,0 +1,339 @@
+//! Part 2, hop cost: Envoy alone vs Envoy with the wasm filter vs Envoy with an ext_proc picker
+//! running the same core.
+
+use crate::chart::bar_chart;
+use crate::load::{closed_loop, percentile, sorted};
+use crate::procfs::cpu_seconds;
+use crate::report::{csv_table, goal, markdown_table, Cell, Column, Part, Row};
+use crate::setup::{ext_proc_envoy, plain_envoy, ExtProcPicker};
+use crate::support::{shipped_picker_config, with_endpoints, Envoy, Sim};
+use crate::workloads::padded_completion;
+use std::time::Duration;
+
+const INTRO: &str =
+    "## 2. Hop cost: the filter inside Envoy vs an ext_proc picker vs Envoy alone\n\n\
+     Same two near-instant simulated pods, three gateways, each Envoy `--concurrency 2`: \
+     (a) Envoy routing round-robin with no filter (the floor); (b) Envoy with the wasm \
+     filter (default plugins); (c) Envoy with the `ext_proc` filter calling `extproc-picker` \
+     (`bench/extproc`: the same scheduling core and config, natively, behind gRPC, in GIE's \
+     shape: request headers and body streamed to it with `FULL_DUPLEX_STREAMED`, the body \
+     streamed back, the destination header returned, response headers sent so it can \
+     release the request). The gateways alternate in four rounds per cell; closed loop \
+     over keep-alive connections, `max_tokens: 1`; the wasm log at `info` (no per-request \
+     decision line). Added = (b) - (a) and (c) - (a). CPU = user+system seconds per \
+     1,000 requests: Envoy's, and for (c) the picker process's as well.\n\n";
+
+const GATEWAY_NAMES: [&str; 3] = [
+    "(a) Envoy alone",
+    "(b) Envoy + wasm filter",
+    "(c) Envoy + ext_proc picker",
+];
+
+/// Rounds per cell, the gateways taking turns, so drift on a shared machine hits all alike.
+const ROUNDS: usize = 4;
+const LARGE_BODY: usize = 220 * 1024;
+
+/// What one gateway measured on one cell.
+struct HopCell {
+    p50_ms: f64,
+    p99_ms: f64,
+    /// Envoy's CPU seconds per 1,000 requests, and the out-of-process picker's if there is one.
+    cpu_per_1000: f64,
+    picker_cpu_per_1000: f64,
+    errors: usize,
+}
+
+/// One cell (body size, clients) for the three gateways: (a) alone, (b) filter, (c) ext_proc.
+struct HopRow {
+    body_bytes: usize,
+    clients: usize,
+    gateways: [HopCell; 3],
+}
+
+impl HopRow {
+    /// Microseconds `gateway` adds over Envoy alone at p50.
+    fn added_p50_us(&self, gateway: usize) -> f64 {
+        (self.gateways[gateway].p50_ms - self.gateways[0].p50_ms) * 1000.0
+    }
+
+    fn added_p99_us(&self, gateway: usize) -> f64 {
+        (self.gateways[gateway].p99_ms - self.gateways[0].p99_ms) * 1000.0
+    }
+
+    fn errors(&self) -> usize {
+        self.gateways.iter().map(|g| g.errors).sum()
+    }
+}
+
+impl Row for HopRow {
+    const COLUMNS: &'static [Column] = &[
+        Column::both("body", "body_bytes"),
+        Column::both("clients", "clients"),
+        Column::both("(a) p50 ms", "a_p50_ms"),
+        Column::markdown("(b) added p50 µs"),
+        Column::markdown("(c) added p50 µs"),
+        Column::csv("b_p50_ms"),
+        Column::csv("c_p50_ms"),
+        Column::both("(a) p99 ms", "a_p99_ms"),
+        Column::markdown("(b) added p99 µs"),
+        Column::markdown("(c) added p99 µs"),
+        Column::csv("b_p99_ms"),
+        Column::csv("c_p99_ms"),
+        Column::both("(a) CPU", "a_cpu_s_per_1k"),
+        Column::both("(b) CPU", "b_cpu_s_per_1k"),
+        Column::both("(c) Envoy CPU", "c_envoy_cpu_s_per_1k"),
+        Column::both("(c) picker CPU", "c_picker_cpu_s_per_1k"),
+        Column::both("errors", "errors"),
+    ];
+
+    fn cells(&self) -> Vec<Cell> {
+        let [a, b, c] = &self.gateways;
+        vec![
+            Cell::Kilobytes(self.body_bytes),
+            Cell::Count(self.clients),
+            Cell::Measure(a.p50_ms, 3),
+            Cell::Fixed(self.added_p50_us(1), 0),
+            Cell::Fixed(self.added_p50_us(2), 0),
+            Cell::Measure(b.p50_ms, 3),
+            Cell::Measure(c.p50_ms, 3),
+            Cell::Measure(a.p99_ms, 3),
+            Cell::Fixed(self.added_p99_us(1), 0),
+            Cell::Fixed(self.added_p99_us(2), 0),
+            Cell::Measure(b.p99_ms, 3),
+            Cell::Measure(c.p99_ms, 3),
+            Cell::Measure(a.cpu_per_1000, 3),
+            Cell::Measure(b.cpu_per_1000, 3),
+            Cell::Measure(c.cpu_per_1000, 3),
+            Cell::Measure(c.picker_cpu_per_1000, 3),
+            Cell::Count(self.errors()),
+        ]
+    }
+}
+
+/// A gateway under test: Envoy, plus the process it calls out to, if any.
+struct HopGateway<'a> {
+    envoy: &'a Envoy,
+    sidecar: Option<u32>,
+}
+
+impl HopGateway<'_> {
+    /// Envoy's CPU seconds and the sidecar's so far.
+    fn cpu_seconds(&self) -> (f64, f64) {
+        (
+            cpu_seconds(self.envoy.pid()),
+            self.sidecar.map_or(0.0, cpu_seconds),
+        )
+    }
+}
+
+/// One gateway's tally over the rounds of a cell.
+#[derive(Default)]
+struct Tally {
+    latencies_ms: Vec<f64>,
+    envoy_cpu: f64,
+    picker_cpu: f64,
+    sent: usize,
+}
+
+impl Tally {
+    fn round(&mut self, gateway: &HopGateway<'_>, clients: usize, count: usize, body: &str) {
+        let before = gateway.cpu_seconds();
+        let results = closed_loop(&gateway.envoy.address(), clients, count, body);
+        let after = gateway.cpu_seconds();
+        self.envoy_cpu += after.0 - before.0;
+        self.picker_cpu += after.1 - before.1;
+        self.sent += count;
+        self.latencies_ms.extend(
+            results
+                .iter()
+                .filter(|e| e.status == 200)
+                .map(|e| e.total.as_secs_f64() * 1000.0),
+        );
+    }
+
+    fn cell(self) -> HopCell {
+        let sorted = sorted(self.latencies_ms);
+        let per_1000 = 1000.0 / self.sent.max(1) as f64;
+        HopCell {
+            p50_ms: percentile(&sorted, 50.0),
+            p99_ms: percentile(&sorted, 99.0),
+            cpu_per_1000: self.envoy_cpu * per_1000,
+            picker_cpu_per_1000: self.picker_cpu * per_1000,
+            errors: self.sent - sorted.len(),
+        }
+    }
+}
+
+/// Every gateway on one cell, after a warm-up, alternating in rounds.
+fn hop_cell(
+    gateways: &[HopGateway<'_>; 3],
+    clients: usize,
+    count: usize,
+    body: &str,
+) -> [HopCell; 3] {
+    for gateway in gateways {
+        let _ = closed_loop(&gateway.envoy.address(), clients, clients * 4, body);
+    }
+    let mut tallies: [Tally; 3] = Default::default();
+    for _ in 0..ROUNDS {
+        for (tally, gateway) in tallies.iter_mut().zip(gateways) {
+            tally.round(gateway, clients, count / ROUNDS, body);
+        }
+    }
+    tallies.map(Tally::cell)
+}
+
+/// Requests per cell: fewer for larger bodies, a quarter of that when quick.
+fn requests_per_cell(body_bytes: usize, quick: bool) -> usize {
+    let count = match body_bytes {
+        b if b >= 1024 * 1024 => 160,
+        b if b >= LARGE_BODY => 400,
+        _ => 1600,
+    };
+    count / if quick { 4 } else { 1 }
+}
+
+pub fn run(quick: bool) -> Part {
+    println!("hop: Envoy alone vs Envoy + the wasm filter vs Envoy + ext_proc picker");
+    let sims: Vec<Sim> = (1..=2)
+        .map(|i| Sim::start(&format!("pod-{i}"), &["--time-scale", "0"]))
+        .collect();
+    let refs: Vec<&Sim> = sims.iter().collect();
+    let picker_config = with_endpoints(&shipped_picker_config(), &refs);
+    let plain = plain_envoy(&refs, "ROUND_ROBIN");
+    let filter = Envoy::start(&picker_config, 2);
+    let ext_proc = ExtProcPicker::start(&picker_config);
+    let ext_proc_gateway = ext_proc_envoy(&refs, &ext_proc);
+    for sim in &refs {
+        sim.wait_for_scrapes(6);
+    }
+    let gateways = [
+        HopGateway {
+            envoy: &plain,
+            sidecar: None,
+        },
+        HopGateway {
+            envoy: &filter,
+            sidecar: None,
+        },
+        HopGateway {
+            envoy: &ext_proc_gateway,
+            sidecar: Some(ext_proc.pid()),
+        },
+    ];
+    let rows = measure_cells(&gateways, quick);
+    let histogram = decision_time_histogram(&filter);
+    println!("  in-filter decision time: {histogram}");
+    Part {
+        markdown: report(&rows, &histogram),
+        csv: csv_table(&rows),
+        svg: Some(bar_chart(
+            "p50 latency, 1 client (ms)",
+            &GATEWAY_NAMES,
+            &one_client_bars(&rows),
+        )),
+    }
+}
+
+fn measure_cells(gateways: &[HopGateway<'_>; 3], quick: bool) -> Vec<HopRow> {
+    let bodies: &[usize] = if quick {
+        &[1024, LARGE_BODY]
+    } else {
+        &[1024, 32 * 1024, LARGE_BODY, 1024 * 1024]
+    };
+    let concurrency: &[usize] = if quick { &[1, 16] } else { &[1, 16, 64] };
+    let mut rows = Vec::new();
+    for &body_bytes in bodies {
+        let body = padded_completion(body_bytes);
+        for &clients in concurrency {
+            let count = requests_per_cell(body_bytes, quick);
+            let row = HopRow {
+                body_bytes,
+                clients,
+                gateways: hop_cell(gateways, clients, count, &body),
+            };
+            println!(
+                "  {:>5} KB x{clients:<3} p50 {:.3} ms; filter +{:.0} µs; ext_proc +{:.0} µs",
+                body_bytes / 1024,
+                row.gateways[0].p50_ms,
+                row.added_p50_us(1),
+                row.added_p50_us(2)
+            );
+            rows.push(row);
+        }
+    }
+    rows
+}
+
+/// The filter's own histogram of the time from the last request callback to the decision.
+fn decision_time_histogram(filter: &Envoy) -> String {
+    // Histograms reach the admin page on Envoy's stats flush (every 5 s).
+    std::thread::sleep(Duration::from_millis(5500));
+    filter
+        .admin_get("/stats?filter=scheduling_time_us")
+        .text()
+        .lines()
+        .find(|l| l.contains("scheduling_time_us") && l.contains("P50"))
+        .map(|l| l.trim().to_string())
+        .unwrap_or_default()
+}
+
+fn report(rows: &[HopRow], histogram: &str) -> String {
+    format!(
+        "{INTRO}{}\nTime inside the filter, from the last request callback to the decision (body read, \
+         parse, prefix hashing, scheduling), over all cells, from the filter's own histogram \
+         (µs): `{histogram}`.\n\n{}{}\n![p50 latency at 1 client](results/2-hop.svg)\n",
+        markdown_table(rows),
+        small_body_goal(rows),
+        hop_ratio_goal(rows),
+    )
+}
+
+/// p50 of each gateway at one client, per body size.
+fn one_client_bars(rows: &[HopRow]) -> Vec<(String, Vec<f64>)> {
+    rows.iter()
+        .filter(|row| row.clients == 1)
+        .map(|row| {
+            let p50s = row.gateways.iter().map(|g| g.p50_ms).collect();
+            (format!("{} KB", row.body_bytes / 1024), p50s)
+        })
+        .collect()
+}
+
+fn small_body_goal(rows: &[HopRow]) -> String {
+    let added = rows
+        .iter()
+        .find(|row| row.body_bytes == 1024 && row.clients == 1)
+        .map_or(f64::NAN, |row| row.added_p50_us(1));
+    goal(
+        "the filter adds at most 50 µs at p50 with a 1 KB body",
+        Some(added <= 50.0),
+        &format!("{added:.0} µs at 1 client"),
+    )
+}
+
+/// Judged at one client, where the added time is the hop itself rather than queueing; the
+/// ratios under load are reported beside it.
+fn hop_ratio_goal(rows: &[HopRow]) -> String {
+    let large: Vec<&HopRow> = rows.iter().filter(|r| r.body_bytes == LARGE_BODY).collect();
+    let ratios: Vec<String> = large
+        .iter()
+        .map(|row| {
+            let (filter, ext_proc) = (row.added_p50_us(1), row.added_p50_us(2));
+            format!(
+                "{} client(s): filter +{filter:.0} µs, ext_proc +{ext_proc:.0} µs, {:.1}x",
+                row.clients,
+                ext_proc / filter.max(1.0)
+            )
+        })
+        .collect();
+    let met = large
+        .iter()
+        .find(|row| row.clients == 1)
+        .map(|row| row.added_p50_us(2) >= 10.0 * row.added_p50_us(1).max(0.0));
+    goal(
+        "at 220 KB the filter adds at least 10x less than an ext_proc picker (p50, 1 client)",
+        met,
+        &ratios.join("; "),
+    )
+}

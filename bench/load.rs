@@ -1,0 +1,118 @@
+//! Load generation (closed and open loop over keep-alive connections) and percentiles.
+
+use inference_picker::scheduling::rng::Rng;
+use crate::support::{Exchange, KeepAlive};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// No closed loop runs longer than this.
+const CLOSED_LOOP_LIMIT: Duration = Duration::from_secs(120);
+
+/// Closed loop: `clients` keep-alive connections sending `count` requests in all.
+pub fn closed_loop(address: &str, clients: usize, count: usize, body: &str) -> Vec<Exchange> {
+    closed_loop_over(address, clients, count, &|_| body)
+}
+
+/// Closed loop where request `n` carries `body(n)`.
+pub fn closed_loop_over<'b>(
+    address: &str,
+    clients: usize,
+    count: usize,
+    body: &(dyn Fn(usize) -> &'b str + Sync),
+) -> Vec<Exchange> {
+    let next = AtomicUsize::new(0);
+    let results = Mutex::new(Vec::with_capacity(count));
+    let deadline = Instant::now() + CLOSED_LOOP_LIMIT;
+    std::thread::scope(|scope| {
+        for _ in 0..clients {
+            scope.spawn(|| {
+                let mut client = KeepAlive::new(address);
+                loop {
+                    let n = next.fetch_add(1, Ordering::Relaxed);
+                    if n >= count || Instant::now() > deadline {
+                        return;
+                    }
+                    if let Ok(exchange) = client.post("/v1/completions", body(n)) {
+                        results.lock().expect("results").push(exchange);
+                    }
+                }
+            });
+        }
+    });
+    results.into_inner().expect("results")
+}
+
+/// What an open loop saw: the successful exchanges, the failures, the seconds it took.
+pub struct OpenLoop {
+    pub ok: Vec<Exchange>,
+    pub errors: usize,
+    pub elapsed: f64,
+}
+
+/// Open loop: Poisson arrivals at `rate` per second, one thread per request in flight; request
+/// `n` goes to `addresses[n % len]` (several gateways behind a round-robin L4 balancer).
+pub fn open_loop(addresses: &[String], requests: &[String], rate: f64, seed: u64) -> OpenLoop {
+    let mut rng = Rng::new(seed);
+    let ok = Arc::new(Mutex::new(Vec::new()));
+    let errors = Arc::new(Mutex::new(0usize));
+    let started = Instant::now();
+    let mut at = 0.0f64;
+    let mut threads = Vec::new();
+    for (n, body) in requests.iter().enumerate() {
+        at += -(1.0 - rng.unit()).ln() / rate;
+        std::thread::sleep(Duration::from_secs_f64(at).saturating_sub(started.elapsed()));
+        let (ok, errors) = (ok.clone(), errors.clone());
+        let address = addresses[n % addresses.len()].clone();
+        let body = body.clone();
+        threads.push(std::thread::spawn(move || {
+            match KeepAlive::new(&address).post("/v1/chat/completions", &body) {
+                Ok(e) if e.status == 200 => ok.lock().expect("results").push(e),
+                _ => *errors.lock().expect("errors") += 1,
+            }
+        }));
+    }
+    for thread in threads {
+        let _ = thread.join();
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    let ok = ok.lock().expect("results").clone();
+    let errors = *errors.lock().expect("errors");
+    OpenLoop {
+        ok,
+        errors,
+        elapsed,
+    }
+}
+
+/// The value at percentile `p` of sorted values (nearest rank); NaN if there are none.
+pub fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let rank = ((p / 100.0) * (sorted.len() - 1) as f64).round() as usize;
+    sorted[rank.min(sorted.len() - 1)]
+}
+
+pub fn sorted(mut values: Vec<f64>) -> Vec<f64> {
+    values.sort_by(f64::total_cmp);
+    values
+}
+
+/// p50, p90 and p99 of a sample.
+#[derive(Clone, Copy)]
+pub struct Percentiles {
+    pub p50: f64,
+    pub p90: f64,
+    pub p99: f64,
+}
+
+impl Percentiles {
+    pub fn of(sorted: &[f64]) -> Percentiles {
+        Percentiles {
+            p50: percentile(sorted, 50.0),
+            p90: percentile(sorted, 90.0),
+            p99: percentile(sorted, 99.0),
+        }
+    }
+}

@@ -1,0 +1,111 @@
+//! `make bench`: measurements, written to `bench/RESULTS.md` with CSV and SVG beside it.
+//!
+//! ```text
+//! cargo run --release --example bench -- [schedule|hop|quality|memory|scaleout|all|quick]
+//! ```
+//! - `schedule`: one full pick (default plugins + prefix scorer) natively, over 8/64/256
+//!   endpoints and 2k/8k/32k-character prompts, in ns per pick; body parsing per size.
+//! - `hop`: added latency and CPU over Envoy routing with no filter, of the wasm filter and of
+//!   an ext_proc picker running the same core (`bench/extproc`); same near-instant pods,
+//!   bodies of 1 KB..1 MB, concurrency 1/16/64, interleaved.
+//! - `quality`: 8 simulated pods with real prefill/decode timing behind Envoy's ROUND_ROBIN,
+//!   LEAST_REQUEST and RANDOM and three picker configs; shared-prefix, mixed, LoRA-mix and
+//!   burst workloads; TTFT, throughput, errors, prefix-cache hit rate, picks per pod.
+//! - `memory`: Envoy RSS and the VMs' memory at 8/256/1,024 endpoints as the index fills.
+//! - `scaleout`: one vs two Envoy replicas in front of the same pods.
+//!
+//! `BENCH_QUICK=1` runs any part small; `quick` runs them all small.
+//!
+//! Every run is bounded in requests and time; every process started is stopped.
+//!
+//! Where things are: `load` (closed and open loop), `workloads` (request bodies, pod flags),
+//! `setup` (gateways and other processes), `report` and `chart` (one table per part rendered
+//! to markdown and CSV, goals, RESULTS.md, SVG), one module per part, and `internals` (all the
+//! benchmark takes from the crate).
+
+#[path = "../tests/support/mod.rs"]
+mod support;
+
+mod chart;
+mod hop;
+mod load;
+mod memory;
+mod procfs;
+mod quality;
+mod report;
+mod scaleout;
+mod schedule;
+mod setup;
+mod workloads;
+
+use report::{assemble, write_part, Part};
+
+/// A part: its name on the command line, its file name, how to run it (quick or not).
+struct PartSpec {
+    name: &'static str,
+    file: &'static str,
+    run: fn(bool) -> Part,
+}
+
+const PARTS: [PartSpec; 5] = [
+    PartSpec {
+        name: "schedule",
+        file: "1-schedule",
+        run: |_| schedule::run(),
+    },
+    PartSpec {
+        name: "hop",
+        file: "2-hop",
+        run: hop::run,
+    },
+    PartSpec {
+        name: "quality",
+        file: "3-quality",
+        run: quality::run,
+    },
+    PartSpec {
+        name: "memory",
+        file: "4-memory",
+        run: memory::run,
+    },
+    PartSpec {
+        name: "scaleout",
+        file: "5-scaleout",
+        run: scaleout::run,
+    },
+];
+
+fn main() {
+    // Decision lines cost a formatted string and a log write per request: measure without.
+    std::env::set_var("INFERENCE_PICKER_WASM_LOG", "info");
+    let run = std::env::args().nth(1).unwrap_or_else(|| "all".into());
+    // `quick` runs every part small (under five minutes) into results-quick/; BENCH_QUICK=1
+    // makes any single part small.
+    let quick = run == "quick" || std::env::var("BENCH_QUICK").is_ok_and(|v| v == "1");
+    let (dir, report) = if quick {
+        ("bench/results-quick", "bench/RESULTS-quick.md")
+    } else {
+        ("bench/results", "bench/RESULTS.md")
+    };
+    let results = support::repo().join(dir);
+    std::fs::create_dir_all(&results).expect("results directory");
+    let machine = machine_header();
+    let all = run == "all" || run == "quick";
+    for part in PARTS {
+        if all || run == part.name {
+            write_part(&results, part.file, &machine, &run, (part.run)(quick));
+        }
+    }
+    assemble(&results, report);
+}
+
+fn machine_header() -> String {
+    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let envoy = std::process::Command::new(support::envoy_binary())
+        .arg("--version")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_default();
+    let version = envoy.split_whitespace().last().unwrap_or("?").to_string();
+    format!("machine: {cores} cores; Envoy {version}")
+}

@@ -1,0 +1,288 @@
+//! Rendering: each part's rows, held in one struct per part, become a markdown table and a CSV
+//! file from the same cells; the issue's goals; the part files and `RESULTS.md` assembled from
+//! them.
+
+use crate::support::repo;
+use std::path::Path;
+
+/// What a part hands back: its section of the report, its raw rows, an optional chart.
+pub struct Part {
+    pub markdown: String,
+    pub csv: String,
+    pub svg: Option<String>,
+}
+
+/// One measured value. Markdown shows it for reading; CSV keeps one more decimal, fractions
+/// rather than percentages, bytes rather than KB.
+pub enum Cell {
+    Text(String),
+    Count(usize),
+    /// The same number of decimals in both.
+    Fixed(f64, usize),
+    /// This many decimals in markdown, one more in CSV.
+    Measure(f64, usize),
+    /// A fraction: `87.3 %` in markdown, `0.8730` in CSV.
+    Percent(f64),
+    /// A size in bytes: `220 KB` in markdown, `225280` in CSV.
+    Kilobytes(usize),
+    /// Measurements in sequence: `1.0 / 2.0` in markdown, `1.00 2.00` in CSV.
+    Series(Vec<f64>, usize),
+    /// Counts side by side: `3 / 4` in markdown, `3 4` in CSV.
+    Counts(Vec<usize>),
+}
+
+impl Cell {
+    fn markdown(&self) -> String {
+        match self {
+            Cell::Text(text) => text.clone(),
+            Cell::Count(count) => count.to_string(),
+            Cell::Fixed(value, decimals) | Cell::Measure(value, decimals) => {
+                format!("{value:.decimals$}")
+            }
+            Cell::Percent(fraction) => format!("{:.1} %", fraction * 100.0),
+            Cell::Kilobytes(bytes) => format!("{} KB", bytes / 1024),
+            Cell::Series(values, decimals) => joined(values, *decimals, " / "),
+            Cell::Counts(counts) => joined_counts(counts, " / "),
+        }
+    }
+
+    fn csv(&self) -> String {
+        match self {
+            Cell::Text(text) => csv_field(text),
+            Cell::Count(count) => count.to_string(),
+            Cell::Fixed(value, decimals) => format!("{value:.decimals$}"),
+            Cell::Measure(value, decimals) => {
+                let decimals = decimals + 1;
+                format!("{value:.decimals$}")
+            }
+            Cell::Percent(fraction) => format!("{fraction:.4}"),
+            Cell::Kilobytes(bytes) => bytes.to_string(),
+            Cell::Series(values, decimals) => joined(values, decimals + 1, " "),
+            Cell::Counts(counts) => joined_counts(counts, " "),
+        }
+    }
+}
+
+/// Numbers with `decimals` decimals, joined by `separator`.
+pub fn joined(values: &[f64], decimals: usize, separator: &str) -> String {
+    let texts: Vec<String> = values.iter().map(|v| format!("{v:.decimals$}")).collect();
+    texts.join(separator)
+}
+
+fn joined_counts(counts: &[usize], separator: &str) -> String {
+    let texts: Vec<String> = counts.iter().map(ToString::to_string).collect();
+    texts.join(separator)
+}
+
+/// Quoted when it holds a comma, a quote or a line break (RFC 4180).
+fn csv_field(text: &str) -> String {
+    if text.contains([',', '"', '\n']) {
+        format!("\"{}\"", text.replace('"', "\"\""))
+    } else {
+        text.to_string()
+    }
+}
+
+/// A column: its heading in markdown and its name in CSV. A quantity shown one way to readers
+/// and another to machines (added µs in markdown, raw ms in CSV) is two columns, one in each.
+pub struct Column {
+    markdown: Option<&'static str>,
+    csv: Option<&'static str>,
+    left_aligned: bool,
+}
+
+impl Column {
+    pub const fn both(markdown: &'static str, csv: &'static str) -> Column {
+        Column {
+            markdown: Some(markdown),
+            csv: Some(csv),
+            left_aligned: false,
+        }
+    }
+
+    pub const fn markdown(heading: &'static str) -> Column {
+        Column {
+            markdown: Some(heading),
+            csv: None,
+            left_aligned: false,
+        }
+    }
+
+    pub const fn csv(name: &'static str) -> Column {
+        Column {
+            markdown: None,
+            csv: Some(name),
+            left_aligned: false,
+        }
+    }
+
+    /// Left-aligned in markdown (text); numbers are right-aligned.
+    pub const fn left(self) -> Column {
+        Column {
+            left_aligned: true,
+            ..self
+        }
+    }
+
+    fn alignment(&self) -> &'static str {
+        if self.left_aligned {
+            "---"
+        } else {
+            "---:"
+        }
+    }
+}
+
+/// A part's row: its columns, and its cells in the same order.
+pub trait Row {
+    const COLUMNS: &'static [Column];
+    fn cells(&self) -> Vec<Cell>;
+}
+
+/// The rows as a markdown table, headings and alignment first.
+pub fn markdown_table<R: Row>(rows: &[R]) -> String {
+    let shown = |column: &Column| column.markdown.is_some();
+    let headings: Vec<&str> = R::COLUMNS.iter().filter_map(|c| c.markdown).collect();
+    let alignments: Vec<&str> = R::COLUMNS
+        .iter()
+        .filter(|c| shown(c))
+        .map(Column::alignment)
+        .collect();
+    let mut out = format!("| {} |\n|{}|\n", headings.join(" | "), alignments.join("|"));
+    for row in rows {
+        let cells = visible_cells(row, shown, Cell::markdown);
+        out.push_str(&format!("| {} |\n", cells.join(" | ")));
+    }
+    out
+}
+
+/// The rows as CSV: a header line, then [`csv_rows`].
+pub fn csv_table<R: Row>(rows: &[R]) -> String {
+    let names: Vec<&str> = R::COLUMNS.iter().filter_map(|c| c.csv).collect();
+    format!("{}\n{}", names.join(","), csv_rows(rows))
+}
+
+/// The rows as CSV lines without a header.
+pub fn csv_rows<R: Row>(rows: &[R]) -> String {
+    let shown = |column: &Column| column.csv.is_some();
+    rows.iter()
+        .map(|row| visible_cells(row, shown, Cell::csv).join(",") + "\n")
+        .collect()
+}
+
+fn visible_cells<R: Row>(
+    row: &R,
+    shown: impl Fn(&Column) -> bool,
+    render: fn(&Cell) -> String,
+) -> Vec<String> {
+    let cells = row.cells();
+    assert_eq!(cells.len(), R::COLUMNS.len(), "a cell per column");
+    R::COLUMNS
+        .iter()
+        .zip(&cells)
+        .filter(|(column, _)| shown(column))
+        .map(|(_, cell)| render(cell))
+        .collect()
+}
+
+/// A goal from the issue, with what was measured.
+pub fn goal(text: &str, met: Option<bool>, measured: &str) -> String {
+    let verdict = match met {
+        Some(true) => "**met**",
+        Some(false) => "**not met**",
+        None => "**not measured**",
+    };
+    format!("- Goal: {text}: {verdict} ({measured})\n")
+}
+
+/// `<name>.md`, `.csv` and `.svg` in `dir`; the markdown opens with the command and machine.
+pub fn write_part(dir: &Path, name: &str, machine: &str, run: &str, part: Part) {
+    let command = format!("cargo run --release --example bench -- {run}");
+    let markdown = format!("_Command: `{command}`; {machine}._\n\n{}", part.markdown);
+    std::fs::write(dir.join(format!("{name}.md")), markdown).expect("write md");
+    std::fs::write(dir.join(format!("{name}.csv")), part.csv).expect("write csv");
+    if let Some(svg) = part.svg {
+        std::fs::write(dir.join(format!("{name}.svg")), svg).expect("write svg");
+    }
+}
+
+/// `report` (relative to the repository): an introduction, then every part file in `dir` in
+/// name order, with links pointing into `dir`.
+pub fn assemble(dir: &Path, report: &str) {
+    let folder = dir
+        .file_name()
+        .and_then(|n| n.to_str())
+        .unwrap_or("results");
+    let mut out = format!(
+        "# Benchmark results\n\nProduced by `make bench` (parts: `make bench-schedule`, `make bench-hop`, \
+         `make bench-quality`, `make bench-memory`, `make bench-scaleout`; a small run: `make bench-quick`). Raw numbers are in `bench/{folder}/*.csv`, \
+         charts in `bench/{folder}/*.svg`. How to read them: `bench/README.md`.\n\n"
+    );
+    for name in part_files(dir) {
+        out.push_str(&std::fs::read_to_string(dir.join(&name)).unwrap_or_default());
+        out.push('\n');
+    }
+    let out = out.replace("](results/", &format!("]({folder}/"));
+    std::fs::write(repo().join(report), out).expect("report");
+    println!("wrote {report}");
+}
+
+fn part_files(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .expect("results")
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter(|n| n.ends_with(".md"))
+        .collect();
+    names.sort();
+    names
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct Sample {
+        name: &'static str,
+        hit_rate: f64,
+        added_us: f64,
+        raw_ms: f64,
+    }
+
+    impl Row for Sample {
+        const COLUMNS: &'static [Column] = &[
+            Column::both("workload", "workload").left(),
+            Column::both("hit rate", "hit_rate"),
+            Column::markdown("added µs"),
+            Column::csv("raw_ms"),
+        ];
+
+        fn cells(&self) -> Vec<Cell> {
+            vec![
+                Cell::Text(self.name.into()),
+                Cell::Percent(self.hit_rate),
+                Cell::Fixed(self.added_us, 0),
+                Cell::Measure(self.raw_ms, 3),
+            ]
+        }
+    }
+
+    const ROWS: [Sample; 1] = [Sample {
+        name: "shared prefix, 45 req/s",
+        hit_rate: 0.8772,
+        added_us: 70.4,
+        raw_ms: 0.34191,
+    }];
+
+    #[test]
+    fn one_row_renders_as_markdown_and_csv() {
+        assert_eq!(
+            markdown_table(&ROWS),
+            "| workload | hit rate | added µs |\n|---|---:|---:|\n\
+             | shared prefix, 45 req/s | 87.7 % | 70 |\n"
+        );
+        assert_eq!(
+            csv_table(&ROWS),
+            "workload,hit_rate,raw_ms\n\"shared prefix, 45 req/s\",0.8772,0.3419\n"
+        );
+    }
+}

@@ -1,0 +1,242 @@
+//! The processes a part starts besides the pods of `support`: Envoy as a plain load balancer,
+//! Envoy with the `ext_proc` filter and its picker, and many pods in one process.
+
+use crate::support::{
+    example_config, repo, shipped_picker_config, sim_binary, with_endpoints, Envoy, Sim, TempDir,
+};
+use serde_yaml::Value;
+use std::io::BufRead as _;
+use std::process::{Child, Command, Stdio};
+
+/// A gateway of the routing-quality and scale-out parts.
+#[derive(Clone, Copy)]
+pub enum Gateway {
+    /// Envoy alone with this `lb_policy`.
+    Envoy(&'static str),
+    /// Envoy with the filter and this picker config (`default`: the shipped one; otherwise a
+    /// file of `examples/`).
+    Picker(&'static str),
+}
+
+impl Gateway {
+    pub fn name(self) -> String {
+        match self {
+            Gateway::Envoy(policy) => format!("Envoy {policy}"),
+            Gateway::Picker(config) => format!("picker {}", config.trim_end_matches(".yaml")),
+        }
+    }
+
+    pub fn start(self, sims: &[&Sim]) -> Envoy {
+        match self {
+            Gateway::Envoy(policy) => plain_envoy(sims, policy),
+            Gateway::Picker(config) => {
+                let text = if config == "default" {
+                    shipped_picker_config()
+                } else {
+                    example_config(config)
+                };
+                Envoy::start(&with_endpoints(&text, sims), 2)
+            }
+        }
+    }
+}
+
+/// The HTTP filter chain of Envoy's (only) listener.
+fn http_filters(config: &mut Value) -> &mut Value {
+    &mut config["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]
+        ["typed_config"]["http_filters"]
+}
+
+/// Envoy with no filter, balancing with `lb_policy` over a STATIC cluster of the pods.
+pub fn plain_envoy(sims: &[&Sim], lb_policy: &'static str) -> Envoy {
+    let endpoints: Vec<Value> = sims.iter().map(|sim| endpoint(&sim.address)).collect();
+    let picker = with_endpoints(&shipped_picker_config(), sims);
+    Envoy::start_with(&picker, 2, move |config| {
+        if let Value::Sequence(list) = http_filters(config) {
+            list.retain(|f| f["name"] == "envoy.filters.http.router");
+        }
+        let route = &mut config["static_resources"]["listeners"][0]["filter_chains"][0]["filters"]
+            [0]["typed_config"]["route_config"]["virtual_hosts"][0]["routes"][0]["route"];
+        route["cluster"] = "pool".into();
+        let cluster: Value = serde_yaml::from_str(&format!(
+            "{{name: pool, type: STATIC, connect_timeout: 1s, lb_policy: {lb_policy}, \
+             load_assignment: {{cluster_name: pool, endpoints: [{{lb_endpoints: []}}]}}}}"
+        ))
+        .expect("cluster");
+        config["static_resources"]["clusters"] = Value::Sequence(vec![cluster]);
+        config["static_resources"]["clusters"][0]["load_assignment"]["endpoints"][0]
+            ["lb_endpoints"] = Value::Sequence(endpoints.clone());
+    })
+}
+
+/// A cluster's `lb_endpoints` entry for `host:port`.
+fn endpoint(address: &str) -> Value {
+    let (host, port) = address.rsplit_once(':').expect("address");
+    serde_yaml::from_str(&format!(
+        "endpoint: {{address: {{socket_address: {{address: '{host}', port_value: {port}}}}}}}"
+    ))
+    .expect("endpoint")
+}
+
+/// A gauge or counter of the filter, from Envoy's admin page.
+pub fn filter_stat(envoy: &Envoy, name: &str) -> f64 {
+    envoy
+        .admin_get(&format!("/stats?filter=inference_picker.{name}$"))
+        .text()
+        .lines()
+        .find_map(|l| l.split_once(": ").map(|(_, v)| v.trim().to_string()))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(f64::NAN)
+}
+
+/// The ext_proc baseline: `extproc-picker` (bench/extproc), our scheduling core behind gRPC.
+pub struct ExtProcPicker {
+    child: Child,
+    address: String,
+    _dir: TempDir,
+}
+
+impl ExtProcPicker {
+    pub fn start(picker_config: &str) -> ExtProcPicker {
+        let binary = repo().join("target/release/extproc-picker");
+        assert!(
+            binary.exists(),
+            "run `make extproc` first (make bench does it)"
+        );
+        let dir = TempDir::new("extproc");
+        let config = dir.0.join("picker.yaml");
+        std::fs::write(&config, picker_config).expect("picker config");
+        let mut child = Command::new(binary)
+            .args(["--port", "0", "--config"])
+            .arg(&config)
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("start extproc-picker");
+        let address = listening_addresses(&mut child, 1)
+            .pop()
+            .expect("extproc-picker prints its address");
+        ExtProcPicker {
+            child,
+            address,
+            _dir: dir,
+        }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+}
+
+impl Drop for ExtProcPicker {
+    fn drop(&mut self) {
+        stop(&mut self.child);
+    }
+}
+
+fn stop(child: &mut Child) {
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+/// The first `count` `listening on <address>` lines a child prints.
+fn listening_addresses(child: &mut Child, count: usize) -> Vec<String> {
+    let stdout = child.stdout.take().expect("stdout");
+    std::io::BufReader::new(stdout)
+        .lines()
+        .take(count)
+        .map(|line| {
+            line.expect("address line")
+                .trim()
+                .strip_prefix("listening on ")
+                .expect("address line")
+                .to_string()
+        })
+        .collect()
+}
+
+const EXT_PROC_FILTER: &str = r#"
+name: envoy.filters.http.ext_proc
+typed_config:
+  "@type": type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor
+  grpc_service:
+    envoy_grpc: {cluster_name: endpoint_picker}
+    timeout: 10s
+  failure_mode_allow: false
+  message_timeout: 10s
+  processing_mode:
+    request_header_mode: SEND
+    response_header_mode: SEND
+    request_body_mode: FULL_DUPLEX_STREAMED
+    request_trailer_mode: SEND
+    response_body_mode: NONE
+    response_trailer_mode: SKIP
+"#;
+
+/// The cluster through which Envoy reaches the ext_proc picker at `address`, over HTTP/2.
+fn ext_proc_cluster(address: &str) -> Value {
+    let (host, port) = address.rsplit_once(':').expect("address");
+    serde_yaml::from_str(&format!(
+        r#"
+name: endpoint_picker
+type: STATIC
+connect_timeout: 1s
+typed_extension_protocol_options:
+  envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
+    "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
+    explicit_http_config: {{http2_protocol_options: {{}}}}
+load_assignment:
+  cluster_name: endpoint_picker
+  endpoints:
+  - lb_endpoints:
+    - endpoint: {{address: {{socket_address: {{address: '{host}', port_value: {port}}}}}}}
+"#
+    ))
+    .expect("picker cluster")
+}
+
+/// Envoy with the `ext_proc` filter in the wasm filter's place, calling `picker` over gRPC the
+/// way Envoy calls GIE's endpoint picker: headers and the whole body streamed to it
+/// (`FULL_DUPLEX_STREAMED`), response headers too, so it knows when a request ends.
+pub fn ext_proc_envoy(sims: &[&Sim], picker: &ExtProcPicker) -> Envoy {
+    let filter: Value = serde_yaml::from_str(EXT_PROC_FILTER).expect("ext_proc filter");
+    let cluster = ext_proc_cluster(&picker.address);
+    let picker_config = with_endpoints(&shipped_picker_config(), sims);
+    Envoy::start_with(&picker_config, 2, move |config| {
+        if let Value::Sequence(list) = http_filters(config) {
+            for entry in list.iter_mut() {
+                if entry["name"] == "envoy.filters.http.wasm" {
+                    *entry = filter.clone();
+                }
+            }
+        }
+        if let Value::Sequence(clusters) = &mut config["static_resources"]["clusters"] {
+            clusters.push(cluster.clone());
+        }
+    })
+}
+
+/// Many simulated pods in one process (`model-server-sim --listeners N`).
+pub struct SimPool {
+    child: Child,
+    pub addresses: Vec<String>,
+}
+
+impl SimPool {
+    pub fn start(count: usize) -> SimPool {
+        let mut child = Command::new(sim_binary())
+            .args(["--port", "0", "--name", "pod", "--time-scale", "0"])
+            .args(["--listeners", &count.to_string()])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start model-server-sim");
+        let addresses = listening_addresses(&mut child, count);
+        SimPool { child, addresses }
+    }
+}
+
+impl Drop for SimPool {
+    fn drop(&mut self) {
+        stop(&mut self.child);
+    }
+}
