@@ -1,7 +1,7 @@
 //! Load generation (closed and open loop over keep-alive connections) and percentiles.
 
-use inference_picker::scheduling::rng::Rng;
 use crate::support::{Exchange, KeepAlive};
+use inference_picker::scheduling::rng::Rng;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};

@@ -2,7 +2,6 @@
 //! shared-prefix, mixed, LoRA-mix and burst workloads.
 
 use crate::chart::bar_chart;
-use inference_picker::scheduling::rng::Rng;
 use crate::load::{open_loop, sorted, Percentiles};
 use crate::report::{csv_table, goal, markdown_table, Cell, Column, Part, Row};
 use crate::setup::Gateway;
@@ -10,6 +9,7 @@ use crate::support::{Envoy, Sim};
 use crate::workloads::{
     best_hit_rate, lora_workload, mixed_workload, shared_prefix_workload, LORA_SIM, QUALITY_SIM,
 };
+use inference_picker::scheduling::rng::Rng;
 use std::collections::BTreeMap;
 
 const INTRO: &str = "## 3. Routing quality\n\n8 simulated pods (`max-num-seqs 2`, prefill 400 µs per \

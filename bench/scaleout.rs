@@ -1,7 +1,6 @@
 //! Part 5, scale-out: one vs two Envoy replicas, each with its own filter, in front of the same
 //! pods; what more replicas would do to prefix affinity.
 
-use inference_picker::scheduling::rng::Rng;
 use crate::load::Percentiles;
 use crate::quality::{
     run_on, ttft_cells, ERRORS, HIT_RATE, PICKS_PER_POD, TTFT_P50, TTFT_P90, TTFT_P99,
@@ -9,6 +8,7 @@ use crate::quality::{
 use crate::report::{csv_table, markdown_table, Cell, Column, Part, Row};
 use crate::setup::Gateway;
 use crate::workloads::{best_hit_rate, shared_prefix_workload, QUALITY_SIM};
+use inference_picker::scheduling::rng::Rng;
 
 struct ScaleoutRow {
     replicas: usize,

@@ -1,12 +1,12 @@
 //! Part 1, scheduling cost: one full pick natively, and body parsing, per size.
 
+use crate::report::{csv_rows, csv_table, markdown_table, Cell, Column, Part, Row};
+use crate::workloads::{half_shared_chats, padded_completion};
 use inference_picker::config::load as load_config;
 use inference_picker::director::Director;
 use inference_picker::endpoint::Health;
 use inference_picker::request::{parse_body, ApiKind};
 use inference_picker::scheduling::rng::Rng;
-use crate::report::{csv_rows, csv_table, markdown_table, Cell, Column, Part, Row};
-use crate::workloads::{half_shared_chats, padded_completion};
 use std::fmt::Write as _;
 use std::time::Instant;
 

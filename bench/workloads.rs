@@ -1,7 +1,7 @@
 //! Request bodies for every part, and the pod flags the routing-quality workloads run against.
 
-use inference_picker::scheduling::rng::Rng;
 use crate::support::MODEL;
+use inference_picker::scheduling::rng::Rng;
 
 /// Routing-quality pods: two sequences at a time, real prefill and decode timing scaled by 0.2,
 /// a prefix cache of 1,024 blocks.
