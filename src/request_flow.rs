@@ -126,8 +126,6 @@ impl RequestFlow {
         }
     }
 
-    /// Response headers: a 5xx (from the pod, or Envoy's own when it could not connect)
-    /// backs the pod off; the session token goes back so the client can stick to the pod.
     /// The decision's debug line: where the request went and every score behind it, or why
     /// it was refused.
     pub fn log_decision(&self, host: &impl HttpHost, director: &Director) {
@@ -159,6 +157,8 @@ impl RequestFlow {
         }
     }
 
+    /// Response headers: a 5xx (from the pod, or Envoy's own when it could not connect)
+    /// backs the pod off; the session token goes back so the client can stick to the pod.
     pub fn on_response_headers(&mut self, host: &impl HttpHost, director: &mut Director) {
         let Outcome::Routed(routed) = &self.outcome else {
             return;
