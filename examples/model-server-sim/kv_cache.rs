@@ -10,9 +10,9 @@
 //! - A prompt reuses the longest run of leading blocks whose hashes are cached (never its very
 //!   last token: at least one token is always computed, as in vLLM).
 //! - Freed blocks keep their hash and go to the tail of a free queue, a request's tail blocks
-//!   first; a new block is taken from the head, i.e. the least recently freed block, and
-//!   leaves the prefix cache then (eviction). Blocks still held by running requests are shared
-//!   and never evicted.
+//!   first; a new block is a never-used one while there are any, else the queue's head, i.e.
+//!   the least recently freed block, which leaves the prefix cache then (eviction). Blocks
+//!   still held by running requests are shared and never evicted.
 //! - Usage (`vllm:kv_cache_usage_perc`) = blocks not in the free queue / all blocks.
 
 use std::collections::HashMap;
@@ -100,40 +100,55 @@ pub struct Allocation {
 #[derive(Debug)]
 pub struct KvCache {
     block_size: usize,
+    num_blocks: usize,
+    /// The blocks used so far. Blocks never used sit, in vLLM's free queue, ahead of every
+    /// freed one, so they are handed out first; they are only materialised then (a process
+    /// with a thousand pods stays small).
     blocks: Vec<Block>,
-    /// The free queue: a doubly linked list through `blocks`, least recently freed at `head`.
+    /// The free queue of used blocks: a doubly linked list through `blocks`, least recently
+    /// freed at `head`.
     head: u32,
     tail: u32,
-    free: usize,
+    /// Blocks in that queue.
+    queued: usize,
     cached: BlockMap,
     pub evictions: u64,
 }
 
 impl KvCache {
     pub fn new(num_blocks: usize, block_size: usize) -> KvCache {
-        let num_blocks = num_blocks.clamp(1, NONE as usize - 1);
-        let mut cache = KvCache {
+        KvCache {
             block_size: block_size.max(1),
-            blocks: vec![
-                Block {
-                    hash: None,
-                    refs: 0,
-                    prev: NONE,
-                    next: NONE,
-                    queued: false,
-                };
-                num_blocks
-            ],
+            num_blocks: num_blocks.clamp(1, NONE as usize - 1),
+            blocks: Vec::new(),
             head: NONE,
             tail: NONE,
-            free: 0,
+            queued: 0,
             cached: BlockMap::default(),
             evictions: 0,
-        };
-        for id in 0..num_blocks as u32 {
-            cache.push_free(id);
         }
-        cache
+    }
+
+    /// Blocks not held by any running request.
+    fn free(&self) -> usize {
+        self.num_blocks - self.blocks.len() + self.queued
+    }
+
+    /// The next block to hand out: a never-used one, else the least recently freed.
+    fn take_free_block(&mut self) -> u32 {
+        if self.blocks.len() < self.num_blocks {
+            self.blocks.push(Block {
+                hash: None,
+                refs: 0,
+                prev: NONE,
+                next: NONE,
+                queued: false,
+            });
+            return (self.blocks.len() - 1) as u32;
+        }
+        let id = self.head;
+        self.unlink(id);
+        id
     }
 
     pub fn block_size(&self) -> usize {
@@ -141,12 +156,12 @@ impl KvCache {
     }
 
     pub fn num_blocks(&self) -> usize {
-        self.blocks.len()
+        self.num_blocks
     }
 
     /// Blocks held by running requests.
     pub fn used_blocks(&self) -> usize {
-        self.blocks.len() - self.free
+        self.num_blocks - self.free()
     }
 
     /// Blocks whose contents the prefix cache can serve (held or free).
@@ -155,13 +170,13 @@ impl KvCache {
     }
 
     pub fn usage(&self) -> f64 {
-        self.used_blocks() as f64 / self.blocks.len() as f64
+        self.used_blocks() as f64 / self.num_blocks as f64
     }
 
     /// Blocks for `tokens` tokens; a request larger than the whole cache (vLLM would refuse
     /// it) takes every block.
     pub fn blocks_for(&self, tokens: usize) -> usize {
-        tokens.div_ceil(self.block_size).clamp(1, self.blocks.len())
+        tokens.div_ceil(self.block_size).clamp(1, self.num_blocks)
     }
 
     /// Leading blocks of a prompt served from the cache, without touching anything.
@@ -190,7 +205,7 @@ impl KvCache {
             .filter(|hash| self.blocks[self.cached[*hash] as usize].refs == 0)
             .count();
         let new = self.blocks_for(total_tokens).saturating_sub(hit.len());
-        new <= self.free - reused_from_free
+        new <= self.free() - reused_from_free
     }
 
     /// Admits a request: reuses its cached prefix, takes new blocks from the head of the free
@@ -217,8 +232,7 @@ impl KvCache {
             blocks.push(id);
         }
         for index in hit..total {
-            let id = self.head;
-            self.unlink(id);
+            let id = self.take_free_block();
             let block = &mut self.blocks[id as usize];
             if let Some(old) = block.hash.take() {
                 self.cached.remove(&old);
@@ -265,7 +279,7 @@ impl KvCache {
             self.blocks[tail as usize].next = id;
         }
         self.tail = id;
-        self.free += 1;
+        self.queued += 1;
     }
 
     fn unlink(&mut self, id: u32) {
@@ -289,7 +303,7 @@ impl KvCache {
         block.queued = false;
         block.prev = NONE;
         block.next = NONE;
-        self.free -= 1;
+        self.queued -= 1;
     }
 
     /// The free queue from head (next evicted) to tail, for tests.
