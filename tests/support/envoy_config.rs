@@ -291,11 +291,6 @@ pub fn shipped_envoy_config() -> EnvoyConfig {
     EnvoyConfig::load("envoy/envoy.yaml")
 }
 
-/// A config file of the repository as a YAML value.
-pub fn envoy_config_file(relative: &str) -> EnvoyConfig {
-    EnvoyConfig::load(relative)
-}
-
 /// The picker configuration inside one of the repository's Envoy configs.
 pub fn picker_config_of(relative: &str) -> String {
     EnvoyConfig::load(relative).picker_config()

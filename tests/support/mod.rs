@@ -19,9 +19,8 @@ pub mod load;
 pub mod processes;
 
 pub use envoy_config::{
-    envoy_config_file, example_config, lb_endpoint, picker_config_of, shipped_envoy_config,
-    shipped_picker_config, static_cluster, with_addresses, with_endpoints, with_pool_keys,
-    EnvoyConfig, Listener,
+    example_config, lb_endpoint, picker_config_of, shipped_envoy_config, shipped_picker_config,
+    static_cluster, with_addresses, with_endpoints, with_pool_keys, EnvoyConfig, Listener,
 };
 pub use http::{request, try_request, Response};
 pub use load::{completion, Exchange, KeepAlive, MODEL};
