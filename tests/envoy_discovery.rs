@@ -9,7 +9,7 @@ use std::net::TcpListener;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use support::{completion, free_port, shipped_picker_config, Envoy, Sim};
+use support::{completion, free_port, shipped_picker_config, static_cluster, Envoy, Sim};
 
 /// A local stand-in for the API server: answers every request with the current status and
 /// body, and remembers the request lines and authorization headers it saw.
@@ -196,16 +196,9 @@ fn discovery_flow(
     .unwrap();
     let api_address = api.address.clone();
     let envoy = Envoy::start_with(&serde_yaml::to_string(&picker).unwrap(), 2, move |config| {
-        let (host, port) = api_address.rsplit_once(':').unwrap();
-        let cluster: serde_yaml::Value = serde_yaml::from_str(&format!(
-            "{{name: kubernetes_api, type: STATIC, connect_timeout: 1s, load_assignment: \
-              {{cluster_name: kubernetes_api, endpoints: [{{lb_endpoints: [{{endpoint: \
-              {{address: {{socket_address: {{address: '{host}', port_value: {port}}}}}}}}}]}}]}}}}"
-        ))
-        .unwrap();
-        if let serde_yaml::Value::Sequence(clusters) = &mut config["static_resources"]["clusters"] {
-            clusters.push(cluster);
-        }
+        config
+            .clusters_mut()
+            .push(static_cluster("kubernetes_api", &[&api_address]));
     });
 
     // Only pod-a is ready: it serves, despite its queue.

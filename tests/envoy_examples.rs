@@ -5,7 +5,7 @@
 
 mod support;
 
-use support::repo;
+use support::{repo, EnvoyConfig};
 
 /// `envoy.yaml`'s text with the indented block under `value: |` replaced by `picker`.
 fn render(envoy: &str, picker: &str) -> String {
@@ -64,11 +64,12 @@ fn every_example_has_its_envoy_config() {
             "{name} is stale: UPDATE_ENVOY_EXAMPLES=1 cargo test --test envoy_examples"
         );
         // The embedded configuration is the example's, byte for byte.
-        let config: serde_yaml::Value = serde_yaml::from_str(&committed).unwrap();
-        let embedded = support::picker_config_of(&format!("envoy/examples/{name}"));
-        assert_eq!(embedded.trim_end(), picker.trim_end(), "{name}");
-        assert!(
-            config["static_resources"]["clusters"][0]["name"] == "original_destination_cluster"
+        let config = EnvoyConfig::parse(&committed);
+        assert_eq!(
+            config.picker_config().trim_end(),
+            picker.trim_end(),
+            "{name}"
         );
+        assert!(config.clusters()[0]["name"] == "original_destination_cluster");
     }
 }

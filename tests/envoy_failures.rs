@@ -3,17 +3,14 @@
 
 mod support;
 
-use support::{completion, request, shipped_picker_config, with_endpoints, Envoy, Sim, MODEL};
+use support::{
+    completion, lb_endpoint, request, shipped_picker_config, with_endpoints, with_pool_keys, Envoy,
+    Listener, Sim, MODEL,
+};
 
 /// The shipped picker config for these pods, with `pool` keys adjusted.
 fn config(sims: &[&Sim], pool_extra: &str) -> String {
-    let mut config: serde_yaml::Value =
-        serde_yaml::from_str(&with_endpoints(&shipped_picker_config(), sims)).unwrap();
-    let extra: serde_yaml::Mapping = serde_yaml::from_str(pool_extra).unwrap();
-    for (key, value) in extra {
-        config["pool"][key] = value;
-    }
-    serde_yaml::to_string(&config).unwrap()
+    with_pool_keys(&with_endpoints(&shipped_picker_config(), sims), pool_extra)
 }
 
 fn gateway(sims: &[&Sim], pool_extra: &str) -> Envoy {
@@ -188,28 +185,18 @@ fn with_override_host_a_failed_attempt_is_retried_on_the_fallback() {
         r#"{"mode":"error","status":503,"scope":"inference"}"#,
     );
     let pool = [&a, &b];
-    let picker = {
-        let mut config: serde_yaml::Value = serde_yaml::from_str(&with_endpoints(
+    let picker = with_pool_keys(
+        &with_endpoints(
             &support::picker_config_of("envoy/envoy-override-host.yaml"),
             &pool,
-        ))
-        .unwrap();
-        config["pool"]["passiveHealthBackoff"] = "1ms".into();
-        serde_yaml::to_string(&config).unwrap()
-    };
+        ),
+        "passiveHealthBackoff: 1ms",
+    );
     let envoy = Envoy::start_from("envoy/envoy-override-host.yaml", &picker, 2, |config| {
-        let endpoints: Vec<serde_yaml::Value> = pool
-            .iter()
-            .map(|sim| {
-                let (host, port) = sim.address.rsplit_once(':').unwrap();
-                serde_yaml::from_str(&format!(
-                    "endpoint: {{address: {{socket_address: {{address: '{host}', port_value: {port}}}}}}}"
-                ))
-                .unwrap()
-            })
-            .collect();
-        config["static_resources"]["clusters"][0]["load_assignment"]["endpoints"][0]
-            ["lb_endpoints"] = serde_yaml::Value::Sequence(endpoints);
+        let endpoints = pool.iter().map(|sim| lb_endpoint(&sim.address)).collect();
+        let cluster = &mut config.clusters_mut()[0];
+        cluster["load_assignment"]["endpoints"][0]["lb_endpoints"] =
+            serde_yaml::Value::Sequence(endpoints);
     });
     a.wait_for_scrapes(3);
     for n in 0..6 {
@@ -281,14 +268,9 @@ fn a_config_update_keeps_serving_throughout() {
     let listener = Arc::new(std::sync::Mutex::new(serde_yaml::Value::Null));
     let kept = listener.clone();
     let envoy = Envoy::start_with(&config(&[&a, &b], ""), 2, |config| {
-        let listeners = std::mem::take(&mut config["static_resources"]["listeners"]);
-        let listener = listeners[0].clone();
+        let listener = config.take_listeners().remove(0);
         write_lds(&listener, &lds_path);
         *kept.lock().unwrap() = listener;
-        config["static_resources"]
-            .as_mapping_mut()
-            .unwrap()
-            .remove("listeners");
         config["node"] = serde_yaml::from_str("{id: gateway, cluster: inference}").unwrap();
         config["dynamic_resources"] = serde_yaml::from_str(&format!(
             "{{lds_config: {{path_config_source: {{path: '{lds_path}'}}, resource_api_version: V3}}}}"
@@ -323,16 +305,14 @@ fn a_config_update_keeps_serving_throughout() {
     };
     std::thread::sleep(std::time::Duration::from_millis(500));
     // A new picker configuration (another scrape interval), applied while requests flow.
-    let mut listener = listener.lock().unwrap().clone();
-    let wasm = &mut listener["filter_chains"][0]["filters"][0]["typed_config"]["http_filters"][0]
-        ["typed_config"]["config"]["configuration"]["value"];
-    let updated = wasm.as_str().unwrap().replace(
+    let mut listener = Listener(listener.lock().unwrap().clone());
+    let updated = listener.picker_config().replace(
         "refreshMetricsInterval: 50ms",
         "refreshMetricsInterval: 40ms",
     );
-    *wasm = updated.into();
+    listener.set_picker_config(&updated);
     let before = sent.load(Ordering::Relaxed);
-    write_lds(&listener, &lds.display().to_string());
+    write_lds(listener.value(), &lds.display().to_string());
     assert!(
         envoy.wait_for_log_line("scraping every 40ms").is_some(),
         "the new configuration was applied:\n{}",

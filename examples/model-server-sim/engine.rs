@@ -1,0 +1,325 @@
+//! The engine's state behind one lock: the waiting queue and its scheduler, running requests,
+//! LoRA slots, the KV cache, counters, and the load and faults tests set from outside.
+//!
+//! The scheduler is vLLM's first-come-first-served policy: it walks the waiting queue in
+//! arrival order and admits while there is a sequence slot (`--max-num-seqs`) and KV blocks
+//! for the request; the first request that does not fit stops it (reason `capacity`). A
+//! request whose adapter cannot be loaded (every one of `--max-lora` slots holds an adapter
+//! in use) is skipped and later ones go ahead (reason `deferred`).
+
+use crate::kv_cache::{Allocation, KvCache};
+use crate::metrics::Snapshot;
+use std::collections::{HashMap, VecDeque};
+
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    pub max_num_seqs: usize,
+    pub max_lora: usize,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum Fault {
+    Error(u16),
+    Slow(u64),
+    Hang,
+}
+
+/// A request waiting for admission.
+#[derive(Debug)]
+struct Waiter {
+    id: u64,
+    adapter: Option<String>,
+    hashes: Vec<u64>,
+    prompt_tokens: usize,
+    total_tokens: usize,
+}
+
+/// What admission gave a request.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Admitted {
+    pub allocation: Allocation,
+    /// The adapter was not resident: the request pays `--lora-load-ms` first.
+    pub lora_loaded: bool,
+}
+
+#[derive(Debug)]
+pub struct Engine {
+    limits: Limits,
+    pub kv: KvCache,
+    waiting: VecDeque<Waiter>,
+    admitted: HashMap<u64, Admitted>,
+    next_id: u64,
+    pub running: usize,
+    /// Running requests per adapter.
+    running_adapters: HashMap<String, usize>,
+    /// Adapters resident in GPU memory, least recently used first (at most `max_lora`).
+    pub loaded_adapters: Vec<String>,
+    pub background_waiting: usize,
+    pub background_running: usize,
+    pub background_kv: f64,
+    /// Raw exposition lines appended to `/metrics` (other models' series, custom gauges).
+    pub extra_metrics: String,
+    /// `x-prefiller-host-port` values seen on inference requests, with counts.
+    pub prefillers_seen: HashMap<String, u64>,
+    /// Prompt tokens looked up in the prefix cache at admission, and those it served.
+    pub prefix_queries: u64,
+    pub prefix_hits: u64,
+    pub generation_tokens: u64,
+    pub requests_total: u64,
+    pub metrics_scrapes: u64,
+    pub fault: Option<Fault>,
+    /// The fault spares `/metrics`: the pod looks healthy to scrapes but fails requests.
+    pub fault_spares_metrics: bool,
+}
+
+impl Engine {
+    pub fn new(limits: Limits, kv: KvCache) -> Engine {
+        Engine {
+            limits,
+            kv,
+            waiting: VecDeque::new(),
+            admitted: HashMap::new(),
+            next_id: 0,
+            running: 0,
+            running_adapters: HashMap::new(),
+            loaded_adapters: Vec::new(),
+            background_waiting: 0,
+            background_running: 0,
+            background_kv: 0.0,
+            extra_metrics: String::new(),
+            prefillers_seen: HashMap::new(),
+            prefix_queries: 0,
+            prefix_hits: 0,
+            generation_tokens: 0,
+            requests_total: 0,
+            metrics_scrapes: 0,
+            fault: None,
+            fault_spares_metrics: false,
+        }
+    }
+
+    /// Queues a request (its prompt's block hashes, prompt and prompt + output token counts);
+    /// returns its ticket for [`Engine::take_admitted`].
+    pub fn enqueue(
+        &mut self,
+        adapter: Option<&str>,
+        hashes: Vec<u64>,
+        prompt_tokens: usize,
+        total_tokens: usize,
+    ) -> u64 {
+        self.next_id += 1;
+        self.waiting.push_back(Waiter {
+            id: self.next_id,
+            adapter: adapter.map(String::from),
+            hashes,
+            prompt_tokens,
+            total_tokens,
+        });
+        self.next_id
+    }
+
+    /// One scheduling pass; true if it admitted anything.
+    pub fn schedule(&mut self) -> bool {
+        let mut admitted_any = false;
+        let mut i = 0;
+        while i < self.waiting.len() && self.running < self.limits.max_num_seqs {
+            let waiter = &self.waiting[i];
+            if waiter
+                .adapter
+                .as_deref()
+                .is_some_and(|name| !self.lora_ready(name))
+            {
+                i += 1;
+                continue;
+            }
+            let Some(allocation) =
+                self.kv
+                    .allocate(&waiter.hashes, waiter.prompt_tokens, waiter.total_tokens)
+            else {
+                break;
+            };
+            let Some(waiter) = self.waiting.remove(i) else {
+                break;
+            };
+            let lora_loaded = match waiter.adapter.as_deref() {
+                Some(name) => {
+                    *self.running_adapters.entry(name.to_string()).or_default() += 1;
+                    self.load_adapter(name)
+                }
+                None => false,
+            };
+            self.running += 1;
+            self.prefix_queries += waiter.prompt_tokens as u64;
+            self.prefix_hits += allocation.hit_tokens as u64;
+            self.admitted.insert(
+                waiter.id,
+                Admitted {
+                    allocation,
+                    lora_loaded,
+                },
+            );
+            admitted_any = true;
+        }
+        admitted_any
+    }
+
+    pub fn take_admitted(&mut self, id: u64) -> Option<Admitted> {
+        self.admitted.remove(&id)
+    }
+
+    /// A running request finished (or its client went away): its blocks and slots return.
+    pub fn finish(&mut self, adapter: Option<&str>, blocks: &[u32], output_tokens: usize) {
+        self.kv.release(blocks);
+        self.running = self.running.saturating_sub(1);
+        self.requests_total += 1;
+        self.generation_tokens += output_tokens as u64;
+        if let Some(name) = adapter {
+            if let Some(count) = self.running_adapters.get_mut(name) {
+                *count -= 1;
+                if *count == 0 {
+                    self.running_adapters.remove(name);
+                }
+            }
+        }
+    }
+
+    pub fn waiting(&self) -> usize {
+        self.waiting.len()
+    }
+
+    /// Waiting requests as (capacity, deferred): deferred ones wait for a LoRA slot.
+    fn waiting_by_reason(&self) -> (usize, usize) {
+        let deferred = self
+            .waiting
+            .iter()
+            .filter(|w| w.adapter.as_deref().is_some_and(|a| !self.lora_ready(a)))
+            .count();
+        (self.waiting.len() - deferred, deferred)
+    }
+
+    /// An adapter can run now: resident, or a slot is free or holds an idle adapter.
+    fn lora_ready(&self, name: &str) -> bool {
+        self.loaded_adapters.iter().any(|a| a == name)
+            || self.loaded_adapters.len() < self.limits.max_lora
+            || self
+                .loaded_adapters
+                .iter()
+                .any(|a| !self.running_adapters.contains_key(a))
+    }
+
+    /// Makes `name` resident (most recently used), evicting the least recently used idle
+    /// adapter if the slots are full; true if it had to be loaded.
+    fn load_adapter(&mut self, name: &str) -> bool {
+        if let Some(position) = self.loaded_adapters.iter().position(|a| a == name) {
+            let adapter = self.loaded_adapters.remove(position);
+            self.loaded_adapters.push(adapter);
+            return false;
+        }
+        if self.loaded_adapters.len() >= self.limits.max_lora {
+            if let Some(position) = self
+                .loaded_adapters
+                .iter()
+                .position(|a| !self.running_adapters.contains_key(a))
+            {
+                self.loaded_adapters.remove(position);
+            }
+        }
+        self.loaded_adapters.push(name.to_string());
+        true
+    }
+
+    /// What `/metrics` shows now (counts `metrics_scrapes`).
+    pub fn snapshot(&mut self, model: &str, started: f64, now: f64) -> Snapshot {
+        self.metrics_scrapes += 1;
+        let (capacity, deferred) = self.waiting_by_reason();
+        let mut waiting_adapters: Vec<String> = self
+            .waiting
+            .iter()
+            .filter_map(|w| w.adapter.clone())
+            .collect();
+        waiting_adapters.sort();
+        waiting_adapters.dedup();
+        Snapshot {
+            model: model.to_string(),
+            running: self.running + self.background_running,
+            waiting_capacity: capacity + self.background_waiting,
+            waiting_deferred: deferred,
+            kv_usage: (self.kv.usage() + self.background_kv).min(1.0),
+            prefix_queries: self.prefix_queries,
+            prefix_hits: self.prefix_hits,
+            generation_tokens: self.generation_tokens,
+            finished: self.requests_total,
+            max_lora: self.limits.max_lora,
+            running_adapters: self.loaded_adapters.clone(),
+            waiting_adapters,
+            block_size: self.kv.block_size(),
+            num_blocks: self.kv.num_blocks(),
+            started,
+            now,
+            extra: self.extra_metrics.clone(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn engine(max_num_seqs: usize, max_lora: usize, blocks: usize) -> Engine {
+        Engine::new(
+            Limits {
+                max_num_seqs,
+                max_lora,
+            },
+            KvCache::new(blocks, 4),
+        )
+    }
+
+    #[test]
+    fn first_come_first_served_until_slots_or_blocks_run_out() {
+        let mut e = engine(2, 1, 4);
+        let a = e.enqueue(None, vec![], 4, 8); // 2 blocks
+        let b = e.enqueue(None, vec![], 4, 12); // 3 blocks: does not fit beside a
+        let c = e.enqueue(None, vec![], 1, 4); // 1 block: would fit, but b is ahead
+        assert!(e.schedule());
+        let admitted_a = e.take_admitted(a).unwrap();
+        assert!(e.take_admitted(b).is_none() && e.take_admitted(c).is_none());
+        assert_eq!((e.running, e.waiting()), (1, 2));
+        e.finish(None, &admitted_a.allocation.blocks, 4);
+        assert!(e.schedule());
+        assert!(e.take_admitted(b).is_some() && e.take_admitted(c).is_some());
+        assert_eq!(
+            (e.running, e.requests_total, e.generation_tokens),
+            (2, 1, 4)
+        );
+    }
+
+    #[test]
+    fn a_request_without_a_lora_slot_is_deferred_and_others_go_ahead() {
+        let mut e = engine(4, 1, 64);
+        let a = e.enqueue(Some("sql"), vec![], 4, 8);
+        assert!(e.schedule());
+        let first = e.take_admitted(a).unwrap();
+        assert!(first.lora_loaded);
+        let b = e.enqueue(Some("chat"), vec![], 4, 8);
+        let c = e.enqueue(None, vec![], 4, 8);
+        let d = e.enqueue(Some("sql"), vec![], 4, 8);
+        e.schedule();
+        assert!(e.take_admitted(b).is_none());
+        assert!(e.take_admitted(c).is_some());
+        let again = e.take_admitted(d).unwrap();
+        assert!(!again.lora_loaded, "sql is resident");
+        let snapshot = e.snapshot("m", 0.0, 0.0);
+        assert_eq!(
+            (snapshot.waiting_capacity, snapshot.waiting_deferred),
+            (0, 1)
+        );
+        assert_eq!(snapshot.waiting_adapters, ["chat"]);
+        // Once sql is idle, chat replaces it.
+        e.finish(Some("sql"), &first.allocation.blocks, 4);
+        e.finish(Some("sql"), &again.allocation.blocks, 4);
+        e.schedule();
+        assert!(e.take_admitted(b).unwrap().lora_loaded);
+        assert_eq!(e.loaded_adapters, ["chat"]);
+    }
+}

@@ -1,0 +1,315 @@
+//! One pod's HTTP surface: the OpenAI routes, `/metrics`, `/health`, `/v1/models`, the admin
+//! routes, faults, and the life of one inference request through the engine.
+
+use crate::api::{self, Api, ApiRequest};
+use crate::engine::{Engine, Fault, Limits};
+use crate::http1::{self, Request};
+use crate::kv_cache::{self, KvCache};
+use crate::metrics;
+use crate::Settings;
+use serde_json::{json, Value};
+use std::net::TcpStream;
+use std::sync::{Condvar, Mutex, MutexGuard};
+use std::thread;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+pub struct Pod {
+    settings: Settings,
+    engine: Mutex<Engine>,
+    /// Signalled when the scheduler admits requests.
+    admitted: Condvar,
+    started: Instant,
+    started_unix: f64,
+}
+
+fn unix_now() -> f64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or(0.0)
+}
+
+fn fault_from(body: &Value) -> Option<Fault> {
+    match body.get("mode").and_then(Value::as_str).unwrap_or("none") {
+        "error" => Some(Fault::Error(
+            body.get("status").and_then(Value::as_u64).unwrap_or(500) as u16,
+        )),
+        "slow" => Some(Fault::Slow(
+            body.get("delay_ms").and_then(Value::as_u64).unwrap_or(1000),
+        )),
+        "hang" => Some(Fault::Hang),
+        "die" => std::process::exit(1),
+        _ => None,
+    }
+}
+
+impl Pod {
+    pub fn new(settings: Settings) -> Pod {
+        let limits = Limits {
+            max_num_seqs: settings.max_num_seqs,
+            max_lora: settings.max_lora,
+        };
+        let mut engine = Engine::new(
+            limits,
+            KvCache::new(settings.kv_blocks, settings.block_size),
+        );
+        engine.loaded_adapters = settings.loaded_adapters.clone();
+        engine.background_waiting = settings.background_waiting;
+        engine.background_running = settings.background_running;
+        engine.background_kv = settings.background_kv;
+        engine.extra_metrics = settings.extra_metrics.clone();
+        engine.fault = settings
+            .fault
+            .as_ref()
+            .and_then(|mode| fault_from(&json!({ "mode": mode })));
+        Pod {
+            settings,
+            engine: Mutex::new(engine),
+            admitted: Condvar::new(),
+            started: Instant::now(),
+            started_unix: unix_now(),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Engine> {
+        self.engine
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn scaled(&self, millis: f64) -> Duration {
+        Duration::from_secs_f64((millis * self.settings.time_scale / 1000.0).max(0.0))
+    }
+
+    /// Answers one request; false when the connection must be closed.
+    pub fn handle(&self, request: &Request, out: &mut TcpStream) -> bool {
+        let path = request.path();
+        if path.starts_with("/admin/") {
+            return self.admin(request, path, out);
+        }
+        let fault = {
+            let engine = self.lock();
+            if engine.fault_spares_metrics && path == "/metrics" {
+                None
+            } else {
+                engine.fault.clone()
+            }
+        };
+        match fault {
+            Some(Fault::Error(status)) => {
+                let body = api::error_body("injected fault", "server_error", status);
+                return self.respond_json(out, status, &body);
+            }
+            Some(Fault::Slow(ms)) => thread::sleep(Duration::from_millis(ms)),
+            Some(Fault::Hang) => {
+                thread::sleep(Duration::from_secs(3600));
+                return false;
+            }
+            None => {}
+        }
+        match (request.method.as_str(), path) {
+            ("GET", "/metrics") => {
+                let snapshot =
+                    self.lock()
+                        .snapshot(&self.settings.model, self.started_unix, unix_now());
+                let text = metrics::render(&snapshot);
+                self.respond(out, 200, "text/plain; version=0.0.4", text.as_bytes())
+            }
+            ("GET", "/health") => self.respond(out, 200, "text/plain", b"ok"),
+            ("GET", "/v1/models") => {
+                let model = &self.settings.model;
+                let mut models = vec![json!({"id": model, "object": "model", "owned_by": "sim"})];
+                for adapter in &self.settings.adapters {
+                    models.push(json!({"id": adapter, "object": "model", "parent": model}));
+                }
+                self.respond_json(out, 200, &json!({"object": "list", "data": models}))
+            }
+            ("POST", _) => match Api::from_path(path) {
+                Some(api) => self.inference(api, request, out),
+                None => self.not_found(out),
+            },
+            _ => self.not_found(out),
+        }
+    }
+
+    fn not_found(&self, out: &mut TcpStream) -> bool {
+        let body = api::error_body("no such route", "invalid_request_error", 404);
+        self.respond_json(out, 404, &body)
+    }
+
+    fn admin(&self, request: &Request, path: &str, out: &mut TcpStream) -> bool {
+        let body: Value = serde_json::from_slice(&request.body).unwrap_or(Value::Null);
+        match path {
+            "/admin/fault" => {
+                let fault = fault_from(&body);
+                let mut engine = self.lock();
+                engine.fault = fault;
+                engine.fault_spares_metrics =
+                    body.get("scope").and_then(Value::as_str) == Some("inference");
+            }
+            "/admin/load" => {
+                let mut engine = self.lock();
+                if let Some(waiting) = body.get("background_waiting").and_then(Value::as_u64) {
+                    engine.background_waiting = waiting as usize;
+                }
+                if let Some(kv) = body.get("background_kv").and_then(Value::as_f64) {
+                    engine.background_kv = kv;
+                }
+                if let Some(running) = body.get("background_running").and_then(Value::as_u64) {
+                    engine.background_running = running as usize;
+                }
+                if let Some(extra) = body.get("extra_metrics").and_then(Value::as_str) {
+                    engine.extra_metrics = extra.to_string();
+                }
+            }
+            _ => {}
+        }
+        let stats = {
+            let engine = self.lock();
+            json!({
+                "name": self.settings.name,
+                "requests_total": engine.requests_total,
+                "metrics_scrapes": engine.metrics_scrapes,
+                "waiting": engine.waiting(),
+                "running": engine.running,
+                "prefix_queries": engine.prefix_queries,
+                "prefix_hits": engine.prefix_hits,
+                "prefillers_seen": engine.prefillers_seen,
+                "block_size": engine.kv.block_size(),
+                "kv_blocks": engine.kv.num_blocks(),
+                "kv_blocks_used": engine.kv.used_blocks(),
+                "kv_blocks_cached": engine.kv.cached_blocks(),
+                "kv_evictions": engine.kv.evictions,
+                "generation_tokens": engine.generation_tokens,
+            })
+        };
+        self.respond_json(out, 200, &stats)
+    }
+
+    fn inference(&self, api: Api, request: &Request, out: &mut TcpStream) -> bool {
+        let parsed = match api::parse(api, &request.body) {
+            Ok(parsed) => parsed,
+            Err(message) => {
+                let body = api::error_body(&message, "invalid_request_error", 400);
+                return self.respond_json(out, 400, &body);
+            }
+        };
+        if let Some(prefiller) = request.header("x-prefiller-host-port") {
+            *self
+                .lock()
+                .prefillers_seen
+                .entry(prefiller.to_string())
+                .or_default() += 1;
+        }
+        let adapter = if parsed.model == self.settings.model {
+            None
+        } else if self.settings.adapters.contains(&parsed.model) {
+            Some(parsed.model.as_str())
+        } else {
+            let message = format!("The model `{}` does not exist.", parsed.model);
+            let body = api::error_body(&message, "invalid_request_error", 404);
+            return self.respond_json(out, 404, &body);
+        };
+        // Outside the lock: tokenizing and hashing a large prompt takes a while.
+        let tokens = parsed.prompt_tokens();
+        let hashes = kv_cache::block_hashes(&tokens, self.settings.block_size, adapter);
+        let output_tokens = parsed.output_tokens();
+        let prompt_tokens = tokens.len();
+        drop(tokens);
+
+        let admitted = {
+            let mut engine = self.lock();
+            let ticket = engine.enqueue(
+                adapter,
+                hashes,
+                prompt_tokens,
+                prompt_tokens + output_tokens,
+            );
+            if engine.schedule() {
+                self.admitted.notify_all();
+            }
+            loop {
+                if let Some(admitted) = engine.take_admitted(ticket) {
+                    break admitted;
+                }
+                engine = self
+                    .admitted
+                    .wait(engine)
+                    .unwrap_or_else(|poisoned| poisoned.into_inner());
+            }
+        };
+        if admitted.lora_loaded {
+            thread::sleep(self.scaled(self.settings.lora_load_ms));
+        }
+        let uncached = prompt_tokens.saturating_sub(admitted.allocation.hit_tokens);
+        thread::sleep(self.scaled(uncached as f64 * self.settings.prefill_us_per_token / 1000.0));
+        // Tests pin the id with x-sim-response-id to compare responses byte for byte.
+        let id = match request.header("x-sim-response-id") {
+            Some(id) => id.to_string(),
+            None => format!(
+                "cmpl-{}-{}",
+                self.settings.name,
+                self.started.elapsed().as_nanos()
+            ),
+        };
+        let ok = if parsed.stream && api != Api::Embeddings {
+            self.stream(&parsed, &id, output_tokens, out)
+        } else {
+            for _ in 0..output_tokens {
+                thread::sleep(self.decode_step());
+            }
+            let body = api::full_response(&parsed, &id, prompt_tokens, output_tokens);
+            self.respond_json(out, 200, &body)
+        };
+        let mut engine = self.lock();
+        engine.finish(adapter, &admitted.allocation.blocks, output_tokens);
+        if engine.schedule() {
+            self.admitted.notify_all();
+        }
+        ok
+    }
+
+    /// One decode step; batching makes each step a little slower as more sequences run.
+    fn decode_step(&self) -> Duration {
+        let running = self.lock().running as f64;
+        self.scaled(self.settings.decode_ms_per_token * (1.0 + 0.02 * running))
+    }
+
+    fn stream(
+        &self,
+        request: &ApiRequest,
+        id: &str,
+        output_tokens: usize,
+        out: &mut TcpStream,
+    ) -> bool {
+        let headers = [
+            ("content-type", "text/event-stream"),
+            ("cache-control", "no-cache"),
+            ("x-inference-pod", self.settings.name.as_str()),
+        ];
+        if http1::write_chunked_head(out, 200, &headers).is_err() {
+            return false;
+        }
+        for i in 0..output_tokens {
+            thread::sleep(self.decode_step());
+            let event = api::stream_event(request, id, i);
+            if http1::write_chunk(out, event.as_bytes()).is_err() {
+                return false;
+            }
+        }
+        http1::write_chunk(out, api::STREAM_END.as_bytes()).is_ok()
+            && http1::write_last_chunk(out).is_ok()
+    }
+
+    fn respond_json(&self, out: &mut TcpStream, status: u16, body: &Value) -> bool {
+        self.respond(out, status, "application/json", body.to_string().as_bytes())
+    }
+
+    fn respond(&self, out: &mut TcpStream, status: u16, content_type: &str, body: &[u8]) -> bool {
+        let headers = [
+            ("content-type", content_type),
+            ("x-inference-pod", self.settings.name.as_str()),
+        ];
+        http1::write_response(out, status, &headers, body).is_ok()
+    }
+}

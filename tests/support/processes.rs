@@ -1,0 +1,366 @@
+//! Real processes on loopback: simulated pods ([`Sim`]) and Envoy ([`Envoy`]), started per test
+//! and stopped by pid when their handle drops; ports and temporary directories.
+
+use super::envoy_config::{picker_config_of, with_endpoints, EnvoyConfig};
+use super::http::{request, try_request, Response};
+use serde_json::Value;
+use std::io::{BufRead, BufReader};
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+pub fn repo() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn required(relative: &str, hint: &str) -> PathBuf {
+    let path = repo().join(relative);
+    assert!(path.exists(), "{} is missing: {hint}", path.display());
+    path
+}
+
+pub fn envoy_binary() -> PathBuf {
+    required(".venv/bin/envoy", "run `make envoy` (make test does it)")
+}
+
+pub fn sim_binary() -> PathBuf {
+    required(
+        "target/release/examples/model-server-sim",
+        "run `make sim` (make test does it)",
+    )
+}
+
+pub fn wasm_path() -> PathBuf {
+    required(
+        "target/wasm32-wasip1/release/inference_picker.wasm",
+        "run `make build` (make test does it)",
+    )
+}
+
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free loopback port")
+}
+
+/// A directory removed on drop.
+pub struct TempDir(pub PathBuf);
+
+impl TempDir {
+    pub fn new(tag: &str) -> TempDir {
+        static COUNTER: AtomicUsize = AtomicUsize::new(0);
+        let n = COUNTER.fetch_add(1, Ordering::SeqCst);
+        let path =
+            std::env::temp_dir().join(format!("inference-picker-{tag}-{}-{n}", std::process::id()));
+        std::fs::create_dir_all(&path).expect("temp dir");
+        TempDir(path)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Stops a child we started, by its pid, and reaps it.
+fn stop(child: &mut Child) {
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+/// One simulated model server.
+pub struct Sim {
+    child: Child,
+    pub name: String,
+    pub address: String,
+}
+
+impl Sim {
+    pub fn start(name: &str, args: &[&str]) -> Sim {
+        Sim::start_at(name, 0, args)
+    }
+
+    /// A pod on a given port (0 = any), e.g. to bring a killed one back at its address. Runs
+    /// at `--time-scale 0.05` unless `args` set one.
+    pub fn start_at(name: &str, port: u16, args: &[&str]) -> Sim {
+        let mut child = Command::new(sim_binary())
+            .args(["--port", &port.to_string(), "--name", name])
+            .args(args)
+            .args(if args.contains(&"--time-scale") {
+                &[][..]
+            } else {
+                &["--time-scale", "0.05"][..]
+            })
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start model-server-sim");
+        let stdout = child.stdout.take().expect("sim stdout");
+        let mut line = String::new();
+        BufReader::new(stdout)
+            .read_line(&mut line)
+            .expect("sim prints its address");
+        let address = line
+            .trim()
+            .strip_prefix("listening on ")
+            .expect("sim address line")
+            .to_string();
+        Sim {
+            child,
+            name: name.to_string(),
+            address,
+        }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    pub fn kill(&mut self) {
+        stop(&mut self.child);
+    }
+
+    /// `POST /admin/<what>` with a JSON body; returns the sim's counters.
+    pub fn admin(&self, what: &str, body: &str) -> Value {
+        let response = request(
+            &self.address,
+            "POST",
+            &format!("/admin/{what}"),
+            &[],
+            body.as_bytes(),
+        );
+        response.json()
+    }
+
+    /// The sim's counters (`/admin/stats`): requests, scrapes, queue, and the prefix cache's
+    /// `prefix_queries` / `prefix_hits` in prompt tokens.
+    pub fn stats(&self) -> Value {
+        self.admin("stats", "")
+    }
+
+    pub fn metrics_scrapes(&self) -> u64 {
+        self.stats()["metrics_scrapes"].as_u64().unwrap_or(0)
+    }
+
+    pub fn requests_total(&self) -> u64 {
+        self.stats()["requests_total"].as_u64().unwrap_or(0)
+    }
+
+    /// Waits until the gateway has scraped this pod `count` more times.
+    pub fn wait_for_scrapes(&self, count: u64) {
+        let start = self.metrics_scrapes();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while self.metrics_scrapes() < start + count {
+            assert!(Instant::now() < deadline, "{} was not scraped", self.name);
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+impl Drop for Sim {
+    fn drop(&mut self) {
+        stop(&mut self.child);
+    }
+}
+
+/// `wasm:debug` (one decision line per request, which the tests read) unless
+/// `INFERENCE_PICKER_WASM_LOG` says otherwise; benchmarks run at `info`.
+fn wasm_log_level() -> String {
+    let level = std::env::var("INFERENCE_PICKER_WASM_LOG").unwrap_or_else(|_| "debug".into());
+    format!("wasm:{level}")
+}
+
+/// Envoy from `envoy/examples/<name>` (the example's picker config in envoy.yaml), with the
+/// pool's addresses replaced by these pods.
+pub fn example_envoy(name: &str, sims: &[&Sim], concurrency: u32) -> Envoy {
+    let file = format!("envoy/examples/{name}");
+    Envoy::start_from(
+        &file,
+        &with_endpoints(&picker_config_of(&file), sims),
+        concurrency,
+        |_| {},
+    )
+}
+
+/// A real Envoy running `envoy/envoy.yaml` with its ports, paths and picker config replaced.
+pub struct Envoy {
+    child: Child,
+    pub port: u16,
+    pub admin_port: u16,
+    dir: TempDir,
+}
+
+impl Envoy {
+    pub fn start(picker_config: &str, concurrency: u32) -> Envoy {
+        Envoy::start_with(picker_config, concurrency, |_| {})
+    }
+
+    /// Starts Envoy; `adjust` may edit the rendered Envoy config first. A free port can be
+    /// taken by a parallel test between choosing it and binding it, so a start that fails to
+    /// bind is retried on new ports.
+    pub fn start_with(
+        picker_config: &str,
+        concurrency: u32,
+        adjust: impl Fn(&mut EnvoyConfig),
+    ) -> Envoy {
+        Envoy::start_from("envoy/envoy.yaml", picker_config, concurrency, adjust)
+    }
+
+    /// Like `start_with`, from another Envoy config of the repository.
+    pub fn start_from(
+        base: &str,
+        picker_config: &str,
+        concurrency: u32,
+        adjust: impl Fn(&mut EnvoyConfig),
+    ) -> Envoy {
+        for _ in 0..3 {
+            match Envoy::try_start(base, picker_config, concurrency, &adjust) {
+                Ok(envoy) => return envoy,
+                Err(log) if log.contains("ddress already in use") => continue,
+                Err(log) => panic!("envoy exited:\n{log}"),
+            }
+        }
+        panic!("envoy could not bind its ports three times");
+    }
+
+    fn try_start(
+        base: &str,
+        picker_config: &str,
+        concurrency: u32,
+        adjust: &impl Fn(&mut EnvoyConfig),
+    ) -> Result<Envoy, String> {
+        let dir = TempDir::new("envoy");
+        let port = free_port();
+        let admin_port = free_port();
+        let mut config = EnvoyConfig::load(base);
+        config.set_admin_port(admin_port);
+        let mut listener = config.listener_mut(0);
+        listener.set_port(port);
+        listener.set_access_log_path(&dir.0.join("access.log"));
+        listener.set_wasm_file(&wasm_path());
+        listener.set_picker_config(picker_config);
+        adjust(&mut config);
+        let config_path = dir.0.join("envoy.yaml");
+        std::fs::write(&config_path, config.render()).expect("write config");
+        let child = Command::new(envoy_binary())
+            .arg("-c")
+            .arg(&config_path)
+            .args([
+                "--concurrency",
+                &concurrency.to_string(),
+                "--disable-hot-restart",
+            ])
+            .args(["-l", "info", "--component-log-level", &wasm_log_level()])
+            .args(["--file-flush-interval-msec", "100"])
+            .arg("--log-path")
+            .arg(dir.0.join("envoy.log"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start envoy");
+        let mut envoy = Envoy {
+            child,
+            port,
+            admin_port,
+            dir,
+        };
+        envoy.wait_ready()?;
+        Ok(envoy)
+    }
+
+    /// Waits for `/ready`; the log if Envoy exited instead.
+    fn wait_ready(&mut self) -> Result<(), String> {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return Err(format!("exit status {status}\n{}", self.log()));
+            }
+            if let Ok(response) = try_request(&self.admin_address(), "GET", "/ready", &[], b"") {
+                if response.status == 200 {
+                    return Ok(());
+                }
+            }
+            assert!(
+                Instant::now() < deadline,
+                "envoy not ready:\n{}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    pub fn address(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+
+    pub fn admin_address(&self) -> String {
+        format!("127.0.0.1:{}", self.admin_port)
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    pub fn post(&self, path: &str, body: &str) -> Response {
+        request(
+            &self.address(),
+            "POST",
+            path,
+            &[("content-type", "application/json")],
+            body.as_bytes(),
+        )
+    }
+
+    pub fn post_with(&self, path: &str, headers: &[(&str, &str)], body: &str) -> Response {
+        request(&self.address(), "POST", path, headers, body.as_bytes())
+    }
+
+    pub fn get(&self, path: &str) -> Response {
+        request(&self.address(), "GET", path, &[], b"")
+    }
+
+    pub fn admin_get(&self, path: &str) -> Response {
+        request(&self.admin_address(), "GET", path, &[], b"")
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.0.join("envoy.log")).unwrap_or_default()
+    }
+
+    /// The first log line containing `needle`, waiting for Envoy to flush it.
+    pub fn wait_for_log_line(&self, needle: &str) -> Option<String> {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            if let Some(line) = self.log().lines().find(|l| l.contains(needle)) {
+                return Some(line.to_string());
+            }
+            if Instant::now() > deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Access log lines; Envoy flushes the file on its own schedule, so this waits for `min`.
+    pub fn access_log(&self, min: usize) -> Vec<String> {
+        let deadline = Instant::now() + Duration::from_secs(15);
+        loop {
+            let text = std::fs::read_to_string(self.dir.0.join("access.log")).unwrap_or_default();
+            let lines: Vec<String> = text.lines().map(String::from).collect();
+            if lines.len() >= min || Instant::now() > deadline {
+                return lines;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+impl Drop for Envoy {
+    fn drop(&mut self) {
+        stop(&mut self.child);
+    }
+}
