@@ -7,6 +7,7 @@ use crate::quality::{
 };
 use crate::report::{csv_table, markdown_table, Cell, Column, Part, Row};
 use crate::setup::Gateway;
+use crate::support::Sim;
 use crate::workloads::{best_hit_rate, shared_prefix_workload, QUALITY_SIM};
 use inference_picker::scheduling::rng::Rng;
 
@@ -66,12 +67,13 @@ pub fn run(quick: bool) -> Part {
         .map(|replicas| measure(replicas, &requests))
         .collect();
     let hit_rates: Vec<f64> = rows.iter().map(|r| r.hit_rate).collect();
+    let best = best_hit_rate(&Sim::start("oracle", &QUALITY_SIM), &requests);
     Part {
         markdown: format!(
             "{}{}{}",
             intro(per_group),
             markdown_table(&rows),
-            expectation(per_group, &hit_rates)
+            expectation(per_group, best, &hit_rates)
         ),
         csv: csv_table(&rows),
         svg: None,
@@ -108,9 +110,8 @@ fn replicas_per_group(r: f64, k: f64) -> f64 {
 }
 
 /// What to expect at 10 and 100 replicas, beside what one and two measured.
-fn expectation(per_group: usize, hit_rates: &[f64]) -> String {
+fn expectation(per_group: usize, best: f64, hit_rates: &[f64]) -> String {
     let k = per_group as f64;
-    let best = best_hit_rate(per_group);
     let ceiling = |r: f64| (k - replicas_per_group(r, k)).max(0.0) / k * best * k / (k - 1.0);
     format!(
         "\nWhat to expect with more replicas. Load spreading scales: every replica reads the \

@@ -2,7 +2,8 @@
 //! Envoy with the `ext_proc` filter and its picker, and many pods in one process.
 
 use crate::support::{
-    example_config, repo, shipped_picker_config, sim_binary, with_endpoints, Envoy, Sim, TempDir,
+    example_config, repo, shipped_picker_config, sim_binary, static_cluster, with_endpoints, Envoy,
+    Sim, TempDir,
 };
 use serde_yaml::Value;
 use std::io::BufRead as _;
@@ -41,41 +42,21 @@ impl Gateway {
     }
 }
 
-/// The HTTP filter chain of Envoy's (only) listener.
-fn http_filters(config: &mut Value) -> &mut Value {
-    &mut config["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]
-        ["typed_config"]["http_filters"]
-}
-
 /// Envoy with no filter, balancing with `lb_policy` over a STATIC cluster of the pods.
 pub fn plain_envoy(sims: &[&Sim], lb_policy: &'static str) -> Envoy {
-    let endpoints: Vec<Value> = sims.iter().map(|sim| endpoint(&sim.address)).collect();
+    let addresses: Vec<&str> = sims.iter().map(|sim| sim.address.as_str()).collect();
+    let mut cluster = static_cluster("pool", &addresses);
+    cluster["lb_policy"] = lb_policy.into();
     let picker = with_endpoints(&shipped_picker_config(), sims);
     Envoy::start_with(&picker, 2, move |config| {
-        if let Value::Sequence(list) = http_filters(config) {
-            list.retain(|f| f["name"] == "envoy.filters.http.router");
-        }
-        let route = &mut config["static_resources"]["listeners"][0]["filter_chains"][0]["filters"]
-            [0]["typed_config"]["route_config"]["virtual_hosts"][0]["routes"][0]["route"];
-        route["cluster"] = "pool".into();
-        let cluster: Value = serde_yaml::from_str(&format!(
-            "{{name: pool, type: STATIC, connect_timeout: 1s, lb_policy: {lb_policy}, \
-             load_assignment: {{cluster_name: pool, endpoints: [{{lb_endpoints: []}}]}}}}"
-        ))
-        .expect("cluster");
-        config["static_resources"]["clusters"] = Value::Sequence(vec![cluster]);
-        config["static_resources"]["clusters"][0]["load_assignment"]["endpoints"][0]
-            ["lb_endpoints"] = Value::Sequence(endpoints.clone());
+        let mut listener = config.listener_mut(0);
+        listener
+            .http_filters_mut()
+            .retain(|f| f["name"] == "envoy.filters.http.router");
+        listener.http_connection_manager_mut()["route_config"]["virtual_hosts"][0]["routes"][0]
+            ["route"]["cluster"] = "pool".into();
+        *config.clusters_mut() = vec![cluster.clone()];
     })
-}
-
-/// A cluster's `lb_endpoints` entry for `host:port`.
-fn endpoint(address: &str) -> Value {
-    let (host, port) = address.rsplit_once(':').expect("address");
-    serde_yaml::from_str(&format!(
-        "endpoint: {{address: {{socket_address: {{address: '{host}', port_value: {port}}}}}}}"
-    ))
-    .expect("endpoint")
 }
 
 /// A gauge or counter of the filter, from Envoy's admin page.
@@ -202,16 +183,13 @@ pub fn ext_proc_envoy(sims: &[&Sim], picker: &ExtProcPicker) -> Envoy {
     let cluster = ext_proc_cluster(&picker.address);
     let picker_config = with_endpoints(&shipped_picker_config(), sims);
     Envoy::start_with(&picker_config, 2, move |config| {
-        if let Value::Sequence(list) = http_filters(config) {
-            for entry in list.iter_mut() {
-                if entry["name"] == "envoy.filters.http.wasm" {
-                    *entry = filter.clone();
-                }
-            }
+        if let Some(wasm) = config
+            .listener_mut(0)
+            .http_filter_mut("envoy.filters.http.wasm")
+        {
+            *wasm = filter.clone();
         }
-        if let Value::Sequence(clusters) = &mut config["static_resources"]["clusters"] {
-            clusters.push(cluster.clone());
-        }
+        config.clusters_mut().push(cluster.clone());
     })
 }
 

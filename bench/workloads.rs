@@ -1,7 +1,10 @@
 //! Request bodies for every part, and the pod flags the routing-quality workloads run against.
 
-use crate::support::MODEL;
+use crate::support::{request, Sim, MODEL};
 use inference_picker::scheduling::rng::Rng;
+use std::collections::hash_map::DefaultHasher;
+use std::collections::HashSet;
+use std::hash::{Hash, Hasher};
 
 /// Routing-quality pods: two sequences at a time, real prefill and decode timing scaled by 0.2,
 /// a prefix cache of 1,024 blocks.
@@ -28,10 +31,6 @@ pub const LORA_SIM: [&str; 6] = [
     "200",
 ];
 
-/// Prompt tokens of a shared-prefix group's system prompt and of each question.
-const SYSTEM_TOKENS: f64 = 2048.0;
-const QUESTION_TOKENS: f64 = 128.0;
-
 /// `groups` groups of `per_group` chats sharing a ~2048-token system prompt, each with its own
 /// ~128-token question, 64 tokens out; shuffled.
 pub fn shared_prefix_workload(groups: usize, per_group: usize, rng: &mut Rng) -> Vec<String> {
@@ -51,10 +50,44 @@ pub fn shared_prefix_workload(groups: usize, per_group: usize, rng: &mut Rng) ->
     requests
 }
 
-/// Best achievable share of prompt tokens served from cache on the shared-prefix workload:
-/// each group's first request misses; the others hit the system prompt, not the question.
-pub fn best_hit_rate(per_group: usize) -> f64 {
-    (per_group - 1) as f64 / per_group as f64 * SYSTEM_TOKENS / (SYSTEM_TOKENS + QUESTION_TOKENS)
+/// The best share of prompt tokens any router could have served from cache on `requests`
+/// (in order) against pods like `sim`: as if every request went where all earlier ones went
+/// and nothing was evicted. A request hits the full token blocks (never its last token, which
+/// the engine always computes) whose chained prefix an earlier request already filled. The
+/// tokens are the simulator's own (`/tokenize`: its tokenizer after its chat template), so the
+/// bound counts what the pods' `prefix_hits` count.
+pub fn best_hit_rate(sim: &Sim, requests: &[String]) -> f64 {
+    let block = sim.stats()["block_size"].as_u64().unwrap_or(16).max(1) as usize;
+    let mut seen = HashSet::new();
+    let (mut hits, mut total) = (0usize, 0usize);
+    for body in requests {
+        let tokens = request(&sim.address, "POST", "/tokenize", &[], body.as_bytes()).json();
+        let tokens: Vec<u64> = tokens["tokens"]
+            .as_array()
+            .map(|ids| ids.iter().filter_map(|id| id.as_u64()).collect())
+            .unwrap_or_default();
+        total += tokens.len();
+        let cacheable = tokens.len().saturating_sub(1) / block;
+        let mut chain = 0u64;
+        let mut hitting = true;
+        for full in tokens.chunks(block).take(cacheable) {
+            chain = chain_hash(chain, full);
+            if hitting && seen.contains(&chain) {
+                hits += block;
+            } else {
+                hitting = false;
+                seen.insert(chain);
+            }
+        }
+    }
+    hits as f64 / total.max(1) as f64
+}
+
+/// A block's hash chained on its parent's, as prefix caches key blocks.
+fn chain_hash(parent: u64, tokens: &[u64]) -> u64 {
+    let mut hasher = DefaultHasher::new();
+    (parent, tokens).hash(&mut hasher);
+    hasher.finish()
 }
 
 /// `count` unique chats of 64..3072 tokens.

@@ -124,11 +124,31 @@ impl Pod {
                 }
                 self.respond_json(out, 200, &json!({"object": "list", "data": models}))
             }
+            ("POST", "/tokenize") => self.tokenize(request, out),
             ("POST", _) => match Api::from_path(path) {
                 Some(api) => self.inference(api, request, out),
                 None => self.not_found(out),
             },
             _ => self.not_found(out),
+        }
+    }
+
+    /// vLLM's `/tokenize`: a completion (`prompt`) or chat (`messages`) body's prompt tokens,
+    /// after the chat template, as the engine would see them.
+    fn tokenize(&self, request: &Request, out: &mut TcpStream) -> bool {
+        let is_chat = serde_json::from_slice::<Value>(&request.body)
+            .is_ok_and(|body| body.get("messages").is_some());
+        let api = if is_chat { Api::Chat } else { Api::Completions };
+        match api::parse(api, &request.body) {
+            Ok(parsed) => {
+                let tokens = parsed.prompt_tokens();
+                let body = json!({"count": tokens.len(), "tokens": tokens});
+                self.respond_json(out, 200, &body)
+            }
+            Err(message) => {
+                let body = api::error_body(&message, "invalid_request_error", 400);
+                self.respond_json(out, 400, &body)
+            }
         }
     }
 
