@@ -431,6 +431,7 @@ pub fn duration_ms(value: std::time::Duration) -> u64 {
 mod tests {
     use super::*;
     use crate::config::load;
+    use crate::harness::test;
 
     const CONFIG: &str = "
 plugins:

@@ -323,6 +323,7 @@ impl PickerParameters {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::harness::test;
 
     /// Types that need parameters to mean anything.
     const NEED_PARAMETERS: &[&str] = &[
