@@ -8,16 +8,27 @@ ENVOY := $(VENV)/bin/envoy
 ENVOY_VERSION := 1.40.0
 WASM := target/wasm32-wasip1/release/inference_picker.wasm
 SIM := target/release/examples/model-server-sim
+# wasm-bindgen-test's runner (wasm-bindgen-cli) must match the wasm-bindgen crate exactly: its
+# version is read from Cargo.lock, and it is installed once into .tools (git-ignored).
+TOOLS := .tools
+WASM_BINDGEN_VERSION := $(shell awk '/^name = "wasm-bindgen"$$/ {getline; gsub(/[^0-9.]/, ""); print}' Cargo.lock)
+WBG_RUNNER := $(TOOLS)/bin/wasm-bindgen-test-runner
 
 FUZZ_SECONDS ?= 60
 FUZZ_TARGETS := body_parser prometheus_parser config_loader
 
-.PHONY: all build sim envoy toolchain lint unit wasm-unit integration test demo soak bench extproc bench-quick bench-schedule bench-hop bench-quality bench-memory bench-scaleout fuzz check compose-up compose-down image clean
+.PHONY: all build sim envoy toolchain wasm-bindgen-runner lint unit wasm-unit integration test demo soak bench extproc bench-quick bench-schedule bench-hop bench-quality bench-memory bench-scaleout fuzz check compose-up compose-down image clean
 
 all: build
 
 toolchain:
-	@rustup target add wasm32-wasip1 >/dev/null 2>&1 || rustup target add wasm32-wasip1
+	@rustup target add wasm32-wasip1 wasm32-unknown-unknown >/dev/null 2>&1 || \
+	  rustup target add wasm32-wasip1 wasm32-unknown-unknown
+
+## wasm-bindgen-runner: wasm-bindgen-cli at Cargo.lock's wasm-bindgen version, into .tools (once)
+wasm-bindgen-runner:
+	@test "$$($(WBG_RUNNER) --version 2>/dev/null)" = "wasm-bindgen-test-runner $(WASM_BINDGEN_VERSION)" || \
+	  $(CARGO) install wasm-bindgen-cli --version $(WASM_BINDGEN_VERSION) --locked --root $(TOOLS)
 
 ## build: the filter, at target/wasm32-wasip1/release/inference_picker.wasm
 build: toolchain
@@ -44,10 +55,16 @@ lint: toolchain
 unit:
 	$(CARGO) test --lib
 
-## wasm-unit: the same unit tests compiled to wasm32-wasip1 and run under Node's V8 (WASI)
-wasm-unit: toolchain
-	$(CARGO) test --lib --target wasm32-wasip1 --no-run
-	node --no-warnings tests/wasm/run-wasi.mjs $$(ls -t target/wasm32-wasip1/debug/deps/inference_picker-*.wasm | head -1)
+## wasm-unit: the unit tests compiled to wasm32-unknown-unknown, run by wasm-bindgen-test in Node's
+## V8; fails if fewer run there than natively (a test module without `use crate::harness::test;`)
+wasm-unit: toolchain wasm-bindgen-runner
+	@mkdir -p target; set -o pipefail; \
+	CARGO_TARGET_WASM32_UNKNOWN_UNKNOWN_RUNNER=$(CURDIR)/$(WBG_RUNNER) \
+	  $(CARGO) test --lib --target wasm32-unknown-unknown 2>&1 | tee target/wasm-unit.log || exit 1; \
+	ran=$$(grep -oE '^test result: ok\. [0-9]+ passed' target/wasm-unit.log | grep -oE '[0-9]+'); \
+	native=$$($(CARGO) test --lib -q -- --list 2>/dev/null | grep -c ': test$$'); \
+	echo "wasm-unit: $$ran of $$native unit tests ran under wasm-bindgen-test in Node $$(node --version)"; \
+	test "$$ran" = "$$native"
 
 integration: build sim envoy
 	$(CARGO) test --tests -- --test-threads 2

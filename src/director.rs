@@ -426,6 +426,7 @@ impl Director {
 mod tests {
     use super::*;
     use crate::config::load;
+    use crate::harness::test;
 
     const CONFIG: &str = "
 plugins:

@@ -279,6 +279,7 @@ pub fn ready_endpoints(body: &[u8], target_ports: &[u16]) -> Result<Vec<Discover
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::harness::test;
 
     fn config(yaml: &str) -> DiscoveryConfig {
         serde_yaml::from_str(yaml).unwrap()

@@ -79,6 +79,7 @@ pub fn format_duration(value: Duration) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::harness::test;
 
     #[test]
     fn parses_go_durations() {

@@ -309,6 +309,7 @@ fn set_health(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::harness::test;
 
     fn pool(n: usize) -> Pool {
         Pool::new(

@@ -82,6 +82,7 @@ impl std::fmt::Display for RequestError {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::harness::test;
 
     #[test]
     fn bad_request_is_openai_shaped() {

@@ -33,6 +33,7 @@ pub fn hash_bytes(seed: u64, bytes: &[u8]) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::harness::test;
 
     #[test]
     fn stable_and_sensitive() {

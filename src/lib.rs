@@ -27,5 +27,18 @@ pub mod shared_state;
 pub mod stats;
 pub mod tick_flow;
 
-#[cfg(target_arch = "wasm32")]
+// The proxy-wasm host side, built for the filter's target only (wasm32-unknown-unknown is where the
+// unit tests run under wasm-bindgen-test, see [`harness`]).
+#[cfg(all(target_arch = "wasm32", target_os = "wasi"))]
 pub mod filter;
+
+/// The `#[test]` every unit-test module imports (`use crate::harness::test;`): libtest's natively
+/// and on wasm32-wasip1, wasm-bindgen-test's on wasm32-unknown-unknown, where `make wasm-unit`
+/// runs the same tests in Node's V8.
+#[cfg(test)]
+mod harness {
+    #[cfg(not(all(target_arch = "wasm32", target_os = "unknown")))]
+    pub use core::prelude::v1::test;
+    #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
+    pub use wasm_bindgen_test::wasm_bindgen_test as test;
+}

@@ -225,6 +225,7 @@ fn cache_config(sample: &Sample<'_>) -> Option<CacheConfig> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::harness::test;
 
     const VLLM: &str = "\
 # TYPE vllm:num_requests_waiting gauge

@@ -213,6 +213,7 @@ fn read_quoted(text: &str) -> Option<(Cow<'_, str>, &str)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::harness::test;
 
     type Owned = (String, Vec<(String, String)>, f64, Option<i64>);
 

@@ -293,6 +293,7 @@ fn push_line(text: &mut String, role: &str, content: &str) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::harness::test;
 
     fn parse(kind: ApiKind, body: &str) -> Result<InferenceRequest, RequestError> {
         parse_body(kind, body.as_bytes())

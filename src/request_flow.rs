@@ -256,6 +256,7 @@ fn apply_routing(host: &impl HttpHost, routed: &Routed, body_size: usize) -> Res
 mod tests {
     use super::*;
     use crate::config::load;
+    use crate::harness::test;
     use crate::host::fake::FakeHost;
     use std::cell::RefCell;
 

@@ -427,6 +427,7 @@ fn take_u32(bytes: &mut &[u8]) -> Option<u32> {
 mod tests {
     use super::*;
     use crate::endpoint::{EndpointState, Health};
+    use crate::harness::test;
     use crate::host::fake::FakeShared;
     use std::collections::BTreeMap;
 

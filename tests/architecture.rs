@@ -195,7 +195,7 @@ fn only_the_host_edge_names_proxy_wasm() {
     );
     let manifest = std::fs::read_to_string(src().join("../Cargo.toml")).expect("Cargo.toml");
     let wasm_only = manifest
-        .split("[target.'cfg(target_arch = \"wasm32\")'.dependencies]")
+        .split("[target.'cfg(all(target_arch = \"wasm32\", target_os = \"wasi\"))'.dependencies]")
         .nth(1)
         .is_some_and(|section| {
             section
@@ -204,5 +204,8 @@ fn only_the_host_edge_names_proxy_wasm() {
                 .unwrap_or("")
                 .contains("proxy-wasm")
         });
-    assert!(wasm_only, "proxy-wasm must be a wasm32-only dependency");
+    assert!(
+        wasm_only,
+        "proxy-wasm must be a dependency of the filter's target (wasm32-wasi) only"
+    );
 }

@@ -1,4 +1,5 @@
 use super::*;
+use crate::harness::test;
 use crate::scheduling::Plugin;
 
 const POOL: &str = "

@@ -146,6 +146,7 @@ pub mod fake;
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::harness::test;
 
     #[test]
     fn header_map_encoding() {

@@ -139,6 +139,7 @@ impl<'de: 'a, 'a> Deserialize<'de> for Content<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::harness::test;
 
     #[test]
     fn strings_without_escapes_are_borrowed() {

@@ -765,6 +765,7 @@ pub(crate) mod test_support {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::harness::test;
 
     #[test]
     fn clamping() {

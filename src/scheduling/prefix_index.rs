@@ -188,6 +188,7 @@ fn remove_holder(holders: &mut HashMap<u64, Holders>, hash: u64, pod: usize) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::harness::test;
 
     #[test]
     fn longest_prefix_per_candidate() {

@@ -42,6 +42,7 @@ impl Rng {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::harness::test;
 
     #[test]
     fn below_covers_the_range() {

@@ -1,6 +1,7 @@
 use super::*;
 use crate::config::load;
 use crate::endpoint::Health;
+use crate::harness::test;
 use crate::host::fake::{FakeCallouts, FakeClock, FakeShared};
 
 /// One worker VM's view of the host: shared data and the clock are the process's, callouts are

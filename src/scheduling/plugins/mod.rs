@@ -97,6 +97,7 @@ pub fn effective_parameters(type_name: &str, parameters: &Value) -> Result<Value
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::harness::test;
 
     /// Types that need parameters to mean anything.
     const NEED_PARAMETERS: &[&str] = &[

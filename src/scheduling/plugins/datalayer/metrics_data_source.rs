@@ -57,6 +57,7 @@ pub fn build(parameters: &Value) -> Result<Plugin, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::harness::test;
 
     #[test]
     fn defaults_and_validation() {

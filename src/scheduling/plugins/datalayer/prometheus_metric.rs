@@ -46,6 +46,7 @@ pub fn build(parameters: &Value) -> Result<Plugin, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::harness::test;
 
     #[test]
     fn selector_from_parameters() {

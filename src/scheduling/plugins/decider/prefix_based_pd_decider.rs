@@ -62,6 +62,7 @@ impl PdDecider for PrefixBasedPdDecider {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::harness::test;
     use crate::request::InferenceRequest;
     use crate::scheduling::test_support::prefix_cycle;
     use crate::scheduling::test_support::queues;

@@ -54,6 +54,7 @@ impl Filter for ByLabel {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::harness::test;
     use crate::request::InferenceRequest;
     use crate::scheduling::test_support::queues;
 

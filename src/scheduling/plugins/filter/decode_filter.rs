@@ -88,6 +88,7 @@ pub(super) fn survivors(filter: &mut dyn Filter) -> Vec<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::harness::test;
 
     #[test]
     fn decode_keeps_decoders_and_unlabelled() {

@@ -32,6 +32,7 @@ pub fn build(parameters: &Value) -> Result<Plugin, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::harness::test;
 
     #[test]
     fn keeps_encoders_only() {

@@ -54,6 +54,7 @@ impl Filter for HeaderBasedTestingFilter {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::harness::test;
     use crate::request::{InferenceRequest, RequestHeaders};
     use crate::scheduling::test_support::queues;
 

@@ -46,6 +46,7 @@ impl Filter for LabelSelectorFilter {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::harness::test;
     use crate::request::InferenceRequest;
     use crate::scheduling::test_support::queues;
 

@@ -61,6 +61,7 @@ impl Filter for PrefixCacheAffinityFilter {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::harness::test;
     use crate::request::InferenceRequest;
     use crate::scheduling::test_support::prefix_cycle;
     use crate::scheduling::test_support::queues;

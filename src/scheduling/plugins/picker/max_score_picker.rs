@@ -80,6 +80,7 @@ impl Picker for MaxScorePicker {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::harness::test;
 
     fn picker(n: usize) -> MaxScorePicker {
         MaxScorePicker::new(PickerParameters {

@@ -41,6 +41,7 @@ impl Picker for RandomPicker {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::harness::test;
 
     #[test]
     fn spreads_and_ignores_scores() {

@@ -63,6 +63,7 @@ impl Picker for WeightedRandomPicker {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::harness::test;
 
     #[test]
     fn frequencies_follow_the_weights() {

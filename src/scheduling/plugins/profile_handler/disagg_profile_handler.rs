@@ -167,6 +167,7 @@ impl ProfileHandler for DisaggProfileHandler {
 mod tests {
     use super::*;
     use crate::endpoint::Pool;
+    use crate::harness::test;
     use crate::request::InferenceRequest;
 
     fn profile(name: &str) -> Profile {

@@ -69,6 +69,7 @@ pub fn build(parameters: &Value) -> Result<Plugin, String> {
 mod tests {
     use super::*;
     use crate::endpoint::Pool;
+    use crate::harness::test;
     use crate::request::InferenceRequest;
 
     #[test]

@@ -57,6 +57,7 @@ impl ProfileHandler for SingleProfileHandler {
 mod tests {
     use super::*;
     use crate::endpoint::Pool;
+    use crate::harness::test;
     use crate::request::InferenceRequest;
 
     #[test]

@@ -86,6 +86,7 @@ impl SaturationDetector for ConcurrencyDetector {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::harness::test;
     use std::collections::BTreeMap;
 
     #[test]

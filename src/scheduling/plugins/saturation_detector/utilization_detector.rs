@@ -93,6 +93,7 @@ impl SaturationDetector for UtilizationDetector {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::harness::test;
     use crate::metrics::EndpointMetrics;
     use std::collections::BTreeMap;
 

@@ -78,6 +78,7 @@ impl Scorer for ActiveRequestScorer {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::harness::test;
     use crate::request::InferenceRequest;
     use crate::scheduling::test_support::queues;
 

@@ -114,6 +114,7 @@ impl Scorer for ContextLengthAware {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::harness::test;
 
     #[test]
     fn ranges() {

@@ -37,6 +37,7 @@ impl Scorer for KvCacheUtilizationScorer {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::harness::test;
     use crate::metrics::EndpointMetrics;
     use crate::request::InferenceRequest;
     use crate::scheduling::test_support::pool_with;

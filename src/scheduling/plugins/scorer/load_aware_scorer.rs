@@ -65,6 +65,7 @@ impl Scorer for LoadAwareScorer {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::harness::test;
 
     #[test]
     fn formula() {

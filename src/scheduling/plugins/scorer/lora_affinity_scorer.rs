@@ -61,6 +61,7 @@ impl Scorer for LoraAffinityScorer {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::harness::test;
 
     fn info(max: u32, running: &[&str], waiting: &[&str]) -> LoraInfo {
         LoraInfo {

@@ -181,6 +181,7 @@ impl Scorer for MetricScorer {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::harness::test;
     use crate::metrics::{EndpointMetrics, MetricSelector};
     use crate::request::InferenceRequest;
     use crate::scheduling::test_support::pool_with;

@@ -110,6 +110,7 @@ impl Scorer for NoHitLruScorer {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::harness::test;
     use crate::request::InferenceRequest;
     use crate::scheduling::test_support::prefix_cycle;
     use crate::scheduling::test_support::queues;

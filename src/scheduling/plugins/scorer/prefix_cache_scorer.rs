@@ -217,6 +217,7 @@ impl Scorer for PrefixCacheScorer {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::harness::test;
     use crate::metrics::{CacheConfig, EndpointMetrics};
     use crate::scheduling::test_support::pool_with;
 

@@ -35,6 +35,7 @@ impl Scorer for QueueScorer {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::harness::test;
     use crate::request::InferenceRequest;
     use crate::scheduling::test_support::queues;
 

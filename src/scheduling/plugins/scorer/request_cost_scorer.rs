@@ -118,6 +118,7 @@ impl Scorer for RequestCostScorer {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::harness::test;
     use crate::metrics::{CacheConfig, EndpointMetrics};
     use crate::request::InferenceRequest;
     use crate::scheduling::test_support::pool_with;

@@ -99,6 +99,7 @@ fn base64_decode(text: &str) -> Option<Vec<u8>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::harness::test;
     use crate::request::{InferenceRequest, RequestHeaders};
     use crate::scheduling::test_support::queues;
 

@@ -58,6 +58,7 @@ impl Scorer for TokenLoadScorer {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::harness::test;
     use crate::request::InferenceRequest;
     use crate::scheduling::test_support::queues;
 
