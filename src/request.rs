@@ -22,14 +22,14 @@ pub enum ApiKind {
 }
 
 impl ApiKind {
-    pub fn from_path(path: &str) -> ApiKind {
-        let path = path.split(['?', '#']).next().unwrap_or("");
-        let path = path.trim_end_matches('/');
-        match path {
-            "/v1/completions" => ApiKind::Completions,
-            "/v1/chat/completions" => ApiKind::ChatCompletions,
-            "/v1/embeddings" => ApiKind::Embeddings,
-            "/v1/responses" => ApiKind::Responses,
+    /// The API a request path names, as the model server's router will see it (see
+    /// [`normalized_path`]): `/v1/%63ompletions` and `//v1/./completions/` are completions.
+    pub fn from_path(path: &[u8]) -> ApiKind {
+        match normalized_path(path).as_ref() {
+            b"/v1/completions" => ApiKind::Completions,
+            b"/v1/chat/completions" => ApiKind::ChatCompletions,
+            b"/v1/embeddings" => ApiKind::Embeddings,
+            b"/v1/responses" => ApiKind::Responses,
             _ => ApiKind::Other,
         }
     }
@@ -47,6 +47,62 @@ impl ApiKind {
             ApiKind::Other => "",
         }
     }
+}
+
+/// A request path as a server routes it: query and fragment cut, percent-escapes decoded once
+/// (servers such as uvicorn decode `%2F` too), empty and `.` segments dropped, `..` resolved,
+/// no trailing slash. Borrowed when the path is already in that form, as nearly every one is.
+pub fn normalized_path(raw: &[u8]) -> Cow<'_, [u8]> {
+    let end = raw
+        .iter()
+        .position(|&b| b == b'?' || b == b'#')
+        .unwrap_or(raw.len());
+    let path = raw.get(..end).unwrap_or_default();
+    let plain = !path.contains(&b'%')
+        && !path.windows(2).any(|w| w == b"//" || w == b"/.")
+        && path.last() != Some(&b'/');
+    if plain {
+        return Cow::Borrowed(path);
+    }
+    let decoded = percent_decoded(path);
+    let mut segments: Vec<&[u8]> = Vec::new();
+    for segment in decoded.split(|&b| b == b'/') {
+        match segment {
+            b"" | b"." => {}
+            b".." => {
+                segments.pop();
+            }
+            segment => segments.push(segment),
+        }
+    }
+    let mut normalized = Vec::with_capacity(decoded.len());
+    for segment in segments {
+        normalized.push(b'/');
+        normalized.extend_from_slice(segment);
+    }
+    Cow::Owned(normalized)
+}
+
+fn percent_decoded(path: &[u8]) -> Vec<u8> {
+    let hex = |b: u8| char::from(b).to_digit(16);
+    let mut out = Vec::with_capacity(path.len());
+    let mut i = 0;
+    while let Some(&b) = path.get(i) {
+        let escaped = (b == b'%')
+            .then(|| Some((hex(*path.get(i + 1)?)?, hex(*path.get(i + 2)?)?)))
+            .flatten();
+        match escaped {
+            Some((high, low)) => {
+                out.push(u8::try_from(high * 16 + low).unwrap_or(b'%'));
+                i += 3;
+            }
+            None => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    out
 }
 
 /// Output tokens assumed when a request sets no `max_tokens`.
@@ -301,14 +357,41 @@ mod tests {
 
     #[test]
     fn paths() {
-        assert_eq!(ApiKind::from_path("/v1/completions"), ApiKind::Completions);
+        let api = |path: &str| ApiKind::from_path(path.as_bytes());
+        assert_eq!(api("/v1/completions"), ApiKind::Completions);
+        assert_eq!(api("/v1/chat/completions?x=1"), ApiKind::ChatCompletions);
+        assert_eq!(api("/v1/embeddings/"), ApiKind::Embeddings);
+        assert_eq!(api("/v1/responses"), ApiKind::Responses);
+        assert_eq!(api("/v1/models"), ApiKind::Other);
+        // Every spelling a server would route to an inference API is one.
+        for spelling in [
+            "/v1/%63ompletions",
+            "/v1/Completions%2F..%2Fcompletions",
+            "//v1//completions",
+            "/v1/./completions/",
+            "/x/../v1/completions",
+            "/v1%2Fcompletions",
+            "/%76%31/%63%6f%6d%70%6c%65%74%69%6f%6e%73?stream=1",
+        ] {
+            assert_eq!(api(spelling), ApiKind::Completions, "{spelling}");
+        }
+        assert_eq!(api("/v1/completions%"), ApiKind::Other);
         assert_eq!(
-            ApiKind::from_path("/v1/chat/completions?x=1"),
-            ApiKind::ChatCompletions
+            api("/v1/%2563ompletions"),
+            ApiKind::Other,
+            "decoded once, as servers do"
         );
-        assert_eq!(ApiKind::from_path("/v1/embeddings/"), ApiKind::Embeddings);
-        assert_eq!(ApiKind::from_path("/v1/responses"), ApiKind::Responses);
-        assert_eq!(ApiKind::from_path("/v1/models"), ApiKind::Other);
+        assert_eq!(api("/../../v1/chat/completions"), ApiKind::ChatCompletions);
+    }
+
+    #[test]
+    fn plain_paths_are_not_copied() {
+        assert!(matches!(
+            normalized_path(b"/v1/completions?x"),
+            Cow::Borrowed(b"/v1/completions")
+        ));
+        assert_eq!(normalized_path(b"/").as_ref(), b"");
+        assert_eq!(normalized_path(b"/a%zz/b%4").as_ref(), b"/a%zz/b%4");
     }
 
     #[test]

@@ -34,6 +34,8 @@ pub struct RequestFlow {
     pub outcome: Outcome,
     /// Set once the request ended, so a late callback cannot release twice.
     released: bool,
+    /// Bytes of body buffered so far.
+    body_size: usize,
 }
 
 impl Default for RequestFlow {
@@ -44,6 +46,7 @@ impl Default for RequestFlow {
             request_id: String::new(),
             outcome: Outcome::Pending,
             released: false,
+            body_size: 0,
         }
     }
 }
@@ -66,7 +69,7 @@ impl RequestFlow {
         end_of_stream: bool,
     ) -> Flow {
         let path = host.request_header(":path").unwrap_or_default();
-        self.api = ApiKind::from_path(&String::from_utf8_lossy(&path));
+        self.api = ApiKind::from_path(&path);
         self.read_protocol_headers(host, director);
         if end_of_stream || !self.api.is_inference() {
             // No body to read (GET /v1/models) or none we need: route on the headers alone.
@@ -111,10 +114,25 @@ impl RequestFlow {
         if body_size > limit {
             return self.reject(host, RequestError::BodyTooLarge { limit });
         }
+        self.body_size = body_size;
         if !end_of_stream {
             return Flow::Pause;
         }
-        match host.request_body(body_size) {
+        self.decide_on_body(host, director)
+    }
+
+    /// Trailers end the stream (HTTP/2 HEADERS after DATA, or after no DATA at all): decide
+    /// here, or the paused request would move on undecided with whatever headers the client
+    /// sent.
+    pub fn on_trailers(&mut self, host: &impl HttpHost, director: &mut Director) -> Flow {
+        if self.outcome != Outcome::Pending {
+            return Flow::Continue;
+        }
+        self.decide_on_body(host, director)
+    }
+
+    fn decide_on_body(&mut self, host: &impl HttpHost, director: &mut Director) -> Flow {
+        match host.request_body(self.body_size) {
             Ok(body) => self.finish(host, director, Some(&body)),
             Err(error) => {
                 log::warn!("inference-picker: reading the request body: {error}");
@@ -304,6 +322,39 @@ mod tests {
             0,
             "released exactly once"
         );
+    }
+
+    #[test]
+    fn trailers_end_the_stream_and_the_request_is_decided_there() {
+        let body = r#"{"model":"m","prompt":"x"}"#;
+        let host = host("/v1/%63ompletions", body);
+        let mut director = director();
+        let mut flow = RequestFlow::default();
+        assert_eq!(flow.on_headers(&host, &mut director, false), Flow::Pause);
+        assert_eq!(
+            flow.on_body(&host, &mut director, body.len(), false),
+            Flow::Pause
+        );
+        assert_eq!(host.headers.borrow()[DESTINATION_HEADER], "6.6.6.6:22");
+        assert_eq!(flow.on_trailers(&host, &mut director), Flow::Continue);
+        assert_eq!(host.headers.borrow()[DESTINATION_HEADER], "127.0.0.1:8001");
+        assert_eq!(
+            flow.on_trailers(&host, &mut director),
+            Flow::Continue,
+            "decided once"
+        );
+        assert_eq!(director.pool().endpoints[0].in_flight, 1);
+    }
+
+    #[test]
+    fn trailers_without_data_get_the_body_error() {
+        let host = host("/v1/chat/completions", "");
+        let mut director = director();
+        let mut flow = RequestFlow::default();
+        assert_eq!(flow.on_headers(&host, &mut director, false), Flow::Pause);
+        assert_eq!(flow.on_trailers(&host, &mut director), Flow::Pause);
+        assert_eq!(host.reply.borrow().as_ref().unwrap().0, 400);
+        assert_eq!(host.headers.borrow()[DESTINATION_HEADER], "6.6.6.6:22");
     }
 
     #[test]

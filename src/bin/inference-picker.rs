@@ -131,7 +131,7 @@ fn explain(args: &[String]) -> Result<(), String> {
         objective: header("x-gateway-inference-objective"),
         model_rewrite: header("x-gateway-model-name-rewrite"),
     };
-    let api = ApiKind::from_path(&args.path);
+    let api = ApiKind::from_path(args.path.as_bytes());
     let routed = director.route(api, body.as_deref().map(str::as_bytes), headers);
     for row in director.explain_rows() {
         let scores: Vec<String> = row

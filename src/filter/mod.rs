@@ -322,6 +322,12 @@ impl HttpContext for PickerHttp {
         })
     }
 
+    fn on_http_request_trailers(&mut self, _num_trailers: usize) -> Action {
+        self.run(true, |flow, director| {
+            flow.on_trailers(&EnvoyRequest, director)
+        })
+    }
+
     fn on_http_response_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
         if let Some(shared) = &self.director {
             if let Ok(mut director) = shared.try_borrow_mut() {

@@ -34,7 +34,7 @@ impl Exchange {
                     .find(|h| h.key == ":path")
                     .map(|h| String::from_utf8_lossy(&h.raw_value).into_owned())
                     .unwrap_or_default();
-                let api = ApiKind::from_path(&path);
+                let api = ApiKind::from_path(path.as_bytes());
                 self.api = Some(api);
                 if headers.end_of_stream || !api.is_inference() {
                     return self.route(picker, None);
