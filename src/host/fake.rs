@@ -98,8 +98,10 @@ pub struct SentCall {
 }
 
 /// Records dispatched callouts; a test then sets the answer being delivered with [`answer`]
-/// and calls the code's response handler. Dispatches fail once `capacity` calls are in flight,
-/// as Envoy's do past its limits.
+/// and calls the code's response handler. Dispatches fail once `capacity` calls are recorded
+/// (sent and not yet taken with [`take_sent`]), as Envoy's do past its limits.
+///
+/// [`take_sent`]: FakeCallouts::take_sent
 ///
 /// [`answer`]: FakeCallouts::answer
 pub struct FakeCallouts {
