@@ -93,13 +93,8 @@ impl<'a> Vm<'a> {
         self.director.pool().get(index).unwrap().health
     }
 
-    fn queue(&self, index: usize) -> f64 {
-        self.director
-            .pool()
-            .get(index)
-            .unwrap()
-            .metrics
-            .waiting_queue
+    fn queue(&self, index: usize) -> Option<f64> {
+        self.director.pool().get(index).unwrap().metrics.waiting()
     }
 
     fn scraped_addresses(&self) -> Vec<String> {
@@ -206,7 +201,7 @@ fn a_round_with_a_failing_and_a_hanging_pod_is_published_once_when_it_completes(
         }
     );
     assert_eq!(scraper.health(2), Health::Unreachable);
-    assert_eq!(scraper.queue(0), 4.0);
+    assert_eq!(scraper.queue(0), Some(4.0));
     assert_eq!(
         snapshot_cas(&shared),
         Some(first + 1),
@@ -214,8 +209,8 @@ fn a_round_with_a_failing_and_a_hanging_pod_is_published_once_when_it_completes(
     );
 
     follower.tick();
-    assert_eq!(follower.queue(0), 4.0);
-    assert_eq!(follower.queue(1), 0.0);
+    assert_eq!(follower.queue(0), Some(4.0));
+    assert_eq!(follower.queue(1), Some(0.0));
     assert_eq!(follower.health(2), Health::Unreachable);
 }
 

@@ -84,9 +84,16 @@ impl SaturationDetector for UtilizationDetector {
                 .last_scrape_ok_ms
                 .is_none_or(|at| now_ms.saturating_sub(at) > self.staleness_ms);
         let scale = 1.0 + p.headroom;
+        // An unknown queue or KV usage counts as saturated.
         stale
-            || endpoint.metrics.waiting_queue >= p.queue_depth_threshold * scale
-            || endpoint.metrics.kv_cache_usage >= p.kv_cache_util_threshold * scale
+            || endpoint
+                .metrics
+                .waiting()
+                .is_none_or(|queue| queue >= p.queue_depth_threshold * scale)
+            || endpoint
+                .metrics
+                .kv_usage()
+                .is_none_or(|kv| kv >= p.kv_cache_util_threshold * scale)
     }
 }
 
@@ -100,8 +107,8 @@ mod tests {
     fn endpoint(queue: f64, kv: f64, scraped_ms: u64) -> EndpointState {
         let mut endpoint = EndpointState::new("10.0.0.1:8000".into(), BTreeMap::new());
         endpoint.metrics = EndpointMetrics {
-            waiting_queue: queue,
-            kv_cache_usage: kv,
+            waiting_queue: Some(queue),
+            kv_cache_usage: Some(kv),
             ..EndpointMetrics::default()
         };
         endpoint.health = Health::Fresh;
@@ -132,6 +139,16 @@ mod tests {
             "5 x 1.5 = 7.5"
         );
         assert!(roomy.saturated(&endpoint(7.5, 0.0, 1000), 1100));
+    }
+
+    #[test]
+    fn unknown_queue_or_usage_is_saturated() {
+        let detector = UtilizationDetector::new(Parameters::default()).unwrap();
+        assert!(detector.saturated(&endpoint(f64::NAN, 0.0, 1000), 1100));
+        assert!(detector.saturated(&endpoint(0.0, f64::INFINITY, 1000), 1100));
+        let mut unknown = endpoint(0.0, 0.0, 1000);
+        unknown.metrics.waiting_queue = None;
+        assert!(detector.saturated(&unknown, 1100));
     }
 
     #[test]
