@@ -62,9 +62,16 @@ pub fn build(parameters: &Value) -> Result<Plugin, String> {
 impl UtilizationDetector {
     pub fn new(parameters: Parameters) -> Result<Self, String> {
         let p = &parameters;
-        if !(p.queue_depth_threshold > 0.0 && p.kv_cache_util_threshold > 0.0) {
-            return Err("queueDepthThreshold and kvCacheUtilThreshold must be above 0".into());
+        let positive = |v: f64| v.is_finite() && v > 0.0;
+        if !(positive(p.queue_depth_threshold) && positive(p.kv_cache_util_threshold)) {
+            return Err(
+                "queueDepthThreshold and kvCacheUtilThreshold must be finite numbers above 0"
+                    .into(),
+            );
         }
+        crate::limits::DETECTOR_STALENESS_THRESHOLD
+            .check(p.metrics_staleness_threshold)
+            .map_err(|reason| format!("metricsStalenessThreshold: {reason}"))?;
         if !(p.headroom >= 0.0 && p.headroom.is_finite()) {
             return Err(format!("headroom {} must be >= 0", p.headroom));
         }
@@ -158,7 +165,15 @@ mod tests {
         )
         .unwrap();
         assert!(build(&value).is_ok());
-        let bad: Value = serde_yaml::from_str("{headroom: -1}").unwrap();
-        assert!(build(&bad).is_err());
+        for bad in [
+            "{headroom: -1}",
+            "{queueDepthThreshold: .inf}",
+            "{kvCacheUtilThreshold: .nan}",
+            "{metricsStalenessThreshold: 0s}",
+            "{metricsStalenessThreshold: 1000h}",
+        ] {
+            let value: Value = serde_yaml::from_str(bad).unwrap();
+            assert!(build(&value).is_err(), "{bad}");
+        }
     }
 }
