@@ -354,9 +354,10 @@ mod tests {
                 "blockSizeTokens: 0",
                 "blockSizeTokens: 0 tokens is below the minimum of 1",
             ),
+            // x 4 characters overflows a 32-bit usize, the filter's.
             (
-                "blockSizeTokens: 4611686018427387904",
-                "blockSizeTokens: 4611686018427387904 tokens is above the maximum of 4096",
+                "blockSizeTokens: 1073741824",
+                "blockSizeTokens: 1073741824 tokens is above the maximum of 4096",
             ),
             ("hashBlockSize: 0", "hashBlockSize: 0 characters is below"),
             (
