@@ -235,7 +235,8 @@ impl Director {
         let Some(endpoint) = self.pool.get(index) else {
             return Ok(None);
         };
-        match metrics::extract(endpoint.engine, body, &self.selectors) {
+        let cap = self.settings.max_metrics_bytes;
+        match metrics::extract_within(endpoint.engine, body, &self.selectors, cap) {
             Ok((snapshot, _, unmatched)) => {
                 let warning = self.label_mismatch_warning(&unmatched, index);
                 self.pool.record_scrape_ok(index, now_ms, snapshot);
@@ -534,6 +535,51 @@ pool:
     fn non_model_server_scrape_counts_as_failure() {
         let mut director = director();
         assert!(director.on_scrape_ok(0, 1000, "up 1\n").is_err());
+        director.on_tick(1000);
+        assert_eq!(director.pool().endpoints[0].health, Health::Unreachable);
+    }
+
+    #[test]
+    fn an_infinite_queue_on_one_pod_leaves_the_queue_scorer_working_for_the_others() {
+        let mut director = director();
+        // Two 1e308 series: the sum overflows to +Inf.
+        let hostile = "vllm:num_requests_waiting{m=\"a\"} 1e308\nvllm:num_requests_waiting{m=\"b\"} 1e308\nvllm:kv_cache_usage_perc 0.5\n";
+        director.on_scrape_ok(0, 1000, hostile).unwrap();
+        scrape(&mut director, 1, 7, 0.1);
+        scrape(&mut director, 2, 1, 0.1);
+        director.on_tick(1000);
+        let routed = route(&mut director, ApiKind::Completions, Some(BODY)).unwrap();
+        assert_eq!(routed.destination, "10.0.0.3:8000");
+        assert_eq!(
+            routed.fallbacks, "10.0.0.2:8000",
+            "the unknown queue ranks last"
+        );
+        let queue_scores: Vec<(&str, f64)> = director
+            .explain_rows()
+            .iter()
+            .map(|row| (row.address, row.scores[0].1))
+            .collect();
+        assert_eq!(
+            queue_scores,
+            [
+                ("10.0.0.1:8000", 0.0),
+                ("10.0.0.2:8000", 0.0),
+                ("10.0.0.3:8000", 1.0)
+            ]
+        );
+    }
+
+    #[test]
+    fn a_body_over_max_metrics_bytes_is_not_parsed_past_the_cap() {
+        let mut director =
+            Director::new(load(&format!("{CONFIG}  maxMetricsBytes: 4096\n"), 7).unwrap());
+        let mut body = String::from("vllm:num_requests_waiting 0\n");
+        body.push_str(&"# padding\n".repeat(410));
+        assert!(body.len() > 4096);
+        assert_eq!(
+            director.on_scrape_ok(0, 1000, &body).unwrap_err(),
+            ExtractError::TooLarge { limit: 4096 }
+        );
         director.on_tick(1000);
         assert_eq!(director.pool().endpoints[0].health, Health::Unreachable);
     }

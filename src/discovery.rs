@@ -6,6 +6,7 @@
 use crate::duration::serde_go;
 use crate::endpoint::canonical_address;
 use crate::label_selector::{Operator, Selector};
+use crate::limits;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -60,8 +61,28 @@ impl DiscoveryConfig {
         if self.target_ports.is_empty() || self.target_ports.contains(&0) {
             return Err("targetPorts needs at least one port, none of them 0".into());
         }
-        if self.interval < Duration::from_millis(100) {
-            return Err("interval must be at least 100ms".into());
+        limits::TARGET_PORTS
+            .check_usize(self.target_ports.len())
+            .map_err(|reason| format!("targetPorts: {reason}"))?;
+        limits::DISCOVERY_INTERVAL
+            .check(self.interval)
+            .map_err(|reason| format!("interval: {reason}"))?;
+        if self.namespace.is_empty() {
+            return Err("namespace must not be empty".into());
+        }
+        for (key, value) in [
+            ("authority", self.authority.as_deref()),
+            ("bearerToken", self.bearer_token.as_deref()),
+        ] {
+            let Some(value) = value else { continue };
+            limits::HEADER_VALUE_BYTES
+                .check_usize(value.len())
+                .map_err(|reason| format!("{key}: {reason}"))?;
+            if !limits::is_token(value) {
+                return Err(format!(
+                    "{key} must be visible ASCII without spaces (it is sent as a header value)"
+                ));
+            }
         }
         self.selector.validate()
     }
@@ -83,12 +104,18 @@ impl DiscoveryConfig {
         )
     }
 
-    /// The ready endpoints in the API's answer to [`DiscoveryConfig::list_path`].
+    /// The ready endpoints in the API's answer to [`DiscoveryConfig::list_path`]. Addresses
+    /// no pod can have (`0.0.0.0`, `::`, multicast, ...) are left out, as in `pool.endpoints`;
+    /// an answer with more endpoints than the pool may hold is refused whole.
     pub fn endpoints(&self, body: &[u8]) -> Result<Vec<Discovered>, String> {
-        match self.resource {
+        let found = match self.resource {
             Resource::Pods => ready_endpoints(body, &self.target_ports),
             Resource::EndpointSlices => ready_slice_endpoints(body, &self.target_ports),
-        }
+        }?;
+        limits::ENDPOINTS
+            .check_usize(found.len().max(1))
+            .map_err(|reason| format!("the answer lists {reason}"))?;
+        Ok(found)
     }
 }
 
@@ -331,6 +358,93 @@ mod tests {
         );
         assert_eq!(endpoints[0].1["llm-d.ai/role"], "decode");
         assert!(ready_endpoints(b"<html>", &[80]).is_err());
+    }
+
+    #[test]
+    fn unroutable_pod_addresses_are_left_out() {
+        let pod = |ip: &str| {
+            format!(
+                r#"{{"metadata":{{"name":"{ip}"}},"status":{{"phase":"Running","podIP":"{ip}","conditions":[{{"type":"Ready","status":"True"}}]}}}}"#
+            )
+        };
+        let body = format!(
+            r#"{{"items":[{}]}}"#,
+            ["0.0.0.0", "::", "10.0.0.2", "224.0.0.1", "0.0.0.7"]
+                .map(pod)
+                .join(",")
+        );
+        let endpoints = ready_endpoints(body.as_bytes(), &[8000]).unwrap();
+        let addresses: Vec<&str> = endpoints.iter().map(|(a, _)| a.as_str()).collect();
+        assert_eq!(addresses, ["10.0.0.2:8000"]);
+        let slices = br#"{"items":[{"ports":[{"port":8000}],"endpoints":[{"addresses":["0.0.0.0","::","10.0.0.3"]}]}]}"#;
+        let endpoints = ready_slice_endpoints(slices, &[8000]).unwrap();
+        let addresses: Vec<&str> = endpoints.iter().map(|(a, _)| a.as_str()).collect();
+        assert_eq!(addresses, ["10.0.0.3:8000"]);
+    }
+
+    #[test]
+    fn bounds_on_interval_ports_and_header_values() {
+        let base = "cluster: k8s\nselector: {matchLabels: {a: b}}\n";
+        for (extra, expected) in [
+            (
+                "targetPorts: [80]\ninterval: 50ms",
+                "interval: 50ms is below the minimum of 100ms",
+            ),
+            (
+                "targetPorts: [80]\ninterval: 1000h",
+                "interval: 3600000s is above the maximum of 3600s",
+            ),
+            ("targetPorts: [0]", "none of them 0"),
+            (
+                "targetPorts: [80]\nbearerToken: 'a b'",
+                "bearerToken must be visible ASCII",
+            ),
+            (
+                "targetPorts: [80]\nauthority: \"k8s\\r\\nx: y\"",
+                "authority must be visible ASCII",
+            ),
+            (
+                "targetPorts: [80]\nnamespace: ''",
+                "namespace must not be empty",
+            ),
+        ] {
+            let error = config(&format!("{base}{extra}")).validate().unwrap_err();
+            assert!(error.contains(expected), "{extra}: {error}");
+        }
+        let ports: Vec<String> = (1..=65).map(|p| p.to_string()).collect();
+        let error = config(&format!("{base}targetPorts: [{}]", ports.join(",")))
+            .validate()
+            .unwrap_err();
+        assert!(
+            error.contains("65 ports is above the maximum of 64 ports"),
+            "{error}"
+        );
+        assert!(config(&format!("{base}targetPorts: [80]\ninterval: 1h"))
+            .validate()
+            .is_ok());
+    }
+
+    #[test]
+    fn an_answer_over_the_endpoint_bound_is_refused() {
+        let discovery =
+            config("{cluster: k8s, targetPorts: [1, 2], selector: {matchLabels: {a: b}}}");
+        let count = limits::ENDPOINTS.max / 2 + 1;
+        let items: Vec<String> = (0..count)
+            .map(|i| {
+                format!(
+                    r#"{{"status":{{"phase":"Running","podIP":"10.{}.{}.{}","conditions":[{{"type":"Ready","status":"True"}}]}}}}"#,
+                    i >> 16,
+                    (i >> 8) & 255,
+                    i & 255
+                )
+            })
+            .collect();
+        let body = format!(r#"{{"items":[{}]}}"#, items.join(","));
+        let error = discovery.endpoints(body.as_bytes()).unwrap_err();
+        assert!(
+            error.contains("65538 endpoints is above the maximum of 65536"),
+            "{error}"
+        );
     }
 
     #[test]

@@ -2,7 +2,7 @@
 
 use crate::metrics::{EndpointMetrics, Engine};
 use std::collections::BTreeMap;
-use std::net::SocketAddr;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 
 /// Label naming a pod's role in P/D disaggregation.
 pub const ROLE_LABEL: &str = "llm-d.ai/role";
@@ -10,12 +10,41 @@ pub const ROLE_LABEL: &str = "llm-d.ai/role";
 pub const ENGINE_TYPE_LABEL: &str = "inference.networking.k8s.io/engine-type";
 
 /// Parses `ip:port` (IPv6 as `[addr]:port`) into the canonical text form used everywhere:
-/// in the destination header, in logs and as the pool's key.
+/// in the destination header, in logs and as the pool's key. Only addresses a pod can have
+/// are accepted: see [`unroutable`].
 pub fn canonical_address(text: &str) -> Result<String, String> {
-    text.trim()
+    let address = text
+        .trim()
         .parse::<SocketAddr>()
-        .map(|address| address.to_string())
-        .map_err(|_| format!("{text:?} is not an ip:port address (IPv6 as [addr]:port)"))
+        .map_err(|_| format!("{text:?} is not an ip:port address (IPv6 as [addr]:port)"))?;
+    if let Some(reason) = unroutable(&address) {
+        return Err(format!("{address} is not a routable pod address: {reason}"));
+    }
+    Ok(address.to_string())
+}
+
+/// Why `address` cannot be a pod's: port 0, an unspecified address (`0.0.0.0`, `::`, which
+/// connect to the proxy's own host), the rest of `0.0.0.0/8`, broadcast or multicast.
+pub fn unroutable(address: &SocketAddr) -> Option<&'static str> {
+    if address.port() == 0 {
+        return Some("port 0");
+    }
+    let ip = match address.ip() {
+        // `::ffff:a.b.c.d` is the IPv4 address a.b.c.d.
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(IpAddr::V6(v6), IpAddr::V4),
+        v4 => v4,
+    };
+    match ip {
+        IpAddr::V4(v4) if v4.is_unspecified() => Some("unspecified address (0.0.0.0)"),
+        IpAddr::V4(v4) if v4.octets().first() == Some(&0) => {
+            Some("0.0.0.0/8 is \"this network\", never a destination")
+        }
+        IpAddr::V4(v4) if v4 == Ipv4Addr::BROADCAST => Some("broadcast address"),
+        IpAddr::V4(v4) if v4.is_multicast() => Some("multicast address"),
+        IpAddr::V6(v6) if v6.is_unspecified() => Some("unspecified address (::)"),
+        IpAddr::V6(v6) if v6.is_multicast() => Some("multicast address"),
+        _ => None,
+    }
 }
 
 /// How fresh an endpoint's metrics are, recomputed on every tick.
@@ -330,6 +359,38 @@ mod tests {
         assert!(canonical_address("::1:8000").is_err());
         assert!(canonical_address("pod-a:8000").is_err());
         assert!(canonical_address("10.0.0.7").is_err());
+        assert_eq!(
+            canonical_address("127.0.0.1:9").as_deref(),
+            Ok("127.0.0.1:9")
+        );
+        assert_eq!(
+            canonical_address("[fe80::1]:80").as_deref(),
+            Ok("[fe80::1]:80")
+        );
+    }
+
+    #[test]
+    fn unroutable_addresses_are_refused_with_the_reason() {
+        for (text, reason) in [
+            ("0.0.0.0:8000", "unspecified"),
+            ("0.0.0.0:0", "port 0"),
+            ("127.0.0.1:0", "port 0"),
+            ("10.0.0.7:0", "port 0"),
+            ("[::]:9", "unspecified"),
+            ("[0:0::0]:8000", "unspecified"),
+            ("[::ffff:0.0.0.0]:8000", "unspecified"),
+            ("0.1.2.3:8000", "this network"),
+            ("255.255.255.255:8000", "broadcast"),
+            ("224.0.0.1:8000", "multicast"),
+            ("[ff02::1]:8000", "multicast"),
+            ("[::ffff:239.1.1.1]:8000", "multicast"),
+        ] {
+            let error = canonical_address(text).unwrap_err();
+            assert!(
+                error.contains("not a routable pod address") && error.contains(reason),
+                "{text}: {error}"
+            );
+        }
     }
 
     #[test]

@@ -17,6 +17,7 @@ pub mod error_response;
 pub mod hash;
 pub mod host;
 pub mod label_selector;
+pub mod limits;
 pub mod metrics;
 pub mod prometheus;
 pub mod protocol;

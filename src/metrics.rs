@@ -1,7 +1,7 @@
 //! Model-server metrics: which series each engine exposes, and the compact snapshot the
 //! scorers read.
 
-use crate::prometheus::{for_each_sample, ParseSummary, Sample};
+use crate::prometheus::{for_each_sample_within, ParseSummary, Sample};
 
 /// Metric-name profile, chosen per pod by its `engine-type` label.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -78,16 +78,58 @@ impl MetricSelector {
 }
 
 /// One pod's metrics as of its last good scrape.
+///
+/// An engine value is `None` when it is **unknown**: the pod reported NaN, an infinity, a
+/// negative number, or series whose sum overflows; or it was never scraped (the default).
+/// Every scorer and detector treats an unknown value as the worst one, never as idle, and
+/// leaves it out of anything it computes across pods (a min-max range, a softmax sum), so
+/// one pod's values cannot change how the others compare. Read them through
+/// [`EndpointMetrics::waiting`], [`EndpointMetrics::running`] and
+/// [`EndpointMetrics::kv_usage`], which also refuse values that are not valid (e.g. in a
+/// snapshot built by hand).
 #[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct EndpointMetrics {
-    pub waiting_queue: f64,
-    pub running_requests: f64,
+    pub waiting_queue: Option<f64>,
+    pub running_requests: Option<f64>,
     /// KV-cache utilisation in 0..1.
-    pub kv_cache_usage: f64,
+    pub kv_cache_usage: Option<f64>,
     pub lora: Option<LoraInfo>,
     pub cache_config: Option<CacheConfig>,
-    /// Values of the configured custom selectors, in their order; `None` when absent.
+    /// Values of the configured custom selectors, in their order; `None` when absent or
+    /// unknown (a non-finite value, or a sum that overflows).
     pub custom: Vec<Option<f64>>,
+}
+
+/// A usable gauge value: finite and not negative.
+pub fn known(value: Option<f64>) -> Option<f64> {
+    value.filter(|v| v.is_finite() && *v >= 0.0)
+}
+
+impl EndpointMetrics {
+    /// A pod that reported an empty queue, nothing running and an empty KV cache.
+    pub fn idle() -> Self {
+        EndpointMetrics {
+            waiting_queue: Some(0.0),
+            running_requests: Some(0.0),
+            kv_cache_usage: Some(0.0),
+            ..EndpointMetrics::default()
+        }
+    }
+
+    /// Requests waiting; `None` when unknown.
+    pub fn waiting(&self) -> Option<f64> {
+        known(self.waiting_queue)
+    }
+
+    /// Requests running; `None` when unknown.
+    pub fn running(&self) -> Option<f64> {
+        known(self.running_requests)
+    }
+
+    /// KV-cache utilisation in 0..1; `None` when unknown.
+    pub fn kv_usage(&self) -> Option<f64> {
+        known(self.kv_cache_usage).map(|kv| kv.min(1.0))
+    }
 }
 
 /// Why a scrape body yielded no usable metrics.
@@ -97,6 +139,8 @@ pub enum ExtractError {
         engine: Engine,
         malformed_lines: usize,
     },
+    /// The body is longer than `pool.maxMetricsBytes`; parsing stopped there.
+    TooLarge { limit: usize },
 }
 
 impl std::fmt::Display for ExtractError {
@@ -109,88 +153,149 @@ impl std::fmt::Display for ExtractError {
                 f,
                 "no {engine:?} queue/running/KV metrics found ({malformed_lines} malformed lines)"
             ),
+            ExtractError::TooLarge { limit } => write!(
+                f,
+                "the page is larger than pool.maxMetricsBytes ({limit} bytes); not read past it"
+            ),
+        }
+    }
+}
+
+/// One value gathered over a page's series: absent, a running total, or unknown for good
+/// once a series is non-finite or negative, or the total overflows.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+enum Gauge {
+    #[default]
+    Absent,
+    Value(f64),
+    Unknown,
+}
+
+impl Gauge {
+    /// Adds a series (gauges of one metric with different labels, e.g. one per model).
+    fn add(&mut self, value: f64, allow_negative: bool) {
+        *self = match *self {
+            Gauge::Unknown => Gauge::Unknown,
+            _ if !value.is_finite() || (value < 0.0 && !allow_negative) => Gauge::Unknown,
+            Gauge::Absent => Gauge::Value(value),
+            Gauge::Value(sum) => match sum + value {
+                total if total.is_finite() => Gauge::Value(total),
+                _ => Gauge::Unknown,
+            },
+        }
+    }
+
+    /// Keeps the highest series (KV usage of several models on one pod).
+    fn max(&mut self, value: f64) {
+        *self = match *self {
+            Gauge::Unknown => Gauge::Unknown,
+            _ if !value.is_finite() || value < 0.0 => Gauge::Unknown,
+            Gauge::Absent => Gauge::Value(value),
+            Gauge::Value(held) => Gauge::Value(held.max(value)),
+        }
+    }
+
+    fn is_absent(self) -> bool {
+        self == Gauge::Absent
+    }
+
+    /// An absent engine gauge reads as 0 (a page without that series), an unknown one as
+    /// `None`.
+    fn or_zero(self) -> Option<f64> {
+        match self {
+            Gauge::Absent => Some(0.0),
+            Gauge::Value(value) => Some(value),
+            Gauge::Unknown => None,
+        }
+    }
+
+    fn value(self) -> Option<f64> {
+        match self {
+            Gauge::Value(value) => Some(value),
+            Gauge::Absent | Gauge::Unknown => None,
         }
     }
 }
 
 #[derive(Default)]
 struct Accumulator {
-    waiting: Option<f64>,
-    running: Option<f64>,
-    kv_usage: Option<f64>,
+    waiting: Gauge,
+    running: Gauge,
+    kv_usage: Gauge,
     lora_timestamp: f64,
 }
 
-/// Reads one `/metrics` body into a snapshot. Series of the same gauge with different labels
-/// (one per served model) are summed for queue and running, and the highest KV usage wins.
-/// Also returns the selectors whose metric appeared only with other labels, so a label filter
-/// that matches nothing can be reported.
+/// [`extract_within`] with no size limit.
 pub fn extract(
     engine: Engine,
     text: &str,
     selectors: &[MetricSelector],
 ) -> Result<(EndpointMetrics, ParseSummary, Vec<usize>), ExtractError> {
+    extract_within(engine, text, selectors, usize::MAX)
+}
+
+/// Reads one `/metrics` body into a snapshot. Series of the same gauge with different labels
+/// (one per served model) are summed for queue and running, and the highest KV usage wins;
+/// a non-finite or negative series (or a sum that overflows) makes that value unknown.
+/// Parsing stops at `max_bytes`: a longer body is an error, whatever came before the cap.
+/// Also returns the selectors whose metric appeared only with other labels, so a label filter
+/// that matches nothing can be reported.
+pub fn extract_within(
+    engine: Engine,
+    text: &str,
+    selectors: &[MetricSelector],
+    max_bytes: usize,
+) -> Result<(EndpointMetrics, ParseSummary, Vec<usize>), ExtractError> {
     let names = engine.names();
     let mut acc = Accumulator::default();
-    let mut metrics = EndpointMetrics {
-        custom: vec![None; selectors.len()],
-        ..EndpointMetrics::default()
-    };
+    let mut metrics = EndpointMetrics::default();
+    let mut custom = vec![Gauge::Absent; selectors.len()];
     let mut name_seen = vec![false; selectors.len()];
-    let summary = for_each_sample(text, |sample| {
-        let value = finite_or_zero(sample.value);
+    let summary = for_each_sample_within(text, max_bytes, |sample| {
+        let value = sample.value;
         if names.waiting.contains(&sample.name) {
-            *acc.waiting.get_or_insert(0.0) += value;
+            acc.waiting.add(value, false);
         } else if names.running.contains(&sample.name) {
-            *acc.running.get_or_insert(0.0) += value;
+            acc.running.add(value, false);
         } else if names.kv_usage.contains(&sample.name) {
-            acc.kv_usage = Some(acc.kv_usage.unwrap_or(0.0).max(value));
+            acc.kv_usage.max(value);
         } else if sample.name == "vllm:lora_requests_info" && sample.value >= acc.lora_timestamp {
             acc.lora_timestamp = sample.value;
             metrics.lora = Some(lora_info(sample));
         } else if sample.name == "vllm:cache_config_info" {
             metrics.cache_config = cache_config(sample);
         }
-        for ((slot, seen), selector) in metrics
-            .custom
-            .iter_mut()
-            .zip(name_seen.iter_mut())
-            .zip(selectors)
-        {
+        for ((slot, seen), selector) in custom.iter_mut().zip(name_seen.iter_mut()).zip(selectors) {
             if sample.name == selector.metric_name {
                 *seen = true;
                 if selector.matches(sample) {
-                    *slot = Some(slot.unwrap_or(0.0) + value);
+                    // A custom gauge may be negative (its scorer clamps to [min, max]).
+                    slot.add(value, true);
                 }
             }
         }
     });
-    if acc.waiting.is_none() && acc.running.is_none() && acc.kv_usage.is_none() {
+    if summary.truncated {
+        return Err(ExtractError::TooLarge { limit: max_bytes });
+    }
+    if acc.waiting.is_absent() && acc.running.is_absent() && acc.kv_usage.is_absent() {
         return Err(ExtractError::NoEngineMetrics {
             engine,
             malformed_lines: summary.malformed_lines,
         });
     }
-    metrics.waiting_queue = acc.waiting.unwrap_or(0.0).max(0.0);
-    metrics.running_requests = acc.running.unwrap_or(0.0).max(0.0);
-    metrics.kv_cache_usage = acc.kv_usage.unwrap_or(0.0).clamp(0.0, 1.0);
-    let unmatched = metrics
-        .custom
+    metrics.waiting_queue = acc.waiting.or_zero();
+    metrics.running_requests = acc.running.or_zero();
+    metrics.kv_cache_usage = acc.kv_usage.or_zero().map(|kv| kv.min(1.0));
+    metrics.custom = custom.iter().map(|gauge| gauge.value()).collect();
+    let unmatched = custom
         .iter()
         .zip(&name_seen)
         .enumerate()
-        .filter(|(_, (value, &seen))| seen && value.is_none())
+        .filter(|(_, (gauge, &seen))| seen && gauge.is_absent())
         .map(|(index, _)| index)
         .collect();
     Ok((metrics, summary, unmatched))
-}
-
-fn finite_or_zero(value: f64) -> f64 {
-    if value.is_finite() {
-        value
-    } else {
-        0.0
-    }
 }
 
 fn adapter_list(text: Option<std::borrow::Cow<'_, str>>) -> Vec<String> {
@@ -241,9 +346,9 @@ vllm:cache_config_info{block_size=\"16\",num_gpu_blocks=\"4096\"} 1
     #[test]
     fn vllm_snapshot() {
         let (metrics, _, _) = extract(Engine::Vllm, VLLM, &[]).unwrap();
-        assert_eq!(metrics.waiting_queue, 5.0);
-        assert_eq!(metrics.running_requests, 7.0);
-        assert_eq!(metrics.kv_cache_usage, 0.4);
+        assert_eq!(metrics.waiting_queue, Some(5.0));
+        assert_eq!(metrics.running_requests, Some(7.0));
+        assert_eq!(metrics.kv_cache_usage, Some(0.4));
         let lora = metrics.lora.unwrap();
         assert_eq!(lora.max_lora, 2);
         assert_eq!(lora.running, ["a", "b"]);
@@ -260,7 +365,7 @@ vllm:cache_config_info{block_size=\"16\",num_gpu_blocks=\"4096\"} 1
     #[test]
     fn newer_kv_metric_name_is_read() {
         let (metrics, _, _) = extract(Engine::Vllm, "vllm:kv_cache_usage_perc 0.9\n", &[]).unwrap();
-        assert_eq!(metrics.kv_cache_usage, 0.9);
+        assert_eq!(metrics.kv_cache_usage, Some(0.9));
     }
 
     #[test]
@@ -273,11 +378,15 @@ vllm:cache_config_info{block_size=\"16\",num_gpu_blocks=\"4096\"} 1
                 metrics.running_requests,
                 metrics.kv_cache_usage
             ),
-            (4.0, 2.0, 0.5)
+            (Some(4.0), Some(2.0), Some(0.5))
         );
         let text = "trtllm_num_requests_waiting 1\ntrtllm_kv_cache_utilization 0.25\n";
         let (metrics, _, _) = extract(Engine::TrtllmServe, text, &[]).unwrap();
-        assert_eq!((metrics.waiting_queue, metrics.kv_cache_usage), (1.0, 0.25));
+        assert_eq!(
+            (metrics.waiting(), metrics.running(), metrics.kv_usage()),
+            (Some(1.0), Some(0.0), Some(0.25)),
+            "a series the page lacks reads as 0"
+        );
         assert_eq!(
             Engine::from_label(Some("trtllm-serve")),
             Engine::TrtllmServe
@@ -291,17 +400,93 @@ vllm:cache_config_info{block_size=\"16\",num_gpu_blocks=\"4096\"} 1
         assert!(extract(Engine::Sglang, VLLM, &[]).is_err());
     }
 
-    #[test]
-    fn out_of_range_values_are_tamed() {
-        let text = "vllm:num_requests_waiting NaN\nvllm:kv_cache_usage_perc 7\nvllm:num_requests_running -3\n";
+    fn engine_values(text: &str) -> (Option<f64>, Option<f64>, Option<f64>) {
         let (metrics, _, _) = extract(Engine::Vllm, text, &[]).unwrap();
+        (metrics.waiting(), metrics.running(), metrics.kv_usage())
+    }
+
+    #[test]
+    fn non_finite_and_negative_values_are_unknown_never_idle() {
+        let text = "vllm:num_requests_waiting NaN\nvllm:kv_cache_usage_perc 7\nvllm:num_requests_running -3\n";
         assert_eq!(
-            (
-                metrics.waiting_queue,
-                metrics.running_requests,
-                metrics.kv_cache_usage
-            ),
-            (0.0, 0.0, 1.0)
+            engine_values(text),
+            (None, None, Some(1.0)),
+            "NaN and negative are unknown; a usage above 1 is full"
+        );
+        let text = "vllm:num_requests_waiting +Inf\nvllm:num_requests_running 2\nvllm:kv_cache_usage_perc -Inf\n";
+        assert_eq!(engine_values(text), (None, Some(2.0), None));
+        let text = "vllm:kv_cache_usage_perc{m=\"a\"} 0.5\nvllm:kv_cache_usage_perc{m=\"b\"} NaN\n";
+        assert_eq!(
+            engine_values(text).2,
+            None,
+            "one bad series spoils the value, whatever the others say"
+        );
+    }
+
+    #[test]
+    fn a_sum_that_overflows_is_unknown() {
+        let text = "vllm:num_requests_waiting{m=\"a\"} 1e308\nvllm:num_requests_waiting{m=\"b\"} 1e308\nvllm:num_requests_running 1e308\n";
+        assert_eq!(engine_values(text), (None, Some(1e308), Some(0.0)));
+        let text = "vllm:num_requests_waiting{m=\"a\"} -1\nvllm:num_requests_waiting{m=\"b\"} 5\n";
+        assert_eq!(
+            engine_values(text).0,
+            None,
+            "a negative series is not netted out"
+        );
+    }
+
+    #[test]
+    fn unknown_values_still_make_a_model_server() {
+        let (metrics, _, _) =
+            extract(Engine::Vllm, "vllm:num_requests_waiting NaN\n", &[]).unwrap();
+        assert_eq!(metrics.waiting(), None);
+        assert!(
+            extract(Engine::Vllm, "up NaN\n", &[]).is_err(),
+            "still not a model server"
+        );
+    }
+
+    #[test]
+    fn accessors_refuse_invalid_values_built_by_hand() {
+        let metrics = EndpointMetrics {
+            waiting_queue: Some(f64::NAN),
+            running_requests: Some(-1.0),
+            kv_cache_usage: Some(3.0),
+            ..EndpointMetrics::default()
+        };
+        assert_eq!(
+            (metrics.waiting(), metrics.running(), metrics.kv_usage()),
+            (None, None, Some(1.0))
+        );
+        assert_eq!(EndpointMetrics::default().waiting(), None, "never scraped");
+        assert_eq!(EndpointMetrics::idle().kv_usage(), Some(0.0));
+    }
+
+    #[test]
+    fn parsing_stops_at_the_size_cap() {
+        assert!(extract_within(Engine::Vllm, VLLM, &[], VLLM.len()).is_ok());
+        assert_eq!(
+            extract_within(Engine::Vllm, VLLM, &[], VLLM.len() - 1).err(),
+            Some(ExtractError::TooLarge {
+                limit: VLLM.len() - 1
+            }),
+            "one byte over the cap fails, though the series before it were fine"
+        );
+    }
+
+    #[test]
+    fn custom_values_unknown_when_not_finite() {
+        let selector = |name: &str| MetricSelector {
+            metric_name: name.into(),
+            labels: vec![],
+        };
+        let text = "vllm:num_requests_waiting 1\nm_nan NaN\nm_neg -2\nm_sum 1e308\nm_sum 1e308\n";
+        let selectors = [selector("m_nan"), selector("m_neg"), selector("m_sum")];
+        let (metrics, _, unmatched) = extract(Engine::Vllm, text, &selectors).unwrap();
+        assert_eq!(metrics.custom, vec![None, Some(-2.0), None]);
+        assert!(
+            unmatched.is_empty(),
+            "unknown is not a label mismatch: {unmatched:?}"
         );
     }
 

@@ -44,11 +44,29 @@ impl<'a> Sample<'a> {
 pub struct ParseSummary {
     pub samples: usize,
     pub malformed_lines: usize,
+    /// The text was longer than the limit; nothing past it was read.
+    pub truncated: bool,
 }
 
 /// Calls `visit` for every well-formed sample in `text`.
-pub fn for_each_sample<'a>(text: &'a str, mut visit: impl FnMut(&Sample<'a>)) -> ParseSummary {
+pub fn for_each_sample<'a>(text: &'a str, visit: impl FnMut(&Sample<'a>)) -> ParseSummary {
+    for_each_sample_within(text, usize::MAX, visit)
+}
+
+/// Calls `visit` for every well-formed sample in the first `max_bytes` of `text`: only lines
+/// that end within the limit are read, and the summary says when the text went on.
+pub fn for_each_sample_within<'a>(
+    text: &'a str,
+    max_bytes: usize,
+    mut visit: impl FnMut(&Sample<'a>),
+) -> ParseSummary {
     let mut summary = ParseSummary::default();
+    let text = if text.len() > max_bytes {
+        summary.truncated = true;
+        within(text, max_bytes)
+    } else {
+        text
+    };
     for line in text.lines() {
         let line = line.trim();
         if line.is_empty() || line.starts_with('#') {
@@ -63,6 +81,17 @@ pub fn for_each_sample<'a>(text: &'a str, mut visit: impl FnMut(&Sample<'a>)) ->
         }
     }
     summary
+}
+
+/// The whole lines of `text` that end within its first `max_bytes` bytes.
+fn within(text: &str, max_bytes: usize) -> &str {
+    let end = text
+        .as_bytes()
+        .get(..max_bytes)
+        .and_then(|head| head.iter().rposition(|&b| b == b'\n'))
+        .map_or(0, |newline| newline + 1);
+    // A newline is ASCII, so the cut falls on a character boundary.
+    text.get(..end).unwrap_or("")
 }
 
 fn parse_sample_line(line: &str) -> Option<Sample<'_>> {
@@ -241,7 +270,8 @@ mod tests {
             summary,
             ParseSummary {
                 samples: 3,
-                malformed_lines: 0
+                malformed_lines: 0,
+                truncated: false
             }
         );
         assert_eq!(out[0].0, "vllm:num_requests_waiting");
@@ -299,6 +329,27 @@ mod tests {
             assert!(s.matches_labels([("model_name", "llama-3-8b")]));
             assert!(!s.matches_labels([("model_name", "other")]));
         });
+    }
+
+    #[test]
+    fn stops_at_the_byte_limit() {
+        let text = "a 1\nb 2\nc 3\n";
+        let mut names = Vec::new();
+        let summary = for_each_sample_within(text, 9, |s| names.push(s.name.to_owned()));
+        assert_eq!(names, ["a", "b"], "the line cut by the limit is not read");
+        assert!(summary.truncated);
+        names.clear();
+        let summary = for_each_sample_within(text, 3, |s| names.push(s.name.to_owned()));
+        assert!(
+            names.is_empty() && summary.truncated,
+            "no whole line within 3 bytes"
+        );
+        let summary = for_each_sample_within(text, text.len(), |_| {});
+        assert_eq!((summary.samples, summary.truncated), (3, false));
+        let wide = "é 1\nü 2\n";
+        for limit in 0..wide.len() {
+            for_each_sample_within(wide, limit, |_| {});
+        }
     }
 
     #[test]

@@ -467,7 +467,7 @@ mod tests {
             0,
             900,
             EndpointMetrics {
-                waiting_queue: 3.0,
+                waiting_queue: Some(3.0),
                 ..EndpointMetrics::default()
             },
         );
@@ -479,7 +479,7 @@ mod tests {
             !follower.apply_snapshot(&store, &mut local).unwrap(),
             "same seq"
         );
-        assert_eq!(local.endpoints[0].metrics.waiting_queue, 3.0);
+        assert_eq!(local.endpoints[0].metrics.waiting_queue, Some(3.0));
         assert_eq!(local.endpoints[0].last_scrape_ok_ms, Some(900));
         local.refresh_health(1000, 2000);
         assert_eq!(local.endpoints[0].health, Health::Fresh);

@@ -10,7 +10,7 @@ use crate::hash::hash_bytes;
 use crate::host::{Clock, HostError, HttpCallouts, SharedData};
 use crate::protocol::DESTINATION_HEADER;
 use crate::shared_state::{Coordinator, Role};
-use hashbrown::HashMap;
+use hashbrown::{HashMap, HashSet};
 
 /// One VM's configuration, loaded: its director, its tick flow and the tick period.
 pub struct Configured {
@@ -81,6 +81,10 @@ pub struct TickFlow {
     unpublished: bool,
     discovery_call: Option<u32>,
     next_discovery_ms: u64,
+    /// Endpoints warned about for a `/metrics` page over `pool.maxMetricsBytes`; warned again
+    /// only after a good scrape.
+    oversized: HashSet<usize>,
+    oversize_warnings: usize,
 }
 
 impl TickFlow {
@@ -96,6 +100,8 @@ impl TickFlow {
             unpublished: false,
             discovery_call: None,
             next_discovery_ms: 0,
+            oversized: HashSet::new(),
+            oversize_warnings: 0,
         }
     }
 
@@ -107,6 +113,12 @@ impl TickFlow {
 
     pub fn coordinator(&self) -> Option<&Coordinator> {
         self.coordinator.as_ref()
+    }
+
+    /// Warnings logged so far about pages over `pool.maxMetricsBytes` (one per endpoint until
+    /// it scrapes within the cap again).
+    pub fn oversize_warnings(&self) -> usize {
+        self.oversize_warnings
     }
 
     /// Scrapes sent and not answered yet (answers arrive or time out).
@@ -154,6 +166,23 @@ impl TickFlow {
         // Stamped on arrival, so the age other workers see is the real one.
         let now = host.now_ms().unwrap_or(self.last_tick_ms);
         let ok = record_scrape(host, director, scrape.index, body_size, now);
+        match ok {
+            Scraped::Ok => {
+                self.oversized.remove(&scrape.index);
+            }
+            Scraped::Oversized => {
+                if self.oversized.insert(scrape.index) {
+                    self.oversize_warnings += 1;
+                    log::warn!(
+                        "inference-picker: /metrics of {} is {body_size} bytes, over pool.maxMetricsBytes ({}): not read, counted as a failed scrape (said once until it scrapes within the cap)",
+                        director.address(scrape.index).unwrap_or("?"),
+                        director.settings().max_metrics_bytes
+                    );
+                }
+            }
+            Scraped::Failed => {}
+        }
+        let ok = ok == Scraped::Ok;
         self.unpublished = true;
         if scrape.round == self.round {
             self.round_outstanding = self.round_outstanding.saturating_sub(1);
@@ -368,14 +397,26 @@ fn share_state(
     Ok(())
 }
 
-/// Feeds one `/metrics` answer to the director; true when it gave usable metrics.
+/// How one `/metrics` answer went.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Scraped {
+    /// Usable metrics.
+    Ok,
+    /// Over `pool.maxMetricsBytes`: failed, and the body was never read.
+    Oversized,
+    /// Any other failure.
+    Failed,
+}
+
+/// Feeds one `/metrics` answer to the director. The body's size is known before it is
+/// copied into the VM: one over `pool.maxMetricsBytes` is never read.
 fn record_scrape(
     host: &impl HttpCallouts,
     director: &mut Director,
     index: usize,
     body_size: usize,
     now: u64,
-) -> bool {
+) -> Scraped {
     let status = host.response_status();
     let address = director.address(index).unwrap_or("?").to_owned();
     if status.as_deref() != Some(b"200".as_slice()) {
@@ -384,25 +425,29 @@ fn record_scrape(
             describe_status(status.as_deref())
         );
         director.on_scrape_failed(index);
-        return false;
+        return Scraped::Failed;
+    }
+    if body_size > director.settings().max_metrics_bytes {
+        director.on_scrape_failed(index);
+        return Scraped::Oversized;
     }
     let body = match host.response_body(body_size) {
         Ok(body) => body,
         Err(error) => {
             log::warn!("inference-picker: reading scrape of {address}: {error}");
             director.on_scrape_failed(index);
-            return false;
+            return Scraped::Failed;
         }
     };
     match director.on_scrape_ok(index, now, &String::from_utf8_lossy(&body)) {
-        Ok(None) => true,
+        Ok(None) => Scraped::Ok,
         Ok(Some(warning)) => {
             log::warn!("inference-picker: {warning}");
-            true
+            Scraped::Ok
         }
         Err(error) => {
             log::debug!("inference-picker: scrape of {address}: {error}");
-            false
+            Scraped::Failed
         }
     }
 }

@@ -1,10 +1,11 @@
 //! Properties of the scoring core and the parsers, over generated pools, requests and inputs:
-//! every scorer stays in [0, 1], a pick is always a distinct subset of the candidates, scaling
-//! every weight never changes a decision, and no input makes a parser panic.
+//! every scorer stays in [0, 1], one pod's metrics (NaN, infinities, negative, huge) never
+//! disturb how the others compare, a pick is always a distinct subset of the candidates,
+//! scaling every weight never changes a decision, and no input makes a parser panic.
 
 use inference_picker::config::load;
 use inference_picker::endpoint::{EndpointState, Health, Pool};
-use inference_picker::metrics::{CacheConfig, EndpointMetrics, LoraInfo};
+use inference_picker::metrics::{extract, CacheConfig, EndpointMetrics, Engine, LoraInfo};
 use inference_picker::request::{parse_body, ApiKind, InferenceRequest, RequestHeaders};
 use inference_picker::scheduling::plugins::{self, scorer::session_affinity_scorer};
 use inference_picker::scheduling::rng::Rng;
@@ -69,9 +70,9 @@ fn pool_of(specs: &[PodSpec]) -> Pool {
                 let mut endpoint =
                     EndpointState::new(format!("10.0.{}.{}:8000", i / 200, i % 200), labels);
                 endpoint.metrics = EndpointMetrics {
-                    waiting_queue: spec.waiting,
-                    running_requests: spec.running,
-                    kv_cache_usage: spec.kv,
+                    waiting_queue: Some(spec.waiting),
+                    running_requests: Some(spec.running),
+                    kv_cache_usage: Some(spec.kv),
                     lora: spec.lora.then(|| LoraInfo {
                         max_lora: 2,
                         running: vec!["a".into()],
@@ -114,8 +115,224 @@ fn scorers() -> Vec<(&'static str, Plugin)> {
         .collect()
 }
 
+/// Any value a pod could report or a snapshot could hold: valid, unknown, absurd.
+fn any_value() -> impl Strategy<Value = Option<f64>> {
+    prop::option::of(prop_oneof![
+        Just(f64::NAN),
+        Just(f64::INFINITY),
+        Just(f64::NEG_INFINITY),
+        Just(f64::MAX),
+        Just(f64::MIN),
+        Just(1e308),
+        Just(-0.0),
+        Just(f64::MIN_POSITIVE),
+        -1e6..1e6f64,
+        0.0..=1.0f64,
+        any::<f64>(),
+    ])
+}
+
+/// Values that are unknown: absent, not finite, or negative.
+fn unknown_value() -> impl Strategy<Value = Option<f64>> {
+    prop_oneof![
+        Just(None),
+        Just(Some(f64::NAN)),
+        Just(Some(f64::INFINITY)),
+        Just(Some(f64::NEG_INFINITY)),
+        (-1e308..-1e-300f64).prop_map(Some),
+    ]
+}
+
+fn hostile_metrics(
+    values: (Option<f64>, Option<f64>, Option<f64>, Option<f64>),
+    cache: Option<(u32, u64)>,
+) -> EndpointMetrics {
+    let (waiting, running, kv, custom) = values;
+    EndpointMetrics {
+        waiting_queue: waiting,
+        running_requests: running,
+        kv_cache_usage: kv,
+        lora: None,
+        cache_config: cache.map(|(block_size, num_gpu_blocks)| CacheConfig {
+            block_size,
+            num_gpu_blocks,
+        }),
+        custom: vec![custom],
+    }
+}
+
+/// Scores of every scorer type over `candidates`, each from a fresh instance.
+fn all_scores(
+    pool: &Pool,
+    candidates: &[usize],
+    matched: &[usize],
+) -> Vec<(&'static str, Vec<f64>)> {
+    let request = InferenceRequest {
+        model: "a".into(),
+        prompt_tokens: 600,
+        ..InferenceRequest::default()
+    };
+    let cycle = CycleState {
+        prefix: Some(PrefixMatches {
+            matched_blocks: matched.to_vec(),
+            total_blocks: 40,
+            block_tokens: 16,
+        }),
+    };
+    let ctx = SchedulingContext {
+        request: &request,
+        pool,
+        cycle: &cycle,
+    };
+    scorers()
+        .into_iter()
+        .filter_map(|(type_name, plugin)| {
+            let Plugin::Scorer(mut scorer) = plugin else {
+                return None;
+            };
+            let mut scores = vec![0.0; candidates.len()];
+            scorer.score(&ctx, candidates, &mut scores);
+            Some((type_name, scores))
+        })
+        .collect()
+}
+
+/// Scorers that read scraped metrics: an unknown value elsewhere must not move their scores.
+const METRIC_SCORERS: &[&str] = &[
+    "queue-scorer",
+    "running-requests-size-scorer",
+    "kv-cache-utilization-scorer",
+    "load-aware-scorer",
+    "request-cost-scorer",
+    "metric-scorer",
+];
+
+/// Scores pods 1.. with and without pod 0 among the candidates and checks that pod 0 changes
+/// nothing in how they compare: every score finite in [0, 1], no pair of the others swapped,
+/// no tie broken; with `unknown`, metric scorers give the others exactly the same scores.
+fn check_others_undisturbed(
+    pool: &Pool,
+    matched: &[usize],
+    unknown: bool,
+) -> Result<(), TestCaseError> {
+    let everyone: Vec<usize> = (0..pool.len()).collect();
+    let others: Vec<usize> = (1..pool.len()).collect();
+    let with = all_scores(pool, &everyone, matched);
+    let without = all_scores(pool, &others, matched);
+    for ((type_name, with), (_, without)) in with.iter().zip(&without) {
+        for score in with.iter().chain(without) {
+            prop_assert!(
+                score.is_finite() && (0.0..=1.0).contains(score),
+                "{type_name}: {score}"
+            );
+        }
+        let with_others = &with[1..];
+        for i in 0..without.len() {
+            for j in 0..without.len() {
+                if without[i] > without[j] {
+                    prop_assert!(
+                        with_others[i] >= with_others[j],
+                        "{type_name}: pods {} and {} swapped: {with:?} vs {without:?}",
+                        i + 1,
+                        j + 1
+                    );
+                } else if without[i] == without[j] {
+                    prop_assert_eq!(with_others[i], with_others[j], "{}: tie broken", type_name);
+                }
+            }
+        }
+        if unknown && METRIC_SCORERS.contains(type_name) {
+            prop_assert_eq!(with_others, without.as_slice(), "{}", type_name);
+            prop_assert_eq!(with[0], 0.0, "{}: unknown must score worst", type_name);
+        }
+    }
+    Ok(())
+}
+
+/// A `/metrics` page of hostile series for pod 0.
+fn hostile_page() -> impl Strategy<Value = String> {
+    let name = prop::sample::select(vec![
+        "vllm:num_requests_waiting",
+        "vllm:num_requests_running",
+        "vllm:kv_cache_usage_perc",
+        "m",
+    ]);
+    let value = prop_oneof![
+        Just("NaN".to_owned()),
+        Just("+Inf".to_owned()),
+        Just("-Inf".to_owned()),
+        Just("1e308".to_owned()),
+        Just("1.7976931348623157e308".to_owned()),
+        Just("-1".to_owned()),
+        Just("0".to_owned()),
+        any::<f64>().prop_map(|v| format!("{v:e}")),
+        (0.0..50.0f64).prop_map(|v| v.to_string()),
+    ];
+    prop::collection::vec((name, 0u8..4, value), 1..10).prop_map(|lines| {
+        lines
+            .into_iter()
+            .map(|(name, model, value)| format!("{name}{{model_name=\"{model}\"}} {value}\n"))
+            .collect()
+    })
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(200))]
+
+    #[test]
+    fn one_pods_metrics_never_disturb_the_others(
+        specs in prop::collection::vec(pod(), 3..10),
+        values in (any_value(), any_value(), any_value(), any_value()),
+        cache in prop::option::of((any::<u32>(), any::<u64>())),
+    ) {
+        let mut pool = pool_of(&specs);
+        pool.endpoints[0].metrics = hostile_metrics(values, cache);
+        let matched: Vec<usize> = specs.iter().map(|s| s.matched).collect();
+        check_others_undisturbed(&pool, &matched, false)?;
+    }
+
+    #[test]
+    fn unknown_values_leave_the_others_scores_exactly_as_they_were(
+        specs in prop::collection::vec(pod(), 3..10),
+        values in (unknown_value(), unknown_value(), unknown_value(), prop_oneof![Just(None), Just(Some(f64::NAN)), Just(Some(f64::INFINITY))]),
+    ) {
+        let mut pool = pool_of(&specs);
+        pool.endpoints[0].metrics = hostile_metrics(values, None);
+        let matched: Vec<usize> = specs.iter().map(|s| s.matched).collect();
+        check_others_undisturbed(&pool, &matched, true)?;
+    }
+
+    #[test]
+    fn a_hostile_page_never_makes_a_score_or_total_nan(
+        specs in prop::collection::vec(pod(), 3..10),
+        page in hostile_page(),
+        seed in any::<u64>(),
+    ) {
+        let mut pool = pool_of(&specs);
+        let selector = inference_picker::metrics::MetricSelector { metric_name: "m".into(), labels: vec![] };
+        match extract(Engine::Vllm, &page, &[selector]) {
+            Ok((metrics, _, _)) => {
+                // Stored as read: only known values, never NaN, infinite or negative.
+                for value in [metrics.waiting_queue, metrics.running_requests, metrics.kv_cache_usage].into_iter().flatten() {
+                    prop_assert!(value.is_finite() && value >= 0.0, "{page}");
+                }
+                pool.endpoints[0].metrics = metrics;
+            }
+            Err(_) => return Ok(()),
+        }
+        let matched: Vec<usize> = specs.iter().map(|s| s.matched).collect();
+        check_others_undisturbed(&pool, &matched, false)?;
+        let config = "plugins:\n- type: queue-scorer\n- type: kv-cache-utilization-scorer\n- type: running-requests-size-scorer\n- type: load-aware-scorer\n- type: request-cost-scorer\n\
+                      pool:\n  endpoints: [{address: '10.0.0.1:1'}]\n";
+        let mut scheduler = load(config, seed).unwrap().scheduler;
+        scheduler.schedule(&InferenceRequest::empty(), &pool).unwrap();
+        for row in scheduler.explain_rows(&pool) {
+            prop_assert!(row.total.is_finite(), "{row:?}");
+            for (name, score, _) in &row.scores {
+                prop_assert!(score.is_finite() && (0.0..=1.0).contains(score), "{name}: {score}");
+            }
+        }
+    }
 
     #[test]
     fn every_scorer_stays_within_zero_and_one(

@@ -59,6 +59,8 @@ pub struct Engine {
     pub background_kv: f64,
     /// Raw exposition lines appended to `/metrics` (other models' series, custom gauges).
     pub extra_metrics: String,
+    /// `/metrics` is padded with filler series to at least this many bytes.
+    pub metrics_padding_bytes: usize,
     /// `x-prefiller-host-port` values seen on inference requests, with counts.
     pub prefillers_seen: HashMap<String, u64>,
     /// Prompt tokens looked up in the prefix cache at admission, and those it served.
@@ -87,6 +89,7 @@ impl Engine {
             background_running: 0,
             background_kv: 0.0,
             extra_metrics: String::new(),
+            metrics_padding_bytes: 0,
             prefillers_seen: HashMap::new(),
             prefix_queries: 0,
             prefix_hits: 0,
@@ -257,6 +260,7 @@ impl Engine {
             started,
             now,
             extra: self.extra_metrics.clone(),
+            padding_bytes: self.metrics_padding_bytes,
         }
     }
 }

@@ -29,12 +29,13 @@
 //! --kv-blocks N (4096), --block-size N (16 tokens), --time-scale F (1), --loaded-adapters a,b
 //! (resident at start), --background-waiting N (queued work from elsewhere),
 //! --background-running N, --background-kv F (added to the reported KV usage),
-//! --extra-metrics TEXT (raw exposition lines appended to /metrics, `\n` separated), --fault
-//! MODE (none|error|slow|hang|die).
+//! --extra-metrics TEXT (raw exposition lines appended to /metrics, `\n` separated),
+//! --metrics-padding BYTES (filler series appended until /metrics is at least that long: an
+//! oversized page), --fault MODE (none|error|slow|hang|die).
 //!
 //! Runtime control: `POST /admin/fault` (`{"mode":"error","status":500,"scope":"inference"}`;
 //! the scope spares `/metrics`), `POST /admin/load` with a JSON body (`background_waiting`,
-//! `background_running`, `background_kv`, `extra_metrics`), `GET`/`POST /admin/stats` for
+//! `background_running`, `background_kv`, `extra_metrics`, `metrics_padding_bytes`), `GET`/`POST /admin/stats` for
 //! counters (`prefix_queries` / `prefix_hits` are prompt tokens, from the token-block cache).
 //! A request header `x-sim-response-id` pins the response id so tests can compare responses
 //! byte for byte.
@@ -77,6 +78,7 @@ pub struct Settings {
     pub background_running: usize,
     pub background_kv: f64,
     pub extra_metrics: String,
+    pub metrics_padding_bytes: usize,
     pub fault: Option<String>,
 }
 
@@ -126,6 +128,7 @@ impl Settings {
             extra_metrics: value("--extra-metrics")
                 .map(|text| text.replace("\\n", "\n"))
                 .unwrap_or_default(),
+            metrics_padding_bytes: number("--metrics-padding", 0.0) as usize,
             fault: value("--fault"),
         }
     }

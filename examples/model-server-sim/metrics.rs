@@ -31,6 +31,8 @@ pub struct Snapshot {
     pub now: f64,
     /// Raw exposition lines appended at the end.
     pub extra: String,
+    /// Filler series appended after those until the page is at least this many bytes.
+    pub padding_bytes: usize,
 }
 
 /// A float as Python's `prometheus_client` writes it: `4.0`, `0.34042553191489366`,
@@ -248,6 +250,19 @@ pub fn render(s: &Snapshot) -> String {
         cache_config_labels(s)
     );
     w.out.push_str(&s.extra);
+    if w.out.len() < s.padding_bytes {
+        w.out.reserve(s.padding_bytes - w.out.len() + 64);
+        w.header(
+            "vllm:sim_padding",
+            "gauge",
+            "Filler making the page oversized",
+        );
+        let mut n = 0u64;
+        while w.out.len() < s.padding_bytes {
+            let _ = writeln!(w.out, "vllm:sim_padding{{n=\"{n}\"}} 0.0");
+            n += 1;
+        }
+    }
     w.out
 }
 
@@ -361,6 +376,7 @@ mod tests {
             started: 1_795_426_031.043_914_3,
             now: 1_795_426_080.889_250_8,
             extra: String::new(),
+            padding_bytes: 0,
         }
     }
 
@@ -393,6 +409,29 @@ mod tests {
         ] {
             assert!(ours.contains_key(name), "{name}");
         }
+    }
+
+    #[test]
+    fn padding_makes_an_oversized_page_that_still_parses() {
+        let plain = render(&busy());
+        let padded = render(&Snapshot {
+            padding_bytes: 100_000,
+            ..busy()
+        });
+        assert!(
+            padded.len() >= 100_000 && padded.len() < 100_100,
+            "{}",
+            padded.len()
+        );
+        assert!(padded.starts_with(&plain), "the real series come first");
+        assert!(padded.ends_with('\n'));
+        assert_eq!(
+            render(&Snapshot {
+                padding_bytes: 10,
+                ..busy()
+            }),
+            plain
+        );
     }
 
     #[test]

@@ -58,6 +58,7 @@ impl Pod {
         engine.background_running = settings.background_running;
         engine.background_kv = settings.background_kv;
         engine.extra_metrics = settings.extra_metrics.clone();
+        engine.metrics_padding_bytes = settings.metrics_padding_bytes;
         engine.fault = settings
             .fault
             .as_ref()
@@ -180,6 +181,9 @@ impl Pod {
                 }
                 if let Some(extra) = body.get("extra_metrics").and_then(Value::as_str) {
                     engine.extra_metrics = extra.to_string();
+                }
+                if let Some(bytes) = body.get("metrics_padding_bytes").and_then(Value::as_u64) {
+                    engine.metrics_padding_bytes = bytes as usize;
                 }
             }
             _ => {}

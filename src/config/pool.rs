@@ -4,6 +4,7 @@ use super::error::ConfigError;
 use crate::discovery::DiscoveryConfig;
 use crate::duration::serde_go;
 use crate::endpoint::canonical_address;
+use crate::limits;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -43,6 +44,8 @@ pub struct PoolConfig {
     pub metrics_timeout: Duration,
     /// Request bodies above this get a 413 before any parsing.
     pub max_request_body_bytes: usize,
+    /// A `/metrics` answer larger than this is a failed scrape, never copied into the VM.
+    pub max_metrics_bytes: usize,
     pub objectives: Vec<ObjectiveConfig>,
     /// Write the fallbacks into the destination header too (`primary,fallback,...`), for
     /// Envoy's override_host load-balancing policy, which retries on the next address.
@@ -65,6 +68,7 @@ impl Default for PoolConfig {
             metrics_staleness_threshold: Duration::from_secs(2),
             metrics_timeout: Duration::from_secs(1),
             max_request_body_bytes: 4 << 20,
+            max_metrics_bytes: 4 << 20,
             objectives: Vec::new(),
             destination_list: false,
             discovery: None,
@@ -86,18 +90,22 @@ impl PoolConfig {
                 "the endpoint list is empty (and no pool.discovery is set)",
             ));
         }
-        let mut seen = Vec::with_capacity(self.endpoints.len());
+        if !self.endpoints.is_empty() {
+            limits::ENDPOINTS
+                .check_usize(self.endpoints.len())
+                .map_err(|reason| ConfigError::invalid("pool.endpoints", reason))?;
+        }
+        let mut seen = hashbrown::HashSet::with_capacity(self.endpoints.len());
         for (i, endpoint) in self.endpoints.iter().enumerate() {
             let address = canonical_address(&endpoint.address).map_err(|reason| {
                 ConfigError::invalid(format!("pool.endpoints[{i}].address"), reason)
             })?;
-            if seen.contains(&address) {
+            if !seen.insert(address.clone()) {
                 return Err(ConfigError::invalid(
                     format!("pool.endpoints[{i}].address"),
                     format!("{address} is listed twice"),
                 ));
             }
-            seen.push(address);
         }
         if self.metrics_cluster.trim().is_empty() {
             return Err(ConfigError::invalid(
@@ -111,18 +119,58 @@ impl PoolConfig {
                 "must start with '/'",
             ));
         }
-        for (key, value) in [
-            ("pool.refreshMetricsInterval", self.refresh_metrics_interval),
+        check_header_value("pool.metricsPath", &self.metrics_path)?;
+        for (key, value, bounds) in [
+            (
+                "pool.refreshMetricsInterval",
+                self.refresh_metrics_interval,
+                limits::REFRESH_METRICS_INTERVAL,
+            ),
             (
                 "pool.metricsStalenessThreshold",
                 self.metrics_staleness_threshold,
+                limits::METRICS_STALENESS_THRESHOLD,
             ),
-            ("pool.metricsTimeout", self.metrics_timeout),
+            (
+                "pool.metricsTimeout",
+                self.metrics_timeout,
+                limits::METRICS_TIMEOUT,
+            ),
+            (
+                "pool.passiveHealthBackoff",
+                self.passive_health_backoff,
+                limits::PASSIVE_HEALTH_BACKOFF,
+            ),
         ] {
-            if value < Duration::from_millis(1) {
-                return Err(ConfigError::invalid(key, "must be at least 1ms"));
-            }
+            bounds
+                .check(value)
+                .map_err(|reason| ConfigError::invalid(key, reason))?;
         }
+        if self.metrics_staleness_threshold < self.refresh_metrics_interval {
+            return Err(ConfigError::invalid(
+                "pool.metricsStalenessThreshold",
+                "must be at least pool.refreshMetricsInterval: metrics are only refreshed that often, so they would always be stale",
+            ));
+        }
+        for (key, value, bounds) in [
+            (
+                "pool.maxRequestBodyBytes",
+                self.max_request_body_bytes,
+                limits::MAX_REQUEST_BODY_BYTES,
+            ),
+            (
+                "pool.maxMetricsBytes",
+                self.max_metrics_bytes,
+                limits::MAX_METRICS_BYTES,
+            ),
+        ] {
+            bounds
+                .check_usize(value)
+                .map_err(|reason| ConfigError::invalid(key, reason))?;
+        }
+        limits::OBJECTIVES
+            .check_usize(self.objectives.len())
+            .map_err(|reason| ConfigError::invalid("pool.objectives", reason))?;
         for (i, objective) in self.objectives.iter().enumerate() {
             let duplicate = self
                 .objectives
@@ -135,12 +183,6 @@ impl PoolConfig {
                     format!("{:?} is empty or declared twice", objective.name),
                 ));
             }
-        }
-        if self.max_request_body_bytes == 0 {
-            return Err(ConfigError::invalid(
-                "pool.maxRequestBodyBytes",
-                "must be at least 1",
-            ));
         }
         Ok(())
     }
@@ -162,4 +204,18 @@ impl PoolConfig {
             })
             .collect()
     }
+}
+
+/// A value the filter sends as a header: visible ASCII, within the header size bound.
+pub(super) fn check_header_value(key: &str, value: &str) -> Result<(), ConfigError> {
+    limits::HEADER_VALUE_BYTES
+        .check_usize(value.len())
+        .map_err(|reason| ConfigError::invalid(key, reason))?;
+    if !limits::is_token(value) {
+        return Err(ConfigError::invalid(
+            key,
+            "must be visible ASCII without spaces (it is sent as a header value)",
+        ));
+    }
+    Ok(())
 }

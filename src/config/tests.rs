@@ -190,6 +190,167 @@ fn pool_rejections() {
     }
 }
 
+/// Loads a pool with one endpoint and `extra` pool keys; the error text, or "loaded".
+fn pool_error(extra: &str) -> String {
+    let text = format!("pool:\n  endpoints: [{{address: '10.0.0.1:8000'}}]\n{extra}");
+    match load(&text, 1) {
+        Ok(_) => "loaded".to_string(),
+        Err(error) => error.to_string(),
+    }
+}
+
+#[test]
+fn every_pool_duration_size_and_count_is_bounded_with_the_limit_named() {
+    let cases = [
+        // The host refuses callout timeouts above i32::MAX ms; this one used to load and then
+        // fail every scrape with status 2.
+        (
+            "  metricsTimeout: 1000h",
+            "'pool.metricsTimeout': 3600000s is above the maximum of 60s",
+        ),
+        (
+            "  metricsTimeout: 0s",
+            "'pool.metricsTimeout': 0s is below the minimum of 1ms",
+        ),
+        (
+            "  refreshMetricsInterval: 1ms",
+            "'pool.refreshMetricsInterval': 1ms is below the minimum of 10ms",
+        ),
+        (
+            "  refreshMetricsInterval: 2m\n  metricsStalenessThreshold: 5m",
+            "'pool.refreshMetricsInterval': 120s is above the maximum of 60s",
+        ),
+        (
+            "  metricsStalenessThreshold: 2h",
+            "'pool.metricsStalenessThreshold': 7200s is above the maximum of 3600s",
+        ),
+        (
+            "  refreshMetricsInterval: 1s\n  metricsStalenessThreshold: 500ms",
+            "'pool.metricsStalenessThreshold': must be at least pool.refreshMetricsInterval",
+        ),
+        (
+            "  passiveHealthBackoff: 1000h",
+            "'pool.passiveHealthBackoff': 3600000s is above the maximum of 3600s",
+        ),
+        (
+            "  maxRequestBodyBytes: 0",
+            "'pool.maxRequestBodyBytes': 0 bytes is below the minimum of 1 bytes",
+        ),
+        (
+            "  maxRequestBodyBytes: 1073741824",
+            "'pool.maxRequestBodyBytes': 1073741824 bytes is above the maximum of 268435456 bytes",
+        ),
+        (
+            "  maxMetricsBytes: 100",
+            "'pool.maxMetricsBytes': 100 bytes is below the minimum of 4096 bytes",
+        ),
+        (
+            "  maxMetricsBytes: 1073741824",
+            "'pool.maxMetricsBytes': 1073741824 bytes is above the maximum of 67108864 bytes",
+        ),
+        (
+            "  metricsPath: '/metrics x'",
+            "'pool.metricsPath': must be visible ASCII without spaces",
+        ),
+        (
+            "  metricsPath: /é",
+            "'pool.metricsPath': must be visible ASCII without spaces",
+        ),
+    ];
+    for (extra, needle) in cases {
+        let message = pool_error(extra);
+        assert!(message.contains(needle), "{extra:?} -> {message}");
+    }
+    let long_path = format!("  metricsPath: /{}", "a".repeat(8192));
+    assert!(pool_error(&long_path).contains("8193 bytes is above the maximum of 8192 bytes"));
+    let objectives: Vec<String> = (0..1025).map(|i| format!("{{name: o{i}}}")).collect();
+    let message = pool_error(&format!("  objectives: [{}]", objectives.join(", ")));
+    assert!(
+        message.contains("'pool.objectives': 1025 objectives is above the maximum of 1024"),
+        "{message}"
+    );
+    // The bounds themselves load.
+    for extra in [
+        "  metricsTimeout: 1m\n  refreshMetricsInterval: 10ms\n  metricsStalenessThreshold: 10ms",
+        "  refreshMetricsInterval: 1m\n  metricsStalenessThreshold: 1h\n  passiveHealthBackoff: 0s",
+        "  maxMetricsBytes: 4096\n  maxRequestBodyBytes: 268435456",
+        "  maxMetricsBytes: 67108864\n  maxRequestBodyBytes: 1",
+    ] {
+        assert_eq!(pool_error(extra), "loaded", "{extra}");
+    }
+    let config = load(POOL, 1).unwrap();
+    assert_eq!(config.pool.max_metrics_bytes, 4 << 20, "default: 4 MiB");
+}
+
+#[test]
+fn the_endpoint_list_is_bounded() {
+    let endpoints: Vec<String> = (0..65_537u32)
+        .map(|i| {
+            format!(
+                "{{address: '10.{}.{}.{}:80'}}",
+                i >> 16,
+                (i >> 8) & 255,
+                i & 255
+            )
+        })
+        .collect();
+    let text = format!("pool:\n  endpoints: [{}]\n", endpoints.join(","));
+    let message = load(&text, 1).err().unwrap().to_string();
+    assert!(
+        message.contains("'pool.endpoints': 65537 endpoints is above the maximum of 65536"),
+        "{message}"
+    );
+}
+
+#[test]
+fn unroutable_endpoint_addresses_are_refused() {
+    for (address, needle) in [
+        ("0.0.0.0:0", "port 0"),
+        ("0.0.0.0:8000", "unspecified address (0.0.0.0)"),
+        ("127.0.0.1:0", "port 0"),
+        ("'[::]:9'", "unspecified address (::)"),
+        ("'[::ffff:0.0.0.0]:9'", "unspecified"),
+        ("224.0.0.1:80", "multicast"),
+    ] {
+        let text = format!("pool:\n  endpoints: [{{address: {address}}}]\n");
+        let message = load(&text, 1).err().unwrap().to_string();
+        assert!(
+            message.contains("'pool.endpoints[0].address'")
+                && message.contains("is not a routable pod address")
+                && message.contains(needle),
+            "{address}: {message}"
+        );
+    }
+}
+
+#[test]
+fn plugin_counts_and_weights_are_bounded() {
+    let picker = |n: &str| {
+        error_text(&format!(
+            "plugins:\n- type: max-score-picker\n  parameters: {{maxNumOfEndpoints: {n}}}\n"
+        ))
+    };
+    assert!(picker("257").contains("maxNumOfEndpoints: 257 endpoints is above the maximum of 256"));
+    assert_eq!(picker("256"), "loaded");
+    let weight = |w: &str| {
+        error_text(&format!(
+            "plugins:\n- type: queue-scorer\nschedulingProfiles:\n- name: default\n  plugins:\n  - {{pluginRef: queue-scorer, weight: {w}}}\n"
+        ))
+    };
+    assert!(
+        weight("1e300").contains("must be a number from 0 to 1000000"),
+        "{}",
+        weight("1e300")
+    );
+    assert!(weight(".nan").contains("must be a number from 0"));
+    assert_eq!(weight("1000000"), "loaded");
+    let span = error_text(&single_plugin(
+        "metric-scorer",
+        "{metricName: m, min: -1e308, max: 1e308}",
+    ));
+    assert!(span.contains("less than 1.7e308 apart"), "{span}");
+}
+
 /// One plugin declared alone with `parameters`, in a profile of its own when it can be.
 fn single_plugin(type_name: &str, parameters: &str) -> String {
     format!(

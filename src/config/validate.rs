@@ -3,6 +3,7 @@
 
 use super::error::ConfigError;
 use super::raw::RawConfig;
+use crate::limits::MAX_WEIGHT;
 use crate::scheduling::plugins::{self, Data};
 use crate::scheduling::{Plugin, PluginInstance, Profile};
 
@@ -47,10 +48,10 @@ pub(super) fn check_header(raw: &RawConfig) -> Result<(), ConfigError> {
 pub(super) fn weight(weight: Option<f64>, key: &str) -> Result<f64, ConfigError> {
     match weight {
         None => Ok(1.0),
-        Some(w) if w.is_finite() && w >= 0.0 => Ok(w),
+        Some(w) if w.is_finite() && (0.0..=MAX_WEIGHT).contains(&w) => Ok(w),
         Some(w) => Err(ConfigError::invalid(
             key,
-            format!("weight {w} must be a finite number >= 0"),
+            format!("weight {w} must be a number from 0 to {MAX_WEIGHT} (totals add every weighted score)"),
         )),
     }
 }

@@ -109,6 +109,8 @@ pub struct FakeCallouts {
     next_token: Cell<u32>,
     pub capacity: Cell<usize>,
     delivering: RefCell<Option<Answer>>,
+    /// Bytes copied out by `response_body`, over all calls.
+    pub body_bytes_read: Cell<usize>,
 }
 
 impl Default for FakeCallouts {
@@ -118,6 +120,7 @@ impl Default for FakeCallouts {
             next_token: Cell::new(1),
             capacity: Cell::new(usize::MAX),
             delivering: RefCell::new(None),
+            body_bytes_read: Cell::new(0),
         }
     }
 }
@@ -185,10 +188,10 @@ impl HttpCallouts for FakeCallouts {
     fn response_body(&self, size: usize) -> Result<Vec<u8>, HostError> {
         let delivering = self.delivering.borrow();
         let body = delivering.as_ref().map_or(&[][..], |(_, b)| b.as_slice());
-        Ok(body
-            .get(..size.min(body.len()))
-            .unwrap_or_default()
-            .to_vec())
+        let read = body.get(..size.min(body.len())).unwrap_or_default();
+        self.body_bytes_read
+            .set(self.body_bytes_read.get().saturating_add(read.len()));
+        Ok(read.to_vec())
     }
 }
 

@@ -698,18 +698,29 @@ fn least_in_flight_reachable(pool: &Pool) -> Result<Decision, ScheduleError> {
 }
 
 /// Min-max normalisation shared by the queue and running-requests scorers:
-/// `(max - v) / (max - min)`, 1.0 for everyone when all values are equal.
-pub fn score_lower_is_better(values: impl Iterator<Item = f64> + Clone, scores: &mut [f64]) {
+/// `(max - v) / (max - min)` over the known values, 1.0 for everyone when they are all equal.
+/// An unknown value (`None`, or not finite) scores 0, the worst, and is left out of the
+/// range, so it cannot change how the others compare.
+pub fn score_lower_is_better(
+    values: impl Iterator<Item = Option<f64>> + Clone,
+    scores: &mut [f64],
+) {
+    let known = |value: Option<f64>| value.filter(|v| v.is_finite());
     let (min, max) = values
         .clone()
+        .filter_map(known)
         .fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), v| {
             (lo.min(v), hi.max(v))
         });
+    // Finite values can still be too far apart to subtract (-1e308 and 1e308).
+    let range = max - min;
     for (score, value) in scores.iter_mut().zip(values) {
-        *score = if max > min {
-            (max - value) / (max - min)
-        } else {
-            1.0
+        *score = match known(value) {
+            None => 0.0,
+            Some(_) if range <= 0.0 => 1.0,
+            Some(v) if range.is_finite() => (max - v) / range,
+            // Halve everything first: the same order, and no overflow.
+            Some(v) => (max / 2.0 - v / 2.0) / (max / 2.0 - min / 2.0),
         };
     }
 }
@@ -754,8 +765,8 @@ pub(crate) mod test_support {
             values
                 .iter()
                 .map(|&q| EndpointMetrics {
-                    waiting_queue: q,
-                    ..EndpointMetrics::default()
+                    waiting_queue: Some(q),
+                    ..EndpointMetrics::idle()
                 })
                 .collect(),
         )
@@ -778,10 +789,35 @@ mod tests {
     #[test]
     fn lower_is_better_normalisation() {
         let mut scores = [0.0; 3];
-        score_lower_is_better([0.0, 5.0, 10.0].into_iter(), &mut scores);
+        score_lower_is_better([Some(0.0), Some(5.0), Some(10.0)].into_iter(), &mut scores);
         assert_eq!(scores, [1.0, 0.5, 0.0]);
-        score_lower_is_better([3.0, 3.0, 3.0].into_iter(), &mut scores);
+        score_lower_is_better([Some(3.0), Some(3.0), Some(3.0)].into_iter(), &mut scores);
         assert_eq!(scores, [1.0, 1.0, 1.0]);
+    }
+
+    #[test]
+    fn unknown_values_score_worst_and_leave_the_range_alone() {
+        let mut scores = [0.0; 4];
+        for unknown in [
+            None,
+            Some(f64::NAN),
+            Some(f64::INFINITY),
+            Some(f64::NEG_INFINITY),
+        ] {
+            score_lower_is_better(
+                [Some(0.0), unknown, Some(5.0), Some(10.0)].into_iter(),
+                &mut scores,
+            );
+            assert_eq!(scores, [1.0, 0.0, 0.5, 0.0], "{unknown:?}");
+        }
+        score_lower_is_better([None, Some(4.0), None, Some(4.0)].into_iter(), &mut scores);
+        assert_eq!(scores, [0.0, 1.0, 0.0, 1.0]);
+        let mut scores = [0.0; 3];
+        score_lower_is_better(
+            [Some(-1e308), Some(0.0), Some(1e308)].into_iter(),
+            &mut scores,
+        );
+        assert_eq!(scores, [1.0, 0.5, 0.0], "a range too wide to subtract");
     }
 
     #[test]

@@ -93,13 +93,8 @@ impl<'a> Vm<'a> {
         self.director.pool().get(index).unwrap().health
     }
 
-    fn queue(&self, index: usize) -> f64 {
-        self.director
-            .pool()
-            .get(index)
-            .unwrap()
-            .metrics
-            .waiting_queue
+    fn queue(&self, index: usize) -> Option<f64> {
+        self.director.pool().get(index).unwrap().metrics.waiting()
     }
 
     fn scraped_addresses(&self) -> Vec<String> {
@@ -206,7 +201,7 @@ fn a_round_with_a_failing_and_a_hanging_pod_is_published_once_when_it_completes(
         }
     );
     assert_eq!(scraper.health(2), Health::Unreachable);
-    assert_eq!(scraper.queue(0), 4.0);
+    assert_eq!(scraper.queue(0), Some(4.0));
     assert_eq!(
         snapshot_cas(&shared),
         Some(first + 1),
@@ -214,8 +209,8 @@ fn a_round_with_a_failing_and_a_hanging_pod_is_published_once_when_it_completes(
     );
 
     follower.tick();
-    assert_eq!(follower.queue(0), 4.0);
-    assert_eq!(follower.queue(1), 0.0);
+    assert_eq!(follower.queue(0), Some(4.0));
+    assert_eq!(follower.queue(1), Some(0.0));
     assert_eq!(follower.health(2), Health::Unreachable);
 }
 
@@ -313,6 +308,99 @@ fn discovery_applies_the_pod_list_and_a_failure_keeps_the_last_pool() {
         );
         assert_eq!(vm.director.pool().len(), 2, "{status:?} {body}");
     }
+}
+
+const CAPPED: &str = "pool:
+  refreshMetricsInterval: 50ms
+  maxMetricsBytes: 4096
+  endpoints: [{address: '10.0.0.1:8000'}, {address: '10.0.0.2:8000'}, {address: '10.0.0.3:8000'}]
+";
+
+/// A real-looking page of `bytes` bytes: the engine's series first, then filler series.
+fn page_of(bytes: usize) -> String {
+    let mut page = String::from("vllm:num_requests_waiting 1\nvllm:kv_cache_usage_perc 0.5\n");
+    while page.len() < bytes {
+        page.push_str("vllm:filler_total{le=\"0.5\"} 1\n");
+    }
+    page.truncate(bytes.saturating_sub(1));
+    page.push('\n');
+    page
+}
+
+#[test]
+fn a_page_over_max_metrics_bytes_is_a_failed_scrape_and_never_read() {
+    let (shared, clock) = (FakeShared::default(), FakeClock::default());
+    let mut vm = Vm::new(CAPPED, 1, &shared, &clock);
+    vm.tick();
+    let at_cap = page_of(4096);
+    assert_eq!(at_cap.len(), 4096);
+    assert_eq!(
+        vm.answer("10.0.0.1:8000", Some("200"), &at_cap),
+        CalloutOutcome::Scraped { index: 0, ok: true },
+        "exactly the cap is fine"
+    );
+    let read_so_far = vm.host.callouts.body_bytes_read.get();
+    assert_eq!(read_so_far, 4096);
+    let over = page_of(4097);
+    assert_eq!(
+        vm.answer("10.0.0.2:8000", Some("200"), &over),
+        CalloutOutcome::Scraped {
+            index: 1,
+            ok: false
+        }
+    );
+    assert_eq!(
+        vm.host.callouts.body_bytes_read.get(),
+        read_so_far,
+        "the body over the cap was never copied into the VM"
+    );
+    assert_eq!(vm.health(1), Health::Unreachable);
+    assert_eq!(vm.health(0), Health::Fresh, "the other pods keep routing");
+    vm.answer(
+        "10.0.0.3:8000",
+        Some("200"),
+        "vllm:num_requests_waiting 0\n",
+    );
+    let request = crate::request::InferenceRequest::empty();
+    let routed = vm.director.route_parsed(&request).unwrap();
+    assert_ne!(routed.destination, "10.0.0.2:8000");
+}
+
+#[test]
+fn an_oversized_pod_is_warned_about_once_until_it_recovers() {
+    let (shared, clock) = (FakeShared::default(), FakeClock::default());
+    let mut vm = Vm::new(CAPPED, 1, &shared, &clock);
+    let huge = page_of(1 << 20);
+    let scrape_round = |vm: &mut Vm, page_for_pod_2: &str| {
+        vm.host.callouts.take_sent();
+        clock.advance(INTERVAL_MS);
+        vm.tick();
+        for (address, page) in [
+            ("10.0.0.1:8000", huge.as_str()),
+            ("10.0.0.2:8000", page_for_pod_2),
+            ("10.0.0.3:8000", "vllm:num_requests_waiting 0\n"),
+        ] {
+            vm.answer(address, Some("200"), page);
+        }
+    };
+    for _ in 0..5 {
+        scrape_round(&mut vm, &huge);
+    }
+    assert_eq!(
+        vm.flow.oversize_warnings(),
+        2,
+        "one per oversized pod, not one per pod per tick"
+    );
+    scrape_round(&mut vm, "vllm:num_requests_waiting 0\n");
+    assert_eq!(vm.health(1), Health::Fresh, "back within the cap: routable");
+    assert_eq!(vm.flow.oversize_warnings(), 2);
+    scrape_round(&mut vm, &huge);
+    assert_eq!(
+        vm.flow.oversize_warnings(),
+        3,
+        "oversized again after recovering: said again"
+    );
+    assert_eq!(vm.health(0), Health::Unreachable);
 }
 
 #[test]

@@ -227,6 +227,19 @@ impl Envoy {
         panic!("envoy could not bind its ports three times");
     }
 
+    /// Starts Envoy with a picker config it must refuse; returns Envoy's log. Panics if Envoy
+    /// comes up instead.
+    pub fn refused(picker_config: &str) -> String {
+        for _ in 0..3 {
+            match Envoy::try_start("envoy/envoy.yaml", picker_config, 1, &|_| {}) {
+                Ok(envoy) => panic!("envoy accepted the configuration:\n{}", envoy.log()),
+                Err(log) if log.contains("ddress already in use") => continue,
+                Err(log) => return log,
+            }
+        }
+        panic!("envoy could not bind its ports three times");
+    }
+
     fn try_start(
         base: &str,
         picker_config: &str,

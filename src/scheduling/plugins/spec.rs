@@ -138,9 +138,9 @@ impl Default for PickerParameters {
 impl PickerParameters {
     pub fn parse(value: &Value) -> Result<Self, String> {
         let parsed: PickerParameters = parameters(value)?;
-        if parsed.max_num_of_endpoints == 0 {
-            return Err("maxNumOfEndpoints must be at least 1".into());
-        }
+        crate::limits::PICKED_ENDPOINTS
+            .check_usize(parsed.max_num_of_endpoints)
+            .map_err(|reason| format!("maxNumOfEndpoints: {reason}"))?;
         Ok(parsed)
     }
 }

@@ -62,9 +62,16 @@ pub fn build(parameters: &Value) -> Result<Plugin, String> {
 impl UtilizationDetector {
     pub fn new(parameters: Parameters) -> Result<Self, String> {
         let p = &parameters;
-        if !(p.queue_depth_threshold > 0.0 && p.kv_cache_util_threshold > 0.0) {
-            return Err("queueDepthThreshold and kvCacheUtilThreshold must be above 0".into());
+        let positive = |v: f64| v.is_finite() && v > 0.0;
+        if !(positive(p.queue_depth_threshold) && positive(p.kv_cache_util_threshold)) {
+            return Err(
+                "queueDepthThreshold and kvCacheUtilThreshold must be finite numbers above 0"
+                    .into(),
+            );
         }
+        crate::limits::DETECTOR_STALENESS_THRESHOLD
+            .check(p.metrics_staleness_threshold)
+            .map_err(|reason| format!("metricsStalenessThreshold: {reason}"))?;
         if !(p.headroom >= 0.0 && p.headroom.is_finite()) {
             return Err(format!("headroom {} must be >= 0", p.headroom));
         }
@@ -84,9 +91,16 @@ impl SaturationDetector for UtilizationDetector {
                 .last_scrape_ok_ms
                 .is_none_or(|at| now_ms.saturating_sub(at) > self.staleness_ms);
         let scale = 1.0 + p.headroom;
+        // An unknown queue or KV usage counts as saturated.
         stale
-            || endpoint.metrics.waiting_queue >= p.queue_depth_threshold * scale
-            || endpoint.metrics.kv_cache_usage >= p.kv_cache_util_threshold * scale
+            || endpoint
+                .metrics
+                .waiting()
+                .is_none_or(|queue| queue >= p.queue_depth_threshold * scale)
+            || endpoint
+                .metrics
+                .kv_usage()
+                .is_none_or(|kv| kv >= p.kv_cache_util_threshold * scale)
     }
 }
 
@@ -100,8 +114,8 @@ mod tests {
     fn endpoint(queue: f64, kv: f64, scraped_ms: u64) -> EndpointState {
         let mut endpoint = EndpointState::new("10.0.0.1:8000".into(), BTreeMap::new());
         endpoint.metrics = EndpointMetrics {
-            waiting_queue: queue,
-            kv_cache_usage: kv,
+            waiting_queue: Some(queue),
+            kv_cache_usage: Some(kv),
             ..EndpointMetrics::default()
         };
         endpoint.health = Health::Fresh;
@@ -135,13 +149,31 @@ mod tests {
     }
 
     #[test]
+    fn unknown_queue_or_usage_is_saturated() {
+        let detector = UtilizationDetector::new(Parameters::default()).unwrap();
+        assert!(detector.saturated(&endpoint(f64::NAN, 0.0, 1000), 1100));
+        assert!(detector.saturated(&endpoint(0.0, f64::INFINITY, 1000), 1100));
+        let mut unknown = endpoint(0.0, 0.0, 1000);
+        unknown.metrics.waiting_queue = None;
+        assert!(detector.saturated(&unknown, 1100));
+    }
+
+    #[test]
     fn parameters() {
         let value: Value = serde_yaml::from_str(
             "{queueDepthThreshold: 10, kvCacheUtilThreshold: 0.9, metricsStalenessThreshold: 1s, headroom: 0.1}",
         )
         .unwrap();
         assert!(build(&value).is_ok());
-        let bad: Value = serde_yaml::from_str("{headroom: -1}").unwrap();
-        assert!(build(&bad).is_err());
+        for bad in [
+            "{headroom: -1}",
+            "{queueDepthThreshold: .inf}",
+            "{kvCacheUtilThreshold: .nan}",
+            "{metricsStalenessThreshold: 0s}",
+            "{metricsStalenessThreshold: 1000h}",
+        ] {
+            let value: Value = serde_yaml::from_str(bad).unwrap();
+            assert!(build(&value).is_err(), "{bad}");
+        }
     }
 }

@@ -29,7 +29,13 @@ pub fn build(parameters: &Value) -> Result<Plugin, String> {
 impl Scorer for KvCacheUtilizationScorer {
     fn score(&mut self, ctx: &SchedulingContext<'_>, candidates: &[usize], scores: &mut [f64]) {
         for (score, &i) in scores.iter_mut().zip(candidates) {
-            *score = 1.0 - ctx.pool.get(i).map_or(1.0, |e| e.metrics.kv_cache_usage);
+            // Unknown usage counts as a full cache.
+            *score = 1.0
+                - ctx
+                    .pool
+                    .get(i)
+                    .and_then(|e| e.metrics.kv_usage())
+                    .unwrap_or(1.0);
         }
     }
 }
@@ -46,13 +52,13 @@ mod tests {
     fn free_cache_scores_higher() {
         let kv = |k| EndpointMetrics {
             kv_cache_usage: k,
-            ..EndpointMetrics::default()
+            ..EndpointMetrics::idle()
         };
-        let pool = pool_with(vec![kv(0.25), kv(0.0), kv(1.0)]);
+        let pool = pool_with(vec![kv(Some(0.25)), kv(Some(0.0)), kv(Some(1.0)), kv(None)]);
         let request = InferenceRequest::empty();
         let ctx = SchedulingContext::new(&request, &pool);
-        let mut scores = [0.0; 3];
-        KvCacheUtilizationScorer.score(&ctx, &[0, 1, 2], &mut scores);
-        assert_eq!(scores, [0.75, 1.0, 0.0]);
+        let mut scores = [0.0; 4];
+        KvCacheUtilizationScorer.score(&ctx, &[0, 1, 2, 3], &mut scores);
+        assert_eq!(scores, [0.75, 1.0, 0.0, 0.0], "unknown is a full cache");
     }
 }

@@ -56,8 +56,12 @@ fn load_score(queue: f64, threshold: f64) -> f64 {
 impl Scorer for LoadAwareScorer {
     fn score(&mut self, ctx: &SchedulingContext<'_>, candidates: &[usize], scores: &mut [f64]) {
         for (score, &i) in scores.iter_mut().zip(candidates) {
-            let queue = ctx.pool.get(i).map_or(0.0, |e| e.metrics.waiting_queue);
-            *score = load_score(queue, self.parameters.threshold);
+            // An unknown queue scores as a full one.
+            *score = ctx
+                .pool
+                .get(i)
+                .and_then(|e| e.metrics.waiting())
+                .map_or(0.0, |queue| load_score(queue, self.parameters.threshold));
         }
     }
 }
@@ -73,6 +77,29 @@ mod tests {
         assert_eq!(load_score(64.0, 128.0), 0.25);
         assert_eq!(load_score(500.0, 128.0), 0.0);
         assert_eq!(load_score(2.0, 8.0), 0.375);
+    }
+
+    #[test]
+    fn an_unknown_queue_scores_as_a_full_one() {
+        use crate::metrics::EndpointMetrics;
+        use crate::request::InferenceRequest;
+        use crate::scheduling::test_support::pool_with;
+        let queue = |q| EndpointMetrics {
+            waiting_queue: q,
+            ..EndpointMetrics::idle()
+        };
+        let pool = pool_with(vec![queue(Some(0.0)), queue(None), queue(Some(f64::NAN))]);
+        let request = InferenceRequest::empty();
+        let mut scores = [1.0; 3];
+        LoadAwareScorer {
+            parameters: Parameters::default(),
+        }
+        .score(
+            &SchedulingContext::new(&request, &pool),
+            &[0, 1, 2],
+            &mut scores,
+        );
+        assert_eq!(scores, [0.5, 0.0, 0.0]);
     }
 
     #[test]

@@ -77,10 +77,11 @@ impl MetricScorer {
         if parameters.metric_name.trim().is_empty() {
             return Err("metricName is required".into());
         }
-        let finite = parameters.min.is_finite() && parameters.max.is_finite();
+        // The span must be finite too: scores divide by it.
+        let finite = (parameters.max - parameters.min).is_finite();
         if !finite || parameters.max <= parameters.min {
             return Err(format!(
-                "max ({}) must be a finite number above min ({})",
+                "max ({}) must be a finite number above min ({}), less than 1.7e308 apart",
                 parameters.max, parameters.min
             ));
         }

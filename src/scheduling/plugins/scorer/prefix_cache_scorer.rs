@@ -6,6 +6,7 @@
 
 use crate::endpoint::Pool;
 use crate::hash::hash_bytes;
+use crate::limits;
 use crate::request::InferenceRequest;
 use crate::request::CHARS_PER_TOKEN;
 use crate::scheduling::plugins::spec::{effective, Data, Kind, PluginSpec, Signal};
@@ -57,7 +58,7 @@ impl Default for Parameters {
 impl Parameters {
     fn block_chars(&self) -> usize {
         self.hash_block_size
-            .unwrap_or(self.block_size_tokens * CHARS_PER_TOKEN)
+            .unwrap_or(self.block_size_tokens.saturating_mul(CHARS_PER_TOKEN))
     }
 
     fn block_tokens(&self) -> usize {
@@ -86,13 +87,33 @@ pub fn build(parameters: &Value) -> Result<Plugin, String> {
 
 impl PrefixCacheScorer {
     pub fn new(parameters: Parameters) -> Result<Self, String> {
-        if parameters.block_chars() == 0 {
-            return Err("blockSizeTokens must be at least 1".into());
+        let p = &parameters;
+        let checks = [
+            (
+                "blockSizeTokens",
+                p.block_size_tokens,
+                limits::BLOCK_SIZE_TOKENS,
+            ),
+            (
+                "maxPrefixBlocksToMatch",
+                p.max_prefix_blocks_to_match,
+                limits::PREFIX_BLOCKS_TO_MATCH,
+            ),
+            (
+                "lruCapacityPerServer",
+                p.lru_capacity_per_server,
+                limits::LRU_CAPACITY_PER_SERVER,
+            ),
+        ];
+        for (key, value, bounds) in checks {
+            bounds
+                .check_usize(value)
+                .map_err(|reason| format!("{key}: {reason}"))?;
         }
-        if parameters.max_prefix_blocks_to_match == 0 || parameters.lru_capacity_per_server == 0 {
-            return Err(
-                "maxPrefixBlocksToMatch and lruCapacityPerServer must be at least 1".into(),
-            );
+        if let Some(chars) = p.hash_block_size {
+            limits::HASH_BLOCK_CHARS
+                .check_usize(chars)
+                .map_err(|reason| format!("hashBlockSize: {reason}"))?;
         }
         Ok(PrefixCacheScorer {
             index: PrefixIndex::new(parameters.lru_capacity_per_server),
@@ -190,6 +211,8 @@ impl Scorer for PrefixCacheScorer {
                     .num_gpu_blocks
                     .saturating_mul(u64::from(cache.block_size));
                 let blocks = tokens / self.parameters.block_tokens().max(1) as u64;
+                // The pod says how big its cache is; the index never grows past the bound.
+                let blocks = blocks.min(limits::LRU_CAPACITY_PER_SERVER.max);
                 let blocks = usize::try_from(blocks).unwrap_or(usize::MAX);
                 if blocks > 0 && blocks != self.index.capacity(endpoint) {
                     self.index.set_capacity(endpoint, blocks);
@@ -306,6 +329,67 @@ mod tests {
         scorer.prepare(&req, &pool, &mut cycle);
         scorer.on_picked(&SchedulingContext::new(&req, &pool), 0);
         assert_eq!(scorer.index().capacity(0), 100);
+    }
+
+    #[test]
+    fn auto_tune_never_sizes_past_the_bound() {
+        let pool = pool_with(vec![EndpointMetrics {
+            cache_config: Some(CacheConfig {
+                block_size: u32::MAX,
+                num_gpu_blocks: u64::MAX,
+            }),
+            ..EndpointMetrics::default()
+        }]);
+        let mut scorer = PrefixCacheScorer::new(Parameters::default()).unwrap();
+        let req = request("hello");
+        scorer.prepare(&req, &pool, &mut CycleState::default());
+        scorer.on_picked(&SchedulingContext::new(&req, &pool), 0);
+        assert_eq!(scorer.index().capacity(0), 1 << 21);
+    }
+
+    #[test]
+    fn absurd_parameters_are_refused_with_the_limit() {
+        for (yaml, expected) in [
+            (
+                "blockSizeTokens: 0",
+                "blockSizeTokens: 0 tokens is below the minimum of 1",
+            ),
+            // x 4 characters overflows a 32-bit usize, the filter's.
+            (
+                "blockSizeTokens: 1073741824",
+                "blockSizeTokens: 1073741824 tokens is above the maximum of 4096",
+            ),
+            ("hashBlockSize: 0", "hashBlockSize: 0 characters is below"),
+            (
+                "hashBlockSize: 100000",
+                "hashBlockSize: 100000 characters is above",
+            ),
+            (
+                "maxPrefixBlocksToMatch: 0",
+                "maxPrefixBlocksToMatch: 0 blocks is below",
+            ),
+            (
+                "maxPrefixBlocksToMatch: 1000000",
+                "is above the maximum of 65536 blocks",
+            ),
+            (
+                "lruCapacityPerServer: 0",
+                "lruCapacityPerServer: 0 blocks is below",
+            ),
+            (
+                "lruCapacityPerServer: 1000000000",
+                "is above the maximum of 2097152 blocks",
+            ),
+        ] {
+            let value: Value = serde_yaml::from_str(yaml).unwrap();
+            let error = build(&value).err().unwrap();
+            assert!(error.contains(expected), "{yaml}: {error}");
+        }
+        let value: Value = serde_yaml::from_str(
+            "{blockSizeTokens: 4096, maxPrefixBlocksToMatch: 65536, lruCapacityPerServer: 2097152}",
+        )
+        .unwrap();
+        assert!(build(&value).is_ok(), "the bounds themselves are fine");
     }
 
     #[test]

@@ -27,7 +27,7 @@ pub fn build(parameters: &Value) -> Result<Plugin, String> {
 
 impl Scorer for QueueScorer {
     fn score(&mut self, ctx: &SchedulingContext<'_>, candidates: &[usize], scores: &mut [f64]) {
-        let queue = |&i: &usize| ctx.pool.get(i).map_or(0.0, |e| e.metrics.waiting_queue);
+        let queue = |&i: &usize| ctx.pool.get(i).and_then(|e| e.metrics.waiting());
         score_lower_is_better(candidates.iter().map(queue), scores);
     }
 }

@@ -88,14 +88,20 @@ impl RequestCostScorer {
             .unwrap_or(1.0)
     }
 
-    /// Predicted utilisation of `endpoint` once the request runs there.
+    /// Predicted utilisation of `endpoint` once the request runs there; infinite (the worst)
+    /// when its KV usage or queue is unknown.
     pub fn predicted_utilisation(&self, ctx: &SchedulingContext<'_>, index: usize) -> f64 {
         let Some(endpoint) = ctx.pool.get(index) else {
             return f64::INFINITY;
         };
+        let (Some(kv_usage), Some(waiting)) =
+            (endpoint.metrics.kv_usage(), endpoint.metrics.waiting())
+        else {
+            return f64::INFINITY;
+        };
         let kv_tokens = self.kv_tokens(endpoint);
-        let load = endpoint.metrics.kv_cache_usage * kv_tokens
-            + endpoint.metrics.waiting_queue * self.parameters.queued_request_tokens as f64
+        let load = kv_usage * kv_tokens
+            + waiting * self.parameters.queued_request_tokens as f64
             + endpoint.placed_tokens_since_scrape as f64;
         let request = ctx.request;
         let uncached = ctx.cycle.uncached_prompt_tokens(request, index);
@@ -110,7 +116,12 @@ impl RequestCostScorer {
 impl Scorer for RequestCostScorer {
     fn score(&mut self, ctx: &SchedulingContext<'_>, candidates: &[usize], scores: &mut [f64]) {
         for (score, &i) in scores.iter_mut().zip(candidates) {
-            *score = 1.0 / (1.0 + self.predicted_utilisation(ctx, i));
+            let utilisation = self.predicted_utilisation(ctx, i);
+            *score = if utilisation.is_nan() {
+                0.0
+            } else {
+                1.0 / (1.0 + utilisation)
+            };
         }
     }
 }
@@ -126,8 +137,8 @@ mod tests {
 
     fn metrics(kv: f64, waiting: f64) -> EndpointMetrics {
         EndpointMetrics {
-            kv_cache_usage: kv,
-            waiting_queue: waiting,
+            kv_cache_usage: Some(kv),
+            waiting_queue: Some(waiting),
             cache_config: Some(CacheConfig {
                 block_size: 16,
                 num_gpu_blocks: 1000,
@@ -180,8 +191,29 @@ mod tests {
     }
 
     #[test]
+    fn unknown_usage_or_queue_is_the_worst_cost() {
+        let mut unknown_kv = metrics(0.0, 0.0);
+        unknown_kv.kv_cache_usage = None;
+        let mut unknown_queue = metrics(0.0, 0.0);
+        unknown_queue.waiting_queue = Some(f64::INFINITY);
+        let pool = pool_with(vec![metrics(0.9, 50.0), unknown_kv, unknown_queue]);
+        let request = InferenceRequest::empty();
+        let mut scores = [1.0; 3];
+        RequestCostScorer {
+            parameters: Parameters::default(),
+        }
+        .score(
+            &SchedulingContext::new(&request, &pool),
+            &[0, 1, 2],
+            &mut scores,
+        );
+        assert!(scores[0] > 0.0, "{scores:?}");
+        assert_eq!(&scores[1..], [0.0, 0.0]);
+    }
+
+    #[test]
     fn defaults_without_cache_config() {
-        let pool = pool_with(vec![EndpointMetrics::default()]);
+        let pool = pool_with(vec![EndpointMetrics::idle()]);
         let request = InferenceRequest {
             prompt_tokens: 100,
             ..InferenceRequest::default()

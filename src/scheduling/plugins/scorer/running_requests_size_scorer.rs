@@ -27,7 +27,7 @@ pub fn build(parameters: &Value) -> Result<Plugin, String> {
 
 impl Scorer for RunningRequestsSizeScorer {
     fn score(&mut self, ctx: &SchedulingContext<'_>, candidates: &[usize], scores: &mut [f64]) {
-        let running = |&i: &usize| ctx.pool.get(i).map_or(0.0, |e| e.metrics.running_requests);
+        let running = |&i: &usize| ctx.pool.get(i).and_then(|e| e.metrics.running());
         score_lower_is_better(candidates.iter().map(running), scores);
     }
 }
@@ -44,13 +44,18 @@ mod tests {
     fn fewest_running_scores_one() {
         let running = |r| EndpointMetrics {
             running_requests: r,
-            ..EndpointMetrics::default()
+            ..EndpointMetrics::idle()
         };
-        let pool = pool_with(vec![running(10.0), running(2.0), running(6.0)]);
+        let pool = pool_with(vec![
+            running(Some(10.0)),
+            running(Some(2.0)),
+            running(Some(6.0)),
+            running(None),
+        ]);
         let request = InferenceRequest::empty();
         let ctx = SchedulingContext::new(&request, &pool);
-        let mut scores = [0.0; 3];
-        RunningRequestsSizeScorer.score(&ctx, &[0, 1, 2], &mut scores);
-        assert_eq!(scores, [0.0, 1.0, 0.5]);
+        let mut scores = [0.0; 4];
+        RunningRequestsSizeScorer.score(&ctx, &[0, 1, 2, 3], &mut scores);
+        assert_eq!(scores, [0.0, 1.0, 0.5, 0.0], "unknown scores worst");
     }
 }
