@@ -30,14 +30,17 @@
 //! (resident at start), --background-waiting N (queued work from elsewhere),
 //! --background-running N, --background-kv F (added to the reported KV usage),
 //! --extra-metrics TEXT (raw exposition lines appended to /metrics, `\n` separated), --fault
-//! MODE (none|error|slow|hang|die).
+//! MODE (none|error|slow|hang|die), --drain-timeout-s F (30: how long a graceful stop waits).
 //!
 //! Runtime control: `POST /admin/fault` (`{"mode":"error","status":500,"scope":"inference"}`;
-//! the scope spares `/metrics`), `POST /admin/load` with a JSON body (`background_waiting`,
+//! the scope spares `/metrics`; `{"mode":"refuse","for_ms":2000}` closes the listening socket,
+//! so new connections are refused while open ones are served, for 2 s or until another mode is
+//! set), `POST /admin/load` with a JSON body (`background_waiting`,
 //! `background_running`, `background_kv`, `extra_metrics`), `GET`/`POST /admin/stats` for
 //! counters (`prefix_queries` / `prefix_hits` are prompt tokens, from the token-block cache).
 //! A request header `x-sim-response-id` pins the response id so tests can compare responses
-//! byte for byte.
+//! byte for byte. SIGTERM stops the pod gracefully (`lifecycle.rs`): no new connections, the
+//! requests in flight finish (`connection: close`), idle connections close, then it exits.
 
 #[path = "../../tests/support/http1.rs"]
 mod http1;
@@ -45,6 +48,7 @@ mod http1;
 mod api;
 mod engine;
 mod kv_cache;
+mod lifecycle;
 mod metrics;
 mod server;
 mod tokenizer;
@@ -53,6 +57,7 @@ use std::io::Write;
 use std::net::TcpListener;
 use std::sync::Arc;
 use std::thread;
+use std::time::Duration;
 
 /// One pod's configuration, from the command line.
 #[derive(Debug, Clone)]
@@ -78,6 +83,8 @@ pub struct Settings {
     pub background_kv: f64,
     pub extra_metrics: String,
     pub fault: Option<String>,
+    /// On SIGTERM, how long open connections may take to finish before the process exits.
+    pub drain_timeout_s: f64,
 }
 
 impl Settings {
@@ -127,6 +134,7 @@ impl Settings {
                 .map(|text| text.replace("\\n", "\n"))
                 .unwrap_or_default(),
             fault: value("--fault"),
+            drain_timeout_s: number("--drain-timeout-s", 30.0),
         }
     }
 }
@@ -165,21 +173,27 @@ fn main() {
         pods.push((listener, settings));
     }
     let _ = std::io::stdout().flush();
+    let mut doors = Vec::new();
     let accept_threads: Vec<_> = pods
         .into_iter()
-        .map(|(listener, settings)| {
-            let pod = Arc::new(server::Pod::new(settings));
-            thread::spawn(move || {
-                for stream in listener.incoming().flatten() {
-                    let pod = Arc::clone(&pod);
-                    thread::spawn(move || {
-                        http1::serve(stream, |request, out| pod.handle(request, out))
-                    });
-                }
-            })
+        .filter_map(|(listener, settings)| {
+            let door = lifecycle::Door::new(listener.local_addr().ok()?);
+            doors.push(Arc::clone(&door));
+            let pod = server::Pod::new(settings, Arc::clone(&door));
+            Some(thread::spawn(move || {
+                door.run(listener, move |request, out| pod.handle(request, out))
+            }))
         })
         .collect();
+    lifecycle::stop_gracefully_on_sigterm(
+        doors,
+        Duration::from_secs_f64(settings.drain_timeout_s.max(0.0)),
+    );
+    // The accept loops return when their pods drain; the SIGTERM thread then exits.
     for accept in accept_threads {
         let _ = accept.join();
+    }
+    loop {
+        thread::park();
     }
 }
