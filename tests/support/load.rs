@@ -123,6 +123,12 @@ impl BackgroundLoad {
         self.served.lock().unwrap_or_else(|p| p.into_inner()).len()
     }
 
+    /// Some response so far satisfies `test`.
+    pub fn any(&self, test: impl Fn(&Served) -> bool) -> bool {
+        let served = self.served.lock().unwrap_or_else(|p| p.into_inner());
+        served.iter().any(test)
+    }
+
     /// Waits (up to 30 s) until `count` responses have arrived in all.
     pub fn wait_for(&self, count: usize) {
         let deadline = Instant::now() + Duration::from_secs(30);
