@@ -82,7 +82,8 @@ test: lint unit wasm-unit integration
 demo: build sim envoy
 	$(CARGO) run --release --example demo
 
-## soak: 200k requests, Envoy --concurrency 4, a pod dies and returns midway; errors, picks, Envoy memory
+## soak: 200k requests, Envoy --concurrency 4; pods killed, refusing connections, stopped gracefully, and
+## back; errors per event, retries, picks, Envoy memory; writes bench/results/soak.md
 soak: build sim envoy
 	$(CARGO) run --release --example soak
 

@@ -162,6 +162,53 @@ impl Director {
         self.pool.back_off(routed.primary, until)
     }
 
+    /// The response to a routed request arrived; `served` is where its last upstream attempt
+    /// went (Envoy's `upstream.address`) and `failed` says the response is a 5xx. Envoy's
+    /// override_host policy gives attempt n the n-th address of the destination list, so every
+    /// listed endpoint before `served` failed to take the request (refused, reset, 503), and
+    /// `served` too when the answer is a 5xx (the primary when `served` is unknown). Each is
+    /// avoided for `pool.passiveHealthBackoff`; the addresses whose back-off this starts are
+    /// returned. A request served by a fallback moves its in-flight count there.
+    pub fn report_response(
+        &mut self,
+        routed: &mut Routed,
+        served: Option<&str>,
+        failed: bool,
+    ) -> Vec<String> {
+        let listed: Vec<&str> = std::iter::once(routed.destination.as_str())
+            .chain(routed.fallbacks.split(',').filter(|a| !a.is_empty()))
+            .collect();
+        let position = served.and_then(|served| listed.iter().position(|a| *a == served));
+        let mut unreachable: Vec<&str> =
+            listed.iter().take(position.unwrap_or(0)).copied().collect();
+        if failed {
+            let answered = position.and_then(|p| listed.get(p)).copied();
+            unreachable.push(answered.unwrap_or(routed.destination.as_str()));
+        }
+        let until = self
+            .pool
+            .now_ms()
+            .saturating_add(duration_ms(self.settings.passive_health_backoff));
+        let mut started = Vec::new();
+        for address in unreachable {
+            if let Some(index) = self.pool.index_of(address) {
+                if self.pool.back_off(index, until) {
+                    started.push(address.to_owned());
+                }
+            }
+        }
+        let moved = position
+            .filter(|p| *p > 0)
+            .and(served)
+            .and_then(|served| self.pool.index_of(served));
+        if let Some(index) = moved {
+            self.pool.release_in_flight(routed.primary, routed.tokens);
+            self.pool.add_in_flight(index, routed.tokens);
+            routed.primary = index;
+        }
+        started
+    }
+
     /// Endpoints to scrape now (members without a scrape already in flight), marked pending.
     pub fn take_scrape_targets(&mut self, out: &mut Vec<usize>) {
         out.clear();

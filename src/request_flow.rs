@@ -175,20 +175,30 @@ impl RequestFlow {
         }
     }
 
-    /// Response headers: a 5xx (from the pod, or Envoy's own when it could not connect)
-    /// backs the pod off; the session token goes back so the client can stick to the pod.
+    /// Response headers: the pods that could not take the request back off, those Envoy
+    /// retried past (refused, reset, 503: the response came from a later address of the
+    /// destination list) and the one that answered 5xx (or Envoy's own 5xx when it could not
+    /// connect); the session token goes back so the client can stick to the pod.
     pub fn on_response_headers(&mut self, host: &impl HttpHost, director: &mut Director) {
-        let Outcome::Routed(routed) = &self.outcome else {
+        let Outcome::Routed(routed) = &mut self.outcome else {
             return;
         };
         let status = host.response_header(":status").unwrap_or_default();
-        if status.first() == Some(&b'5') && director.report_upstream_failure(routed) {
-            log::warn!(
-                "inference-picker: endpoint {} answered {}; avoiding it for {:?}",
-                routed.destination,
-                String::from_utf8_lossy(&status),
-                director.settings().passive_health_backoff
-            );
+        let failed = status.first() == Some(&b'5');
+        let served = host.upstream_address();
+        let backoff = director.settings().passive_health_backoff;
+        for address in director.report_response(routed, served.as_deref(), failed) {
+            if failed && served.as_deref().unwrap_or(&routed.destination) == address {
+                log::warn!(
+                    "inference-picker: endpoint {address} answered {}; avoiding it for {backoff:?}",
+                    String::from_utf8_lossy(&status),
+                );
+            } else {
+                log::warn!(
+                    "inference-picker: endpoint {address} did not take a request (Envoy retried it on {}); avoiding it for {backoff:?}",
+                    served.as_deref().unwrap_or("-"),
+                );
+            }
         }
         if let Some(token) = &routed.session_token {
             if let Err(error) = host.set_response_header(SESSION_TOKEN_HEADER, token) {
@@ -508,6 +518,104 @@ mod tests {
             panic!("{:?}", flow.outcome);
         };
         assert!(routed.degraded);
+    }
+
+    /// Three pods, pod 0 preferred (shortest queue), with two fallbacks in the header.
+    fn director_with_fallbacks() -> Director {
+        let config = "plugins: [{type: queue-scorer}, {type: max-score-picker, parameters: {maxNumOfEndpoints: 3}}]\n\
+                      pool: {destinationList: true, endpoints: [{address: '127.0.0.1:8001'}, {address: '127.0.0.1:8002'}, {address: '127.0.0.1:8003'}]}";
+        let mut director = Director::new(load(config, 1).unwrap());
+        for (index, waiting) in [(0, 0), (1, 1), (2, 2)] {
+            director
+                .on_scrape_ok(index, 0, &format!("vllm:num_requests_waiting {waiting}\n"))
+                .unwrap();
+        }
+        director.on_tick(0);
+        director
+    }
+
+    fn respond(
+        host: &FakeHost,
+        flow: &mut RequestFlow,
+        director: &mut Director,
+        status: &str,
+        served: &str,
+    ) {
+        host.response_headers
+            .borrow_mut()
+            .insert(":status".into(), status.into());
+        *host.upstream.borrow_mut() = Some(served.into());
+        flow.on_response_headers(host, director);
+    }
+
+    fn backing_off(director: &Director) -> Vec<bool> {
+        director
+            .pool()
+            .endpoints
+            .iter()
+            .map(|e| e.backoff_until_ms > 0)
+            .collect()
+    }
+
+    #[test]
+    fn a_request_envoy_retried_on_a_fallback_backs_the_skipped_pods_off() {
+        let mut director = director_with_fallbacks();
+        let host = host("/v1/completions", r#"{"model":"m","prompt":"x"}"#);
+        let mut flow = routed(&host, &mut director);
+        assert_eq!(
+            host.headers.borrow()[DESTINATION_HEADER],
+            "127.0.0.1:8001,127.0.0.1:8002,127.0.0.1:8003"
+        );
+        // The primary refused the connection; the first fallback answered.
+        respond(&host, &mut flow, &mut director, "200", "127.0.0.1:8002");
+        assert_eq!(backing_off(&director), [true, false, false]);
+        let in_flight: Vec<u32> = director
+            .pool()
+            .endpoints
+            .iter()
+            .map(|e| e.in_flight)
+            .collect();
+        assert_eq!(
+            in_flight,
+            [0, 1, 0],
+            "the count moved to the pod serving it"
+        );
+        flow.on_done(&mut director);
+        assert!(director.pool().endpoints.iter().all(|e| e.in_flight == 0));
+        // The next request is not offered to the pod that could not take the last one.
+        let host = host_with("/v1/completions", r#"{"model":"m","prompt":"y"}"#, &[]);
+        routed(&host, &mut director);
+        assert_eq!(
+            host.headers.borrow()[DESTINATION_HEADER],
+            "127.0.0.1:8002,127.0.0.1:8003"
+        );
+    }
+
+    #[test]
+    fn served_by_the_primary_backs_nothing_off_and_a_last_503_backs_every_attempt_off() {
+        let mut director = director_with_fallbacks();
+        let host = host("/v1/completions", r#"{"model":"m","prompt":"x"}"#);
+        let mut flow = routed(&host, &mut director);
+        respond(&host, &mut flow, &mut director, "200", "127.0.0.1:8001");
+        assert_eq!(backing_off(&director), [false, false, false]);
+        flow.on_done(&mut director);
+        // Every attempt failed; Envoy's 503 comes after the last one, on the third address.
+        let mut flow = routed(&host, &mut director);
+        respond(&host, &mut flow, &mut director, "503", "127.0.0.1:8003");
+        assert_eq!(backing_off(&director), [true, true, true]);
+        flow.on_done(&mut director);
+        assert!(director.pool().endpoints.iter().all(|e| e.in_flight == 0));
+    }
+
+    #[test]
+    fn an_address_outside_the_list_says_nothing_about_the_listed_pods() {
+        let mut director = director_with_fallbacks();
+        let host = host("/v1/completions", r#"{"model":"m","prompt":"x"}"#);
+        let mut flow = routed(&host, &mut director);
+        respond(&host, &mut flow, &mut director, "200", "10.9.9.9:80");
+        assert_eq!(backing_off(&director), [false, false, false]);
+        flow.on_done(&mut director);
+        assert!(director.pool().endpoints.iter().all(|e| e.in_flight == 0));
     }
 
     #[test]

@@ -9,7 +9,11 @@ use std::net::TcpListener;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use support::{completion, free_port, shipped_picker_config, static_cluster, Envoy, Sim};
+use support::{completion, free_port, picker_config_of, static_cluster, Envoy, Sim};
+
+/// Pods the picker finds itself are not members Envoy knows: requests take the ORIGINAL_DST
+/// alternative, which routes to the address the picker writes.
+const CONFIG: &str = "envoy/envoy-original-dst.yaml";
 
 /// A local stand-in for the API server: answers every request with the current status and
 /// body, and remembers the request lines and authorization headers it saw.
@@ -186,7 +190,7 @@ fn discovery_flow(
         list(&[("pod-a", "127.0.0.2", true), ("pod-b", "127.0.0.3", false)]),
     );
 
-    let mut picker: serde_yaml::Value = serde_yaml::from_str(&shipped_picker_config()).unwrap();
+    let mut picker: serde_yaml::Value = serde_yaml::from_str(&picker_config_of(CONFIG)).unwrap();
     picker["pool"]["endpoints"] = serde_yaml::Value::Sequence(vec![]);
     picker["pool"]["discovery"] = serde_yaml::from_str(&format!(
         "{{cluster: kubernetes_api, authority: kubernetes.default.svc, namespace: llm, \
@@ -195,7 +199,8 @@ fn discovery_flow(
     ))
     .unwrap();
     let api_address = api.address.clone();
-    let envoy = Envoy::start_with(&serde_yaml::to_string(&picker).unwrap(), 2, move |config| {
+    let picker = serde_yaml::to_string(&picker).unwrap();
+    let envoy = Envoy::start_from(CONFIG, &picker, 2, move |config| {
         config
             .clusters_mut()
             .push(static_cluster("kubernetes_api", &[&api_address]));

@@ -1,19 +1,49 @@
 //! `envoy/examples/<name>.yaml` is `envoy/envoy.yaml` with the picker configuration of
-//! `examples/configs/<name>.yaml` in place of the shipped one, comments kept. This test keeps the
-//! files in step (run with `UPDATE_ENVOY_EXAMPLES=1` to rewrite them); the Envoy plugin tests
-//! start Envoy from these files.
+//! `examples/configs/<name>.yaml` in place of the shipped one and its endpoints as the pool
+//! cluster's members, comments kept. This test keeps the files in step (run with
+//! `UPDATE_ENVOY_EXAMPLES=1` to rewrite them); the Envoy plugin tests start Envoy from these
+//! files. Every shipped config lists the same pool twice, once for the picker and once for
+//! Envoy: a test checks that the lists agree.
 
 mod support;
 
-use support::{repo, EnvoyConfig};
+use support::{cluster_members, is_pool_cluster, repo, EnvoyConfig};
 
-/// `envoy.yaml`'s text with the indented block under `value: |` replaced by `picker`.
+/// The addresses of a picker configuration's `pool.endpoints`.
+fn pool_endpoints(picker: &str) -> Vec<String> {
+    let picker: serde_yaml::Value = serde_yaml::from_str(picker).unwrap();
+    picker["pool"]["endpoints"]
+        .as_sequence()
+        .into_iter()
+        .flatten()
+        .filter_map(|e| e["address"].as_str().map(String::from))
+        .collect()
+}
+
+/// `envoy.yaml`'s text with the indented block under `value: |` replaced by `picker`, and the
+/// pool cluster's `lb_endpoints` by the picker's endpoints.
 fn render(envoy: &str, picker: &str) -> String {
     let mut out = String::new();
     let mut lines = envoy.lines().peekable();
     while let Some(line) = lines.next() {
         out.push_str(line);
         out.push('\n');
+        if line.trim() == "- lb_endpoints:" {
+            let indent = " ".repeat(line.len() - line.trim_start().len() + 2);
+            while lines
+                .peek()
+                .is_some_and(|next| next.starts_with(&format!("{indent}- endpoint:")))
+            {
+                lines.next();
+            }
+            for address in pool_endpoints(picker) {
+                let (host, port) = address.rsplit_once(':').unwrap();
+                let host = host.trim_start_matches('[').trim_end_matches(']');
+                out.push_str(&format!(
+                    "{indent}- endpoint: {{address: {{socket_address: {{address: {host}, port_value: {port}}}}}}}\n"
+                ));
+            }
+        }
         if line.trim() == "value: |" {
             let indent = " ".repeat(line.len() - line.trim_start().len() + 2);
             while lines
@@ -49,8 +79,9 @@ fn every_example_has_its_envoy_config() {
         let picker = std::fs::read_to_string(repo().join("examples/configs").join(&name)).unwrap();
         let header = format!(
             "# Generated from envoy/envoy.yaml with the picker configuration of\n\
-             # examples/configs/{name}; `UPDATE_ENVOY_EXAMPLES=1 cargo test --test envoy_examples`\n\
-             # rewrites it. The tests run Envoy from this file.\n"
+             # examples/configs/{name} (its endpoints are the pool cluster's members);\n\
+             # `UPDATE_ENVOY_EXAMPLES=1 cargo test --test envoy_examples` rewrites it. The tests\n\
+             # run Envoy from this file.\n"
         );
         let rendered = format!("{header}{}", render(&envoy, &picker));
         let target = repo().join("envoy/examples").join(&name);
@@ -70,6 +101,20 @@ fn every_example_has_its_envoy_config() {
             picker.trim_end(),
             "{name}"
         );
-        assert!(config.clusters()[0]["name"] == "original_destination_cluster");
+        assert!(is_pool_cluster(config.cluster("inference_pool")), "{name}");
+    }
+}
+
+#[test]
+fn the_pool_cluster_lists_the_pickers_endpoints() {
+    let mut files = vec!["envoy/envoy.yaml".to_string()];
+    for entry in std::fs::read_dir(repo().join("envoy/examples")).unwrap() {
+        let name = entry.unwrap().file_name().into_string().unwrap();
+        files.push(format!("envoy/examples/{name}"));
+    }
+    for file in files {
+        let config = EnvoyConfig::load(&file);
+        let members = cluster_members(config.cluster("inference_pool"));
+        assert_eq!(members, pool_endpoints(&config.picker_config()), "{file}");
     }
 }

@@ -4,8 +4,8 @@
 mod support;
 
 use support::{
-    completion, lb_endpoint, request, shipped_picker_config, with_endpoints, with_pool_keys, Envoy,
-    Listener, Sim, MODEL,
+    completion, request, shipped_picker_config, with_endpoints, with_pool_keys, Envoy, Listener,
+    Sim, MODEL,
 };
 
 /// The shipped picker config for these pods, with `pool` keys adjusted.
@@ -175,8 +175,9 @@ fn nothing_a_client_sends_routes_outside_the_pool() {
 }
 
 #[test]
-fn with_override_host_a_failed_attempt_is_retried_on_the_fallback() {
-    // pod-a is preferred (shorter queue) but fails every request; pod-b is the fallback.
+fn a_pod_answering_503_is_retried_on_the_next_pick() {
+    // pod-a is preferred (shorter queue) but says 503 to every request; pod-b is the next
+    // pick. A 1 ms back-off makes every request try pod-a first.
     let a = Sim::start("pod-a", &[]);
     let b = Sim::start("pod-b", &["--background-waiting", "2"]);
     let outsider = Sim::start("outsider", &[]);
@@ -184,31 +185,18 @@ fn with_override_host_a_failed_attempt_is_retried_on_the_fallback() {
         "fault",
         r#"{"mode":"error","status":503,"scope":"inference"}"#,
     );
-    let pool = [&a, &b];
-    let picker = with_pool_keys(
-        &with_endpoints(
-            &support::picker_config_of("envoy/envoy-override-host.yaml"),
-            &pool,
-        ),
-        "passiveHealthBackoff: 1ms",
-    );
-    let envoy = Envoy::start_from("envoy/envoy-override-host.yaml", &picker, 2, |config| {
-        let endpoints = pool.iter().map(|sim| lb_endpoint(&sim.address)).collect();
-        let cluster = &mut config.clusters_mut()[0];
-        cluster["load_assignment"]["endpoints"][0]["lb_endpoints"] =
-            serde_yaml::Value::Sequence(endpoints);
-    });
-    a.wait_for_scrapes(3);
+    let envoy = gateway(&[&a, &b], "passiveHealthBackoff: 1ms");
     for n in 0..6 {
         let response = envoy.post("/v1/completions", &completion(n));
         assert_eq!(response.status, 200, "{}", response.text());
         assert_eq!(response.pod(), "pod-b");
     }
     // The first attempts went to pod-a (its faults are not counted as requests), the retries
-    // to pod-b.
+    // to pod-b, which the GIE "served" metadata names.
     let log = envoy.access_log(6).join("\n");
     assert!(log.contains("attempts=2"), "{log}");
-    // A client naming an address outside the cluster gets nowhere near it.
+    assert!(log.contains(&format!("served={}", b.address)), "{log}");
+    // A client naming an address outside the pool gets nowhere near it.
     let response = envoy.post_with(
         "/v1/completions",
         &[
@@ -219,6 +207,55 @@ fn with_override_host_a_failed_attempt_is_retried_on_the_fallback() {
     );
     assert_eq!(response.status, 200);
     assert_eq!(outsider.requests_total(), 0);
+}
+
+#[test]
+fn when_every_pick_fails_the_client_gets_503_and_no_other_pod_is_tried() {
+    // Both picks answer 503; pod-c, which the picker leaves out (a label filter), is never
+    // tried: past the end of the picker's list Envoy chooses no host (the third attempt ends
+    // in Envoy's own 503).
+    let a = Sim::start("pod-a", &[]);
+    let b = Sim::start("pod-b", &[]);
+    let c = Sim::start("pod-c", &[]);
+    for sim in [&a, &b] {
+        sim.admin(
+            "fault",
+            r#"{"mode":"error","status":503,"scope":"inference"}"#,
+        );
+    }
+    let picker = config(&[&a, &b, &c], "passiveHealthBackoff: 1ms");
+    let mut picker: serde_yaml::Value = serde_yaml::from_str(&picker).unwrap();
+    let filter =
+        "{type: label-selector-filter, parameters: {matchLabels: {llm-d.ai/role: decode}}}";
+    let plugins = picker["plugins"].as_sequence_mut().unwrap();
+    plugins.push(serde_yaml::from_str(filter).unwrap());
+    let profile = picker["schedulingProfiles"][0]["plugins"]
+        .as_sequence_mut()
+        .unwrap();
+    profile.insert(
+        0,
+        serde_yaml::from_str("{pluginRef: label-selector-filter}").unwrap(),
+    );
+    picker["pool"]["endpoints"][2]["labels"] =
+        serde_yaml::from_str("{llm-d.ai/role: prefill}").unwrap();
+    let envoy = Envoy::start(&serde_yaml::to_string(&picker).unwrap(), 2);
+    a.wait_for_scrapes(3);
+    for n in 0..4 {
+        let response = envoy.post("/v1/completions", &completion(n));
+        assert_eq!(response.status, 503, "{}", response.text());
+        // Past the back-off (the pool's clock moves on the 50 ms tick).
+        std::thread::sleep(std::time::Duration::from_millis(120));
+    }
+    assert_eq!(c.requests_total(), 0, "pod-c is not among the picks");
+    for line in envoy.access_log(4) {
+        assert!(line.contains(" 503 "), "{line}");
+        assert!(!line.contains(&c.address), "{line}");
+        assert!(
+            line.contains(&format!("upstream={}", a.address))
+                || line.contains(&format!("upstream={}", b.address)),
+            "{line}"
+        );
+    }
 }
 
 #[test]

@@ -177,10 +177,13 @@ fn client_destination_header_is_overwritten_and_matches_envoy_lb_metadata() {
                 .unwrap_or("")
                 .to_string()
         };
+        // "primary,fallback": pool members only, the primary served.
         let destination = field("destination");
-        assert!(pool.contains(&destination.as_str()), "{line}");
+        let picks: Vec<&str> = destination.split(',').collect();
+        assert!(picks.iter().all(|p| pool.contains(p)), "{line}");
         assert_eq!(field("envoy.lb"), destination, "{line}");
-        assert_eq!(field("upstream"), destination, "{line}");
+        assert_eq!(field("upstream"), picks[0], "{line}");
+        assert_eq!(field("served"), picks[0], "{line}");
     }
 }
 

@@ -1,4 +1,4 @@
-//! The pool is a hard wall: through the shipped `envoy/envoy.yaml`, over HTTP/1.1 and HTTP/2
+//! The pool is a hard wall: through each shipped Envoy config, over HTTP/1.1 and HTTP/2
 //! (h2c with prior knowledge), however the request stream ends (headers, data, trailers after
 //! data, trailers alone) and whatever protocol headers the client sends, no connection ever
 //! reaches an address outside the pool. A canary listener the client names counts connections.
@@ -162,9 +162,19 @@ fn assert_answer(answer: &Answer, expected: u16, pods: &[&str], case: &str) {
 
 #[test]
 fn no_request_reaches_an_address_outside_the_pool() {
+    wall_holds("envoy/envoy.yaml");
+}
+
+#[test]
+fn no_request_reaches_an_address_outside_the_pool_with_original_dst() {
+    wall_holds("envoy/envoy-original-dst.yaml");
+}
+
+fn wall_holds(envoy_config: &str) {
     let a = Sim::start("pod-a", &[]);
     let b = Sim::start("pod-b", &[]);
-    let envoy = Envoy::start(&with_endpoints(&shipped_picker_config(), &[&a, &b]), 2);
+    let picker_config = with_endpoints(&shipped_picker_config(), &[&a, &b]);
+    let envoy = Envoy::start_from(envoy_config, &picker_config, 2, |_| {});
     a.wait_for_scrapes(2);
     let canary = Canary::start();
     let steer = steering_headers(&canary.address);
@@ -188,11 +198,11 @@ fn no_request_reaches_an_address_outside_the_pool() {
                 "data" | "trailers" => with_body,
                 _ => without_body,
             };
-            let case = format!("h2 {ending} {path} {body}");
+            let case = format!("{envoy_config}: h2 {ending} {path} {body}");
             let answer = h2(&envoy, path, ending, body, &steer);
             assert_answer(&answer, expected, &pods, &case);
         }
-        let case = format!("HTTP/1.1 chunked+trailers {path} {body}");
+        let case = format!("{envoy_config}: HTTP/1.1 chunked+trailers {path} {body}");
         let answer = h1_chunked_with_trailers(&envoy, path, body, &steer);
         assert_answer(&answer, with_body, &pods, &case);
     }

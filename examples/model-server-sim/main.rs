@@ -29,16 +29,21 @@
 //! --kv-blocks N (4096), --block-size N (16 tokens), --time-scale F (1), --loaded-adapters a,b
 //! (resident at start), --background-waiting N (queued work from elsewhere),
 //! --background-running N, --background-kv F (added to the reported KV usage),
-//! --extra-metrics TEXT (raw exposition lines appended to /metrics, `\n` separated),
+//! --extra-metrics TEXT (raw exposition lines appended to /metrics, `
+` separated),
 //! --metrics-padding BYTES (filler series appended until /metrics is at least that long: an
-//! oversized page), --fault MODE (none|error|slow|hang|die).
+//! oversized page), --fault MODE (none|error|slow|hang|die), --drain-timeout-s F (30: how long
+//! a graceful stop waits).
 //!
 //! Runtime control: `POST /admin/fault` (`{"mode":"error","status":500,"scope":"inference"}`;
-//! the scope spares `/metrics`), `POST /admin/load` with a JSON body (`background_waiting`,
-//! `background_running`, `background_kv`, `extra_metrics`, `metrics_padding_bytes`), `GET`/`POST /admin/stats` for
+//! the scope spares `/metrics`; `{"mode":"refuse","for_ms":2000}` closes the listening socket,
+//! so new connections are refused while open ones are served, for 2 s or until another mode is
+//! set), `POST /admin/load` with a JSON body (`background_waiting`, `background_running`,
+//! `background_kv`, `extra_metrics`, `metrics_padding_bytes`), `GET`/`POST /admin/stats` for
 //! counters (`prefix_queries` / `prefix_hits` are prompt tokens, from the token-block cache).
 //! A request header `x-sim-response-id` pins the response id so tests can compare responses
-//! byte for byte.
+//! byte for byte. SIGTERM stops the pod gracefully (`lifecycle.rs`): no new connections, the
+//! requests in flight finish (`connection: close`), idle connections close, then it exits.
 
 #[path = "../../tests/support/http1.rs"]
 mod http1;
@@ -46,6 +51,7 @@ mod http1;
 mod api;
 mod engine;
 mod kv_cache;
+mod lifecycle;
 mod metrics;
 mod server;
 mod tokenizer;
@@ -54,6 +60,7 @@ use std::io::Write;
 use std::net::TcpListener;
 use std::sync::Arc;
 use std::thread;
+use std::time::Duration;
 
 /// One pod's configuration, from the command line.
 #[derive(Debug, Clone)]
@@ -80,6 +87,8 @@ pub struct Settings {
     pub extra_metrics: String,
     pub metrics_padding_bytes: usize,
     pub fault: Option<String>,
+    /// On SIGTERM, how long open connections may take to finish before the process exits.
+    pub drain_timeout_s: f64,
 }
 
 impl Settings {
@@ -130,6 +139,7 @@ impl Settings {
                 .unwrap_or_default(),
             metrics_padding_bytes: number("--metrics-padding", 0.0) as usize,
             fault: value("--fault"),
+            drain_timeout_s: number("--drain-timeout-s", 30.0),
         }
     }
 }
@@ -168,21 +178,27 @@ fn main() {
         pods.push((listener, settings));
     }
     let _ = std::io::stdout().flush();
+    let mut doors = Vec::new();
     let accept_threads: Vec<_> = pods
         .into_iter()
-        .map(|(listener, settings)| {
-            let pod = Arc::new(server::Pod::new(settings));
-            thread::spawn(move || {
-                for stream in listener.incoming().flatten() {
-                    let pod = Arc::clone(&pod);
-                    thread::spawn(move || {
-                        http1::serve(stream, |request, out| pod.handle(request, out))
-                    });
-                }
-            })
+        .filter_map(|(listener, settings)| {
+            let door = lifecycle::Door::new(listener.local_addr().ok()?);
+            doors.push(Arc::clone(&door));
+            let pod = server::Pod::new(settings, Arc::clone(&door));
+            Some(thread::spawn(move || {
+                door.run(listener, move |request, out| pod.handle(request, out))
+            }))
         })
         .collect();
+    lifecycle::stop_gracefully_on_sigterm(
+        doors,
+        Duration::from_secs_f64(settings.drain_timeout_s.max(0.0)),
+    );
+    // The accept loops return when their pods drain; the SIGTERM thread then exits.
     for accept in accept_threads {
         let _ = accept.join();
+    }
+    loop {
+        thread::park();
     }
 }

@@ -5,16 +5,19 @@ use crate::api::{self, Api, ApiRequest};
 use crate::engine::{Engine, Fault, Limits};
 use crate::http1::{self, Request};
 use crate::kv_cache::{self, KvCache};
+use crate::lifecycle::Door;
 use crate::metrics;
 use crate::Settings;
 use serde_json::{json, Value};
 use std::net::TcpStream;
-use std::sync::{Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 pub struct Pod {
     settings: Settings,
+    /// The listening socket and open connections (refusing, draining).
+    door: Arc<Door>,
     engine: Mutex<Engine>,
     /// Signalled when the scheduler admits requests.
     admitted: Condvar,
@@ -44,7 +47,7 @@ fn fault_from(body: &Value) -> Option<Fault> {
 }
 
 impl Pod {
-    pub fn new(settings: Settings) -> Pod {
+    pub fn new(settings: Settings, door: Arc<Door>) -> Pod {
         let limits = Limits {
             max_num_seqs: settings.max_num_seqs,
             max_lora: settings.max_lora,
@@ -65,6 +68,7 @@ impl Pod {
             .and_then(|mode| fault_from(&json!({ "mode": mode })));
         Pod {
             settings,
+            door,
             engine: Mutex::new(engine),
             admitted: Condvar::new(),
             started: Instant::now(),
@@ -162,6 +166,18 @@ impl Pod {
         let body: Value = serde_json::from_slice(&request.body).unwrap_or(Value::Null);
         match path {
             "/admin/fault" => {
+                // "refuse": the listening socket closes (new connections are refused) while
+                // open connections, scrapes included, are served as usual; `for_ms` opens it
+                // again by itself. Any other mode opens it.
+                if body.get("mode").and_then(Value::as_str) == Some("refuse") {
+                    let reopen = body
+                        .get("for_ms")
+                        .and_then(Value::as_u64)
+                        .map(Duration::from_millis);
+                    self.door.close(reopen);
+                } else {
+                    self.door.open();
+                }
                 let fault = fault_from(&body);
                 let mut engine = self.lock();
                 engine.fault = fault;
@@ -306,11 +322,12 @@ impl Pod {
         output_tokens: usize,
         out: &mut TcpStream,
     ) -> bool {
-        let headers = [
+        let mut headers = vec![
             ("content-type", "text/event-stream"),
             ("cache-control", "no-cache"),
             ("x-inference-pod", self.settings.name.as_str()),
         ];
+        headers.extend(self.closing());
         if http1::write_chunked_head(out, 200, &headers).is_err() {
             return false;
         }
@@ -330,10 +347,17 @@ impl Pod {
     }
 
     fn respond(&self, out: &mut TcpStream, status: u16, content_type: &str, body: &[u8]) -> bool {
-        let headers = [
+        let mut headers = vec![
             ("content-type", content_type),
             ("x-inference-pod", self.settings.name.as_str()),
         ];
+        headers.extend(self.closing());
         http1::write_response(out, status, &headers, body).is_ok()
+    }
+
+    /// While draining, each response says the connection closes after it, so the client does
+    /// not send another request on it.
+    fn closing(&self) -> Option<(&'static str, &'static str)> {
+        self.door.draining().then_some(("connection", "close"))
     }
 }

@@ -61,6 +61,12 @@ extern "C" {
         cas: u32,
     ) -> u32;
     fn proxy_remove_header_map_value(map_type: u32, key_data: *const u8, key_size: usize) -> u32;
+    fn proxy_get_property(
+        path_data: *const u8,
+        path_size: usize,
+        return_value_data: *mut *mut u8,
+        return_value_size: *mut usize,
+    ) -> u32;
     fn proxy_set_buffer_bytes(
         buffer_type: u32,
         start: usize,
@@ -175,6 +181,24 @@ pub fn header(map_type: MapType, name: &str) -> Result<Option<Vec<u8>>, HostErro
         NOT_FOUND => Ok(None),
         status => Err(HostError {
             call: "proxy_get_header_map_value",
+            status,
+        }),
+    }
+}
+
+/// A host property by its path (`["upstream", "address"]`); `None` when the host has none.
+pub fn property(path: &[&str]) -> Result<Option<Vec<u8>>, HostError> {
+    // The ABI's encoding: the path's parts joined by NUL.
+    let encoded = path.join("\0");
+    let mut data = null_mut();
+    let mut size = 0usize;
+    let status =
+        unsafe { proxy_get_property(encoded.as_ptr(), encoded.len(), &mut data, &mut size) };
+    match status {
+        OK => Ok(Some(unsafe { take_host_buffer(data, size) })),
+        NOT_FOUND | EMPTY => Ok(None),
+        status => Err(HostError {
+            call: "proxy_get_property",
             status,
         }),
     }

@@ -240,6 +240,13 @@ impl HttpHost for EnvoyRequest {
         abi::replace_header(MapType::HttpResponseHeaders, name, value)
     }
 
+    fn upstream_address(&self) -> Option<String> {
+        let bytes = abi::property(&["upstream", "address"]).ok().flatten()?;
+        String::from_utf8(bytes)
+            .ok()
+            .filter(|address| !address.is_empty())
+    }
+
     fn send_local_reply(&self, status: u16, json_body: &[u8]) -> Result<(), HostError> {
         abi::send_local_response(status, &[("content-type", "application/json")], json_body)
     }

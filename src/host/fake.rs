@@ -14,6 +14,8 @@ pub struct FakeHost {
     pub reply: RefCell<Option<(u16, Vec<u8>)>>,
     pub fail_set_header: bool,
     pub reads: RefCell<Vec<String>>,
+    /// What `upstream_address` answers.
+    pub upstream: RefCell<Option<String>>,
 }
 
 impl HttpHost for FakeHost {
@@ -45,6 +47,9 @@ impl HttpHost for FakeHost {
     fn replace_request_body(&self, size: usize, body: &[u8]) -> Result<(), HostError> {
         self.body.borrow_mut().splice(..size, body.iter().copied());
         Ok(())
+    }
+    fn upstream_address(&self) -> Option<String> {
+        self.upstream.borrow().clone()
     }
     fn response_header(&self, name: &str) -> Option<Vec<u8>> {
         self.response_headers

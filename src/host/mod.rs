@@ -25,6 +25,9 @@ pub trait HttpHost {
     fn replace_request_body(&self, size: usize, body: &[u8]) -> Result<(), HostError>;
     fn response_header(&self, name: &str) -> Option<Vec<u8>>;
     fn set_response_header(&self, name: &str, value: &str) -> Result<(), HostError>;
+    /// The `ip:port` the request's last upstream attempt went to (Envoy's `upstream.address`
+    /// property), once the response is known; `None` when there was none or it is unreadable.
+    fn upstream_address(&self) -> Option<String>;
     fn send_local_reply(&self, status: u16, json_body: &[u8]) -> Result<(), HostError>;
 }
 

@@ -99,6 +99,34 @@ impl EnvoyConfig {
             .unwrap_or_else(|| panic!("no cluster {name}"))
     }
 
+    /// The clusters that route on the picker's header with Envoy's override_host policy: the
+    /// pool as Envoy knows it.
+    pub fn pool_clusters_mut(&mut self) -> impl Iterator<Item = &mut Value> {
+        self.clusters_mut()
+            .iter_mut()
+            .filter(|cluster| is_pool_cluster(cluster))
+    }
+
+    /// Lists the picker configuration's `pool.endpoints` as the members of every pool cluster,
+    /// as a deployment lists them in both places.
+    pub fn set_pool_members(&mut self, picker_config: &str) {
+        let picker: Value = serde_yaml::from_str(picker_config).expect("picker config parses");
+        let members: Vec<Value> = picker["pool"]["endpoints"]
+            .as_sequence()
+            .map(|endpoints| {
+                endpoints
+                    .iter()
+                    .filter_map(|e| e["address"].as_str())
+                    .map(lb_endpoint)
+                    .collect()
+            })
+            .unwrap_or_default();
+        for cluster in self.pool_clusters_mut() {
+            cluster["load_assignment"]["endpoints"][0]["lb_endpoints"] =
+                Value::Sequence(members.clone());
+        }
+    }
+
     pub fn cluster_mut(&mut self, name: &str) -> &mut Value {
         self.clusters_mut()
             .iter_mut()
@@ -263,6 +291,37 @@ fn sequence_mut<'a>(value: &'a mut Value, what: &str) -> &'a mut Vec<Value> {
         .unwrap_or_else(|| panic!("{what} is not a list"))
 }
 
+/// A cluster with Envoy's override_host load-balancing policy.
+pub fn is_pool_cluster(cluster: &Value) -> bool {
+    cluster["load_balancing_policy"]["policies"]
+        .as_sequence()
+        .is_some_and(|policies| {
+            policies.iter().any(|p| {
+                p["typed_extension_config"]["name"] == "envoy.load_balancing_policies.override_host"
+            })
+        })
+}
+
+/// The `ip:port` members of a STATIC cluster, in order.
+pub fn cluster_members(cluster: &Value) -> Vec<String> {
+    cluster["load_assignment"]["endpoints"]
+        .as_sequence()
+        .into_iter()
+        .flatten()
+        .flat_map(|locality| locality["lb_endpoints"].as_sequence().into_iter().flatten())
+        .map(|e| {
+            let socket = &e["endpoint"]["address"]["socket_address"];
+            let host = socket["address"].as_str().unwrap_or("");
+            let port = socket["port_value"].as_u64().unwrap_or(0);
+            if host.contains(':') {
+                format!("[{host}]:{port}")
+            } else {
+                format!("{host}:{port}")
+            }
+        })
+        .collect()
+}
+
 /// A STATIC cluster `name` with one endpoint per `host:port` address.
 pub fn static_cluster(name: &str, addresses: &[&str]) -> Value {
     let endpoints: Vec<Value> = addresses.iter().map(|a| lb_endpoint(a)).collect();
@@ -278,6 +337,7 @@ pub fn static_cluster(name: &str, addresses: &[&str]) -> Value {
 /// One `lb_endpoints` entry for a `host:port` address.
 pub fn lb_endpoint(address: &str) -> Value {
     let (host, port) = address.rsplit_once(':').expect("host:port");
+    let host = host.trim_start_matches('[').trim_end_matches(']');
     serde_yaml::from_str(&format!(
         "endpoint: {{address: {{socket_address: {{address: '{host}', port_value: {port}}}}}}}"
     ))

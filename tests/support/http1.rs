@@ -261,7 +261,8 @@ fn status_line_and_headers(status: u16, headers: &[(&str, &str)]) -> String {
     head
 }
 
-/// Writes a whole response with a `content-length` body.
+/// Writes a whole response with a `content-length` body, head and body in one write: a
+/// server killed between two writes would leave the client a head without its body.
 pub fn write_response<W: Write>(
     out: &mut W,
     status: u16,
@@ -270,8 +271,9 @@ pub fn write_response<W: Write>(
 ) -> io::Result<()> {
     let mut head = status_line_and_headers(status, headers);
     head.push_str(&format!("content-length: {}\r\n\r\n", body.len()));
-    out.write_all(head.as_bytes())?;
-    out.write_all(body)?;
+    let mut message = head.into_bytes();
+    message.extend_from_slice(body);
+    out.write_all(&message)?;
     out.flush()
 }
 

@@ -1,6 +1,9 @@
 //! Load generation: request bodies and a keep-alive client that times each exchange.
 
 use super::http1::Client;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 pub const MODEL: &str = "meta-llama/Llama-3.1-8B-Instruct";
@@ -63,5 +66,98 @@ impl KeepAlive {
             first_byte: first_byte.unwrap_or(total),
             total,
         })
+    }
+}
+
+/// What a [`BackgroundLoad`] request got: its status (0: no response) and serving pod.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Served {
+    pub status: u16,
+    pub pod: String,
+    /// When the response arrived.
+    pub at: Instant,
+}
+
+/// Keep-alive clients posting completions through a gateway until finished, each response
+/// recorded: load across an event (a pod dying) in the tests and the soak.
+pub struct BackgroundLoad {
+    stop: Arc<AtomicBool>,
+    sent: Arc<AtomicUsize>,
+    served: Arc<Mutex<Vec<Served>>>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+impl BackgroundLoad {
+    pub fn start(address: &str, clients: usize) -> BackgroundLoad {
+        let stop = Arc::new(AtomicBool::new(false));
+        let sent = Arc::new(AtomicUsize::new(0));
+        let served = Arc::new(Mutex::new(Vec::new()));
+        let threads = (0..clients)
+            .map(|_| {
+                let (stop, sent, served) = (stop.clone(), sent.clone(), served.clone());
+                let mut client = KeepAlive::new(address);
+                std::thread::spawn(move || {
+                    while !stop.load(Ordering::Relaxed) {
+                        let n = sent.fetch_add(1, Ordering::Relaxed);
+                        let outcome = client.post("/v1/completions", &completion(n));
+                        let (status, pod) = outcome
+                            .map(|e| (e.status, e.pod))
+                            .unwrap_or((0, "no response".into()));
+                        let at = Instant::now();
+                        let mut served = served.lock().unwrap_or_else(|p| p.into_inner());
+                        served.push(Served { status, pod, at });
+                    }
+                })
+            })
+            .collect();
+        BackgroundLoad {
+            stop,
+            sent,
+            served,
+            threads,
+        }
+    }
+
+    /// Responses so far.
+    pub fn answered(&self) -> usize {
+        self.served.lock().unwrap_or_else(|p| p.into_inner()).len()
+    }
+
+    /// Some response so far satisfies `test`.
+    pub fn any(&self, test: impl Fn(&Served) -> bool) -> bool {
+        let served = self.served.lock().unwrap_or_else(|p| p.into_inner());
+        served.iter().any(test)
+    }
+
+    /// Waits (up to 30 s) until `count` responses have arrived in all.
+    pub fn wait_for(&self, count: usize) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while self.answered() < count {
+            assert!(
+                Instant::now() < deadline,
+                "the load stalled at {}",
+                self.answered()
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    /// Stops the clients and returns every response, in arrival order.
+    pub fn finish(mut self) -> Vec<Served> {
+        self.stop.store(true, Ordering::Relaxed);
+        for thread in self.threads.drain(..) {
+            let _ = thread.join();
+        }
+        let mut served = self.served.lock().unwrap_or_else(|p| p.into_inner());
+        std::mem::take(&mut *served)
+    }
+}
+
+impl Drop for BackgroundLoad {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        for thread in self.threads.drain(..) {
+            let _ = thread.join();
+        }
     }
 }

@@ -19,11 +19,12 @@ pub mod load;
 pub mod processes;
 
 pub use envoy_config::{
-    example_config, lb_endpoint, picker_config_of, shipped_envoy_config, shipped_picker_config,
-    static_cluster, with_addresses, with_endpoints, with_pool_keys, EnvoyConfig, Listener,
+    cluster_members, example_config, is_pool_cluster, lb_endpoint, picker_config_of,
+    shipped_envoy_config, shipped_picker_config, static_cluster, with_addresses, with_endpoints,
+    with_pool_keys, EnvoyConfig, Listener,
 };
 pub use http::{request, try_request, Response};
-pub use load::{completion, Exchange, KeepAlive, MODEL};
+pub use load::{completion, BackgroundLoad, Exchange, KeepAlive, Served, MODEL};
 pub use processes::{
     envoy_binary, example_envoy, free_port, repo, sim_binary, wasm_path, Envoy, Sim, TempDir,
 };

@@ -120,8 +120,35 @@ impl Sim {
         self.child.id()
     }
 
+    /// SIGKILL: the pod vanishes mid-request, as a crashed or OOM-killed one does.
     pub fn kill(&mut self) {
         stop(&mut self.child);
+    }
+
+    /// SIGTERM: the simulator stops gracefully (it stops accepting, finishes the requests in
+    /// flight, closes its idle connections, exits). Waits up to 10 s for it to exit.
+    pub fn terminate(&mut self) {
+        #[cfg(unix)]
+        if let Ok(pid) = i32::try_from(self.child.id()) {
+            if matches!(self.child.try_wait(), Ok(None)) {
+                // SAFETY: a plain kill(2) on our own child's pid, which it still is (not reaped).
+                unsafe { libc::kill(pid, libc::SIGTERM) };
+            }
+        }
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while matches!(self.child.try_wait(), Ok(None)) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        stop(&mut self.child);
+    }
+
+    /// The port it listens on (to bring it back at the same address).
+    pub fn port(&self) -> u16 {
+        self.address
+            .rsplit(':')
+            .next()
+            .and_then(|port| port.parse().ok())
+            .unwrap_or(0)
     }
 
     /// `POST /admin/<what>` with a JSON body; returns the sim's counters.
@@ -256,6 +283,7 @@ impl Envoy {
         listener.set_access_log_path(&dir.0.join("access.log"));
         listener.set_wasm_file(&wasm_path());
         listener.set_picker_config(picker_config);
+        config.set_pool_members(picker_config);
         adjust(&mut config);
         let config_path = dir.0.join("envoy.yaml");
         std::fs::write(&config_path, config.render()).expect("write config");
