@@ -29,8 +29,7 @@
 //! --kv-blocks N (4096), --block-size N (16 tokens), --time-scale F (1), --loaded-adapters a,b
 //! (resident at start), --background-waiting N (queued work from elsewhere),
 //! --background-running N, --background-kv F (added to the reported KV usage),
-//! --extra-metrics TEXT (raw exposition lines appended to /metrics, `
-` separated),
+//! --extra-metrics TEXT (raw exposition lines appended to /metrics, `\n` separated),
 //! --metrics-padding BYTES (filler series appended until /metrics is at least that long: an
 //! oversized page), --fault MODE (none|error|slow|hang|die), --drain-timeout-s F (30: how long
 //! a graceful stop waits).
