@@ -3,6 +3,7 @@
 //! `/stats/prometheus` shows, for example, `inference_picker_endpoint_picks{endpoint="..."}`.
 
 use crate::director::Director;
+use crate::endpoint::Health;
 use crate::error_response::RequestError;
 use crate::host::{MetricKind, Metrics};
 use std::cell::RefCell;
@@ -24,6 +25,11 @@ pub struct Stats<H: Metrics> {
     endpoints: RefCell<Vec<Option<EndpointStats>>>,
     decisions: [Option<u32>; 5],
     shed: Option<u32>,
+    /// Scrapes the host refused to send (each also a failure in its endpoint's counter).
+    scrapes_unsent: Option<u32>,
+    /// How long the last complete scrape round took; endpoints with fresh metrics.
+    scrape_round_ms: Option<u32>,
+    endpoints_fresh: Option<u32>,
     scheduling_us: Option<u32>,
     /// Linear memory of every VM of the plugin, summed; and how many VMs report into it.
     vm_memory_bytes: Option<u32>,
@@ -42,6 +48,9 @@ impl<H: Metrics> Stats<H> {
                 )
             }),
             shed: define(MetricKind::Counter, "inference_picker.shed"),
+            scrapes_unsent: define(MetricKind::Counter, "inference_picker.scrapes_unsent"),
+            scrape_round_ms: define(MetricKind::Gauge, "inference_picker.scrape_round_ms"),
+            endpoints_fresh: define(MetricKind::Gauge, "inference_picker.endpoints_fresh"),
             scheduling_us: define(MetricKind::Histogram, "inference_picker.scheduling_time_us"),
             vm_memory_bytes: define(MetricKind::Gauge, "inference_picker.vm_memory_bytes"),
             vms: define(MetricKind::Gauge, "inference_picker.vms"),
@@ -102,6 +111,12 @@ impl<H: Metrics> Stats<H> {
         self.bump(self.endpoint(index, which));
     }
 
+    /// A scrape the host refused to send: a failed scrape of that endpoint.
+    pub fn scrape_unsent(&self, index: usize) {
+        self.bump(self.scrapes_unsent);
+        self.scrape(index, false);
+    }
+
     /// Adds this VM's growth in linear memory since it last reported (`reported`, which
     /// outlives reconfigurations) to the gauge all VMs share. Wasm memory never shrinks.
     pub fn vm_memory(&self, bytes: u64, reported: &mut u64) {
@@ -118,6 +133,21 @@ impl<H: Metrics> Stats<H> {
             self.bump(self.vms);
         }
         *reported = bytes;
+    }
+
+    /// The pool's gauges (the last round's duration, endpoints fresh), set by the VM that
+    /// scrapes.
+    pub fn pool_gauges(&self, director: &Director, round_ms: Option<u64>) {
+        if let (Some(id), Some(ms)) = (self.scrape_round_ms, round_ms) {
+            let _ = self.host.record(id, ms);
+        }
+        if let Some(id) = self.endpoints_fresh {
+            let pool = &director.pool().endpoints;
+            let fresh = pool.iter().filter(|e| e.health == Health::Fresh).count();
+            let _ = self
+                .host
+                .record(id, u64::try_from(fresh).unwrap_or(u64::MAX));
+        }
     }
 
     /// Per-endpoint gauges (metrics age, the whole Envoy's requests in flight), set by the

@@ -90,7 +90,12 @@ struct PickerRoot {
     ticks: TickFlow,
     /// This VM's linear memory as last added to the shared `vm_memory_bytes` gauge.
     vm_memory_reported: u64,
+    /// When the scraper last set the per-endpoint gauges.
+    gauges_set_ms: u64,
 }
+
+/// How often the scraper sets the per-endpoint gauges (at most; each tick if longer).
+const GAUGE_PERIOD_MS: u64 = 1000;
 
 impl PickerRoot {
     fn new(context_id: u32) -> Self {
@@ -100,6 +105,7 @@ impl PickerRoot {
             stats: None,
             ticks: TickFlow::new(None),
             vm_memory_reported: 0,
+            gauges_set_ms: 0,
         }
     }
 }
@@ -126,6 +132,9 @@ impl Context for PickerRoot {
         let Some(stats) = &self.stats else {
             return;
         };
+        for index in self.ticks.take_unsent() {
+            stats.scrape_unsent(index);
+        }
         match outcome {
             CalloutOutcome::Scraped { index, ok } => stats.scrape(index, ok),
             CalloutOutcome::Discovered { changed: true } => stats.cover(&director),
@@ -185,8 +194,17 @@ impl RootContext for PickerRoot {
             if outcome.members_changed {
                 stats.cover(&director);
             }
+            for index in self.ticks.take_unsent() {
+                stats.scrape_unsent(index);
+            }
             if outcome.role == Role::Scraper {
-                stats.endpoint_gauges(&director, outcome.now_ms);
+                stats.pool_gauges(&director, self.ticks.last_round_ms());
+                // Two host calls per endpoint: at most once a second, however short the
+                // interval.
+                if outcome.now_ms.saturating_sub(self.gauges_set_ms) >= GAUGE_PERIOD_MS {
+                    self.gauges_set_ms = outcome.now_ms;
+                    stats.endpoint_gauges(&director, outcome.now_ms);
+                }
             }
         }
     }
