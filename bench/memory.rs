@@ -4,8 +4,8 @@
 use crate::load::closed_loop_over;
 use crate::procfs::rss_mib;
 use crate::report::{csv_table, goal, joined, markdown_table, Cell, Column, Part, Row};
-use crate::setup::{filter_stat, SimPool};
-use crate::support::{with_addresses, Envoy};
+use crate::setup::filter_stat;
+use crate::support::{with_addresses, Envoy, SimPool};
 use crate::workloads::distinct_completions;
 use std::time::Duration;
 

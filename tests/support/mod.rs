@@ -25,5 +25,6 @@ pub use envoy_config::{
 pub use http::{request, try_request, Response};
 pub use load::{completion, Exchange, KeepAlive, MODEL};
 pub use processes::{
-    envoy_binary, example_envoy, free_port, repo, sim_binary, wasm_path, Envoy, Sim, TempDir,
+    envoy_binary, example_envoy, free_port, repo, sim_binary, wasm_path, Envoy, Sim, SimPool,
+    TempDir,
 };
