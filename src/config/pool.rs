@@ -30,9 +30,11 @@ pub struct ObjectiveConfig {
 
 /// The cluster the shipped Envoy configs define for the `/metrics` callouts.
 pub const DEFAULT_METRICS_CLUSTER: &str = "inference_picker_metrics";
-/// Below the shipped metrics cluster's circuit breakers (4,096 requests), even with two VMs
-/// scraping during a lease handover.
-pub const DEFAULT_MAX_SCRAPES_IN_FLIGHT: usize = 256;
+/// Far below the shipped metrics cluster's circuit breakers (4,096 requests), even with two VMs
+/// scraping during a lease handover; enough to keep one thread busy parsing answers while
+/// others travel, few enough that a burst of answers or a stalled thread does not push the
+/// ones waiting behind it past `metricsTimeout`.
+pub const DEFAULT_MAX_SCRAPES_IN_FLIGHT: usize = 128;
 /// More in flight gains nothing on one worker thread: answers are parsed one at a time.
 pub const MAX_SCRAPES_IN_FLIGHT_LIMIT: usize = 4096;
 

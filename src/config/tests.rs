@@ -51,7 +51,7 @@ fn empty_document_gets_gie_defaults() {
         std::time::Duration::from_secs(2)
     );
     assert_eq!(config.pool.metrics_cluster, "inference_picker_metrics");
-    assert_eq!(config.pool.max_scrapes_in_flight, 256);
+    assert_eq!(config.pool.max_scrapes_in_flight, 128);
     assert!(config.warnings.is_empty(), "{:?}", config.warnings);
 }
 

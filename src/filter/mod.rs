@@ -155,6 +155,7 @@ impl RootContext for PickerRoot {
         };
         // Each VM needs its own tie-breaking sequence, or all workers pick alike.
         let now_ns = abi::current_time_ns().unwrap_or(0);
+        let started_ns = now_ns;
         let seed = crate::hash::hash_bytes(now_ns, &self.context_id.to_le_bytes());
         let configured = match tick_flow::configure(&text, seed) {
             Ok(configured) => configured,
@@ -167,13 +168,18 @@ impl RootContext for PickerRoot {
             log::error!("inference-picker: cannot start the metrics tick: {error}");
             return false;
         }
+        let loaded_ns = abi::current_time_ns().unwrap_or(started_ns);
+        let stats = Stats::define(EnvoyHost, &configured.director);
+        let defined_ns = abi::current_time_ns().unwrap_or(loaded_ns);
         log::info!(
-            "inference-picker: configured with {} endpoints, scraping every {}ms",
+            "inference-picker: configured with {} endpoints in {}ms (stats {}ms), scraping every {}ms",
             configured.director.pool().len(),
+            defined_ns.saturating_sub(started_ns) / 1_000_000,
+            defined_ns.saturating_sub(loaded_ns) / 1_000_000,
             configured.tick_ms
         );
         self.ticks = configured.ticks;
-        self.stats = Some(Rc::new(Stats::define(EnvoyHost, &configured.director)));
+        self.stats = Some(Rc::new(stats));
         self.director = Some(Rc::new(RefCell::new(configured.director)));
         true
     }
