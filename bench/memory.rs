@@ -148,9 +148,9 @@ pub fn run(quick: bool) -> Part {
 const LARGE_INTRO: &str = "\n### Large pools\n\nThe shipped `envoy/envoy.yaml` (scrapes through \
      their own `inference_picker_metrics` cluster, `maxScrapesInFlight` 128), Envoy \
      `--concurrency 2`, the picker above scraping every second (staleness threshold 5 s), N \
-     simulated pods in processes of 4,096. After Envoy is ready, 20 s of scraping, then \
-     2,000 requests (8 clients, distinct 200-character prompts) while the admin port is asked \
-     for `GET /stats` every half second. Configure: the slowest VM's own `configured with N \
+     simulated pods in processes of 4,096. After Envoy is ready, 30 s of scraping, then \
+     2,000 requests (8 clients, distinct 200-character prompts); all along the admin port is \
+     asked for `GET /stats` every 2 s, and the filter's gauges are read. Configure: the slowest VM's own `configured with N \
      endpoints in X ms` log line (loading, building, defining the stats). All fresh: from \
      Envoy ready until every endpoint had fresh metrics. Round: the `scrape_round_ms` gauge \
      (the last complete round, from its tick to its last answer), median and max of the \
@@ -164,7 +164,9 @@ const LARGE_INTRO: &str = "\n### Large pools\n\nThe shipped `envoy/envoy.yaml` (
      tasks; the shipped config keeps them alive.\n\n";
 
 /// What the pods' Envoy does between start and the end of the load.
-const SETTLE: Duration = Duration::from_secs(20);
+const SETTLE: Duration = Duration::from_secs(30);
+/// How often the admin port is asked for `/stats` (each answer lists five stats per endpoint).
+const ADMIN_EVERY: Duration = Duration::from_secs(2);
 const POOL_REQUESTS: usize = 2000;
 /// Beyond this many pods, scrape connections are closed after each scrape (see LARGE_INTRO).
 const KEEP_ALIVE_LIMIT: usize = 8192;
@@ -365,13 +367,16 @@ envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
             samples.2.push(fresh());
         }
     };
+    let mut last_sample: Option<Instant> = None;
     while ready.elapsed() < SETTLE {
-        let now_fresh = fresh() >= 1.0;
-        if now_fresh && all_fresh_s.is_nan() {
+        if all_fresh_s.is_nan() && fresh() >= 1.0 {
             all_fresh_s = ready.elapsed().as_secs_f64();
         }
-        sample(!all_fresh_s.is_nan());
-        std::thread::sleep(Duration::from_millis(500));
+        if last_sample.is_none_or(|at| at.elapsed() >= ADMIN_EVERY) {
+            last_sample = Some(Instant::now());
+            sample(!all_fresh_s.is_nan());
+        }
+        std::thread::sleep(Duration::from_millis(250));
     }
     let bodies = distinct_completions(POOL_REQUESTS, 200);
     let done = AtomicBool::new(false);
@@ -379,7 +384,7 @@ envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
         scope.spawn(|| {
             while !done.load(Ordering::Relaxed) {
                 sample(!all_fresh_s.is_nan());
-                std::thread::sleep(Duration::from_millis(500));
+                std::thread::sleep(ADMIN_EVERY);
             }
         });
         let results = closed_loop_over(&envoy.address(), 8, POOL_REQUESTS, &|n| bodies[n].as_str());

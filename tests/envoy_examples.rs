@@ -106,6 +106,11 @@ fn check_metrics_cluster(file: &str) {
         "{file}: {limits:?}"
     );
     assert!(limit("max_connections") >= 16384, "{file}: {limits:?}");
+    // Hosts dropped between two scrapes would be re-created every round, each time an update
+    // of the whole host set on Envoy's main thread.
+    let cleanup = cluster["cleanup_interval"].as_str().unwrap_or("5s");
+    let seconds: u64 = cleanup.trim_end_matches('s').parse().unwrap_or(0);
+    assert!(seconds >= 60, "{file}: cleanup_interval {cleanup}");
 }
 
 #[test]
