@@ -154,7 +154,7 @@ const LARGE_INTRO: &str = "\n### Large pools\n\nThe shipped `envoy/envoy.yaml` (
      endpoints in X ms` log line (loading, building, defining the stats). All fresh: from \
      Envoy ready until every endpoint had fresh metrics. Round: the `scrape_round_ms` gauge \
      (the last complete round, from its tick to its last answer), median and max of the \
-     samples. Fresh: the `endpoints_fresh` gauge over N, lowest sample after all were fresh \
+     samples once a round completed. Fresh: the `endpoints_fresh` gauge over N, lowest sample after all were fresh \
      and at the end. Scrape failures: the endpoints' `scrape_failure` counters summed \
      (`unsent`: refused by the host); overflows: the metrics cluster's `upstream_cx_overflow` \
      and `upstream_rq_pending_overflow`. Warning lines: the filter's warnings in Envoy's log \
@@ -362,8 +362,12 @@ envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
         let mut samples = samples.lock().expect("samples");
         samples.0.push(took);
         stats_kb = stats_kb.max(text.len() / 1024);
+        // Once a round completed (the gauge is 0 before), whether or not all are fresh.
+        let round = filter_stat(&envoy, "scrape_round_ms");
+        if round > 0.0 {
+            samples.1.push(round);
+        }
         if all_fresh {
-            samples.1.push(filter_stat(&envoy, "scrape_round_ms"));
             samples.2.push(fresh());
         }
     };

@@ -197,9 +197,8 @@ impl RootContext for PickerRoot {
         };
         let outcome = self.ticks.on_tick(&EnvoyHost, &mut director);
         if let Some(stats) = &self.stats {
-            if outcome.members_changed {
-                stats.cover(&director);
-            }
+            // Endpoints still without stats (a large pool, or new members): the next batch.
+            stats.cover(&director);
             for index in self.ticks.take_unsent() {
                 stats.scrape_unsent(index);
             }
