@@ -11,7 +11,10 @@
 //! - `quality`: 8 simulated pods with real prefill/decode timing behind Envoy's ROUND_ROBIN,
 //!   LEAST_REQUEST and RANDOM and three picker configs; shared-prefix, mixed, LoRA-mix and
 //!   burst workloads; TTFT, throughput, errors, prefix-cache hit rate, picks per pod.
-//! - `memory`: Envoy RSS and the VMs' memory at 8/256/1,024 endpoints as the index fills.
+//! - `memory`: Envoy RSS and the VMs' memory at 8/256/1,024 endpoints as the index fills;
+//!   large pools of 1,024/4,096/16,384 endpoints (configuration time, scrape rounds against
+//!   the interval, freshness, errors, memory, the admin port's `/stats`).
+//! - `schedule` also times loading a configuration of 1,024 to 100,000 endpoints natively.
 //! - `scaleout`: one vs two Envoy replicas in front of the same pods.
 //!
 //! `BENCH_QUICK=1` runs any part small; `quick` runs them all small.

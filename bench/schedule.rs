@@ -5,8 +5,13 @@ use crate::workloads::{half_shared_chats, padded_completion};
 use inference_picker::config::load as load_config;
 use inference_picker::director::Director;
 use inference_picker::endpoint::Health;
+use inference_picker::host::{HostError, MetricKind, Metrics};
 use inference_picker::request::{parse_body, ApiKind};
 use inference_picker::scheduling::rng::Rng;
+use inference_picker::stats::Stats;
+use inference_picker::tick_flow::configure;
+use std::cell::RefCell;
+use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::time::Instant;
 
@@ -19,6 +24,15 @@ const BETWEEN: &str =
      length (the prompt is hashed once per request into blocks, up to the prefix scorer's \
      `maxPrefixBlocksToMatch`).\n\n\
      Parsing the request body (completions, one prompt string), natively:\n\n";
+
+const CONFIGURE: &str = "\nConfiguring one VM, natively: loading and validating the YAML \
+     configuration with N static endpoints (the shipped plugins), building the director \
+     (`tick_flow::configure`), and defining every stat (five per endpoint; here in an \
+     in-memory name table, in Envoy a host call each). Envoy logs the same step per VM \
+     (`configured with N endpoints in X ms`), which part 4 reports.\n\n";
+
+/// Pool sizes whose configuration is timed.
+const CONFIGURED: [usize; 5] = [1024, 4096, 16384, 20000, 100_000];
 
 /// (endpoints, prompt characters) of each pick measured.
 const PICKS: [(usize, usize); 5] = [(8, 8000), (64, 8000), (256, 8000), (64, 2000), (64, 32000)];
@@ -70,6 +84,84 @@ impl Row for ParseRow {
     }
 }
 
+/// In the CSV these rows follow the parses', marked `configure`, in milliseconds.
+struct ConfigureRow {
+    endpoints: usize,
+    load_ms: f64,
+    stats_ms: f64,
+}
+
+impl Row for ConfigureRow {
+    const COLUMNS: &'static [Column] = &[
+        Column::csv("kind"),
+        Column::both("endpoints", "endpoints"),
+        Column::both("load + director ms", "load_ms"),
+        Column::both("stats ms", "stats_ms"),
+        Column::markdown("total ms"),
+    ];
+
+    fn cells(&self) -> Vec<Cell> {
+        vec![
+            Cell::Text("configure".into()),
+            Cell::Count(self.endpoints),
+            Cell::Measure(self.load_ms, 1),
+            Cell::Measure(self.stats_ms, 1),
+            Cell::Measure(self.load_ms + self.stats_ms, 1),
+        ]
+    }
+}
+
+/// Stats defined in a name table, as Envoy looks a stat up by name before creating it.
+#[derive(Default)]
+struct NamedStats(RefCell<HashMap<String, u32>>);
+
+impl Metrics for NamedStats {
+    fn define(&self, _kind: MetricKind, name: &str) -> Result<u32, HostError> {
+        let mut names = self.0.borrow_mut();
+        let next = u32::try_from(names.len()).unwrap_or(u32::MAX);
+        Ok(*names.entry(name.to_owned()).or_insert(next))
+    }
+    fn increment(&self, _id: u32, _offset: i64) -> Result<(), HostError> {
+        Ok(())
+    }
+    fn record(&self, _id: u32, _value: u64) -> Result<(), HostError> {
+        Ok(())
+    }
+}
+
+/// Milliseconds to load a configuration of `endpoints` and to define its stats (best of 3).
+fn time_configure(endpoints: usize) -> ConfigureRow {
+    let mut yaml = String::from(
+        "plugins:\n- type: queue-scorer\n- type: kv-cache-utilization-scorer\n\
+         - type: prefix-cache-scorer\n- type: lora-affinity-scorer\n- type: max-score-picker\n\
+         pool:\n  endpoints:\n",
+    );
+    for i in 0..endpoints {
+        let _ = writeln!(
+            yaml,
+            "  - address: 10.{}.{}.{}:8000\n    labels: {{llm-d.ai/role: decode}}",
+            i / 65536,
+            (i / 256) % 256,
+            i % 256
+        );
+    }
+    let (mut load_ms, mut stats_ms) = (f64::MAX, f64::MAX);
+    for _ in 0..3 {
+        let started = Instant::now();
+        let configured = configure(yaml.as_bytes(), 7).expect("config");
+        load_ms = load_ms.min(started.elapsed().as_secs_f64() * 1e3);
+        let started = Instant::now();
+        let stats = Stats::define(NamedStats::default(), &configured.director);
+        stats_ms = stats_ms.min(started.elapsed().as_secs_f64() * 1e3);
+        std::hint::black_box(stats);
+    }
+    ConfigureRow {
+        endpoints,
+        load_ms,
+        stats_ms,
+    }
+}
+
 pub fn run() -> Part {
     println!("schedule: one pick, default plugins + prefix scorer");
     let picks: Vec<PickRow> = PICKS
@@ -100,13 +192,25 @@ pub fn run() -> Part {
             }
         })
         .collect();
+    let configures: Vec<ConfigureRow> = CONFIGURED
+        .iter()
+        .map(|&endpoints| {
+            let row = time_configure(endpoints);
+            println!(
+                "  configure {endpoints:>6} endpoints: {:>8.1} ms + stats {:>7.1} ms",
+                row.load_ms, row.stats_ms
+            );
+            row
+        })
+        .collect();
     Part {
         markdown: format!(
-            "{INTRO}{}{BETWEEN}{}",
+            "{INTRO}{}{BETWEEN}{}{CONFIGURE}{}",
             markdown_table(&picks),
-            markdown_table(&parses)
+            markdown_table(&parses),
+            markdown_table(&configures)
         ),
-        csv: csv_table(&picks) + &csv_rows(&parses),
+        csv: csv_table(&picks) + &csv_rows(&parses) + &csv_rows(&configures),
         svg: None,
     }
 }

@@ -1,9 +1,9 @@
 //! The processes a part starts besides the pods of `support`: Envoy as a plain load balancer,
-//! Envoy with the `ext_proc` filter and its picker, and many pods in one process.
+//! and Envoy with the `ext_proc` filter and its picker.
 
 use crate::support::{
-    example_config, repo, shipped_picker_config, sim_binary, static_cluster, with_endpoints, Envoy,
-    Sim, TempDir,
+    example_config, repo, shipped_picker_config, static_cluster, with_endpoints, Envoy, Sim,
+    TempDir,
 };
 use serde_yaml::Value;
 use std::io::BufRead as _;
@@ -191,30 +191,4 @@ pub fn ext_proc_envoy(sims: &[&Sim], picker: &ExtProcPicker) -> Envoy {
         }
         config.clusters_mut().push(cluster.clone());
     })
-}
-
-/// Many simulated pods in one process (`model-server-sim --listeners N`).
-pub struct SimPool {
-    child: Child,
-    pub addresses: Vec<String>,
-}
-
-impl SimPool {
-    pub fn start(count: usize) -> SimPool {
-        let mut child = Command::new(sim_binary())
-            .args(["--port", "0", "--name", "pod", "--time-scale", "0"])
-            .args(["--listeners", &count.to_string()])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start model-server-sim");
-        let addresses = listening_addresses(&mut child, count);
-        SimPool { child, addresses }
-    }
-}
-
-impl Drop for SimPool {
-    fn drop(&mut self) {
-        stop(&mut self.child);
-    }
 }

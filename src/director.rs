@@ -322,6 +322,12 @@ impl Director {
         self.pool.record_scrape_failure(index);
     }
 
+    /// A target taken for a round that will not be sent after all (the VM lost the lease):
+    /// nothing is recorded, and it is a target again.
+    pub fn cancel_scrape(&mut self, index: usize) {
+        self.clear_pending(index);
+    }
+
     fn clear_pending(&mut self, index: usize) {
         if let Some(pending) = self.scrape_pending.get_mut(index) {
             *pending = false;

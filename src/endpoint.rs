@@ -1,6 +1,7 @@
 //! Pool members: their identity, labels, latest metrics, health and the filter's own load.
 
 use crate::metrics::{EndpointMetrics, Engine};
+use hashbrown::{HashMap, HashSet};
 use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 
@@ -161,6 +162,9 @@ pub struct HealthTransition {
 #[derive(Debug, Clone, Default)]
 pub struct Pool {
     pub endpoints: Vec<EndpointState>,
+    /// Address -> index, so lookups by address (snapshots, membership lists) stay linear in
+    /// the pool rather than quadratic. Endpoints are only ever appended, by `set_members`.
+    by_address: HashMap<String, usize>,
     /// Host time of the last tick.
     now_ms: u64,
     /// Health changes since the last `refresh_health`, for the log.
@@ -169,8 +173,14 @@ pub struct Pool {
 
 impl Pool {
     pub fn new(endpoints: Vec<EndpointState>) -> Self {
+        let by_address = endpoints
+            .iter()
+            .enumerate()
+            .map(|(index, endpoint)| (endpoint.address.clone(), index))
+            .collect();
         Pool {
             endpoints,
+            by_address,
             now_ms: 0,
             transitions: Vec::new(),
         }
@@ -224,17 +234,20 @@ impl Pool {
                     }
                 }
                 None => {
+                    self.by_address
+                        .insert(address.clone(), self.endpoints.len());
                     self.endpoints
                         .push(EndpointState::new(address.clone(), labels.clone()));
                     added.push(address.clone());
                 }
             }
         }
+        let listed: HashSet<&str> = members
+            .iter()
+            .map(|(address, _)| address.as_str())
+            .collect();
         for endpoint in self.endpoints.iter_mut().skip(keep_from) {
-            let listed = members
-                .iter()
-                .any(|(address, _)| *address == endpoint.address);
-            if !listed && !endpoint.removed {
+            if !listed.contains(endpoint.address.as_str()) && !endpoint.removed {
                 endpoint.removed = true;
                 removed.push(endpoint.address.clone());
             }
@@ -243,7 +256,9 @@ impl Pool {
     }
 
     pub fn index_of(&self, address: &str) -> Option<usize> {
-        self.endpoints.iter().position(|e| e.address == address)
+        let index = *self.by_address.get(address)?;
+        let endpoint = self.endpoints.get(index)?;
+        (endpoint.address == address).then_some(index)
     }
 
     /// Fresh metrics: the endpoint is routable at once, not only after the next tick.
@@ -413,6 +428,29 @@ mod tests {
         pool.record_scrape_ok(1, 3001, EndpointMetrics::default());
         pool.refresh_health(3001, 2000);
         assert_eq!(pool.endpoints[1].health, Health::Fresh);
+    }
+
+    #[test]
+    fn addresses_find_their_index_as_members_come_and_go() {
+        let mut pool = pool(3);
+        assert_eq!(pool.index_of("10.0.0.2:8000"), Some(2));
+        assert_eq!(pool.index_of("10.0.0.9:8000"), None);
+        let listed = |addresses: &[&str]| -> Vec<(String, BTreeMap<String, String>)> {
+            addresses
+                .iter()
+                .map(|a| ((*a).to_owned(), BTreeMap::new()))
+                .collect()
+        };
+        let (added, removed) = pool.set_members(&listed(&["10.0.0.9:8000", "10.0.0.1:8000"]), 1);
+        assert_eq!(added, ["10.0.0.9:8000"]);
+        assert_eq!(removed, ["10.0.0.2:8000"]);
+        assert_eq!(pool.index_of("10.0.0.9:8000"), Some(3));
+        assert_eq!(
+            pool.index_of("10.0.0.2:8000"),
+            Some(2),
+            "removed, index kept"
+        );
+        assert!(pool.endpoints[2].removed && !pool.endpoints[1].removed);
     }
 
     #[test]

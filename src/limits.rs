@@ -152,6 +152,13 @@ pub const ENDPOINTS: CountBounds = CountBounds {
 };
 
 /// `pool.discovery.targetPorts`.
+pub const SCRAPES_IN_FLIGHT: CountBounds = CountBounds {
+    min: 1,
+    max: 4096,
+    unit: "scrapes",
+    why: "each is a callout Envoy holds open; the scrapes' cluster breakers are sized for 4,096",
+};
+
 pub const TARGET_PORTS: CountBounds = CountBounds {
     min: 1,
     max: 64,

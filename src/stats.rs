@@ -3,9 +3,13 @@
 //! `/stats/prometheus` shows, for example, `inference_picker_endpoint_picks{endpoint="..."}`.
 
 use crate::director::Director;
+use crate::endpoint::Health;
 use crate::error_response::RequestError;
 use crate::host::{MetricKind, Metrics};
 use std::cell::RefCell;
+
+/// Endpoints whose stats are defined per call of [`Stats::cover`].
+pub const COVER_BATCH: usize = 1024;
 
 /// Outcomes of a request as the `decisions` counter tags them.
 const OUTCOMES: [&str; 5] = ["routed", "400", "413", "429", "503"];
@@ -24,6 +28,11 @@ pub struct Stats<H: Metrics> {
     endpoints: RefCell<Vec<Option<EndpointStats>>>,
     decisions: [Option<u32>; 5],
     shed: Option<u32>,
+    /// Scrapes the host refused to send (each also a failure in its endpoint's counter).
+    scrapes_unsent: Option<u32>,
+    /// How long the last complete scrape round took; endpoints with fresh metrics.
+    scrape_round_ms: Option<u32>,
+    endpoints_fresh: Option<u32>,
     scheduling_us: Option<u32>,
     /// Linear memory of every VM of the plugin, summed; and how many VMs report into it.
     vm_memory_bytes: Option<u32>,
@@ -42,6 +51,9 @@ impl<H: Metrics> Stats<H> {
                 )
             }),
             shed: define(MetricKind::Counter, "inference_picker.shed"),
+            scrapes_unsent: define(MetricKind::Counter, "inference_picker.scrapes_unsent"),
+            scrape_round_ms: define(MetricKind::Gauge, "inference_picker.scrape_round_ms"),
+            endpoints_fresh: define(MetricKind::Gauge, "inference_picker.endpoints_fresh"),
             scheduling_us: define(MetricKind::Histogram, "inference_picker.scheduling_time_us"),
             vm_memory_bytes: define(MetricKind::Gauge, "inference_picker.vm_memory_bytes"),
             vms: define(MetricKind::Gauge, "inference_picker.vms"),
@@ -51,13 +63,22 @@ impl<H: Metrics> Stats<H> {
         stats
     }
 
-    /// Defines the per-endpoint stats of endpoints that have none yet (discovery added them).
+    /// Defines the per-endpoint stats of up to [`COVER_BATCH`] endpoints that have none yet (at
+    /// configuration, then on every tick, and when discovery adds endpoints). Envoy creates each
+    /// new stat name on its main thread (matching the `stats_tags` rules): a large pool's five
+    /// per endpoint are spread over ticks rather than stall the configuration.
     pub fn cover(&self, director: &Director) {
         let Ok(mut endpoints) = self.endpoints.try_borrow_mut() else {
             return;
         };
         let known = endpoints.len();
-        for endpoint in director.pool().endpoints.iter().skip(known) {
+        for endpoint in director
+            .pool()
+            .endpoints
+            .iter()
+            .skip(known)
+            .take(COVER_BATCH)
+        {
             endpoints.push(endpoint_stats(&self.host, &endpoint.address));
         }
     }
@@ -102,6 +123,12 @@ impl<H: Metrics> Stats<H> {
         self.bump(self.endpoint(index, which));
     }
 
+    /// A scrape the host refused to send: a failed scrape of that endpoint.
+    pub fn scrape_unsent(&self, index: usize) {
+        self.bump(self.scrapes_unsent);
+        self.scrape(index, false);
+    }
+
     /// Adds this VM's growth in linear memory since it last reported (`reported`, which
     /// outlives reconfigurations) to the gauge all VMs share. Wasm memory never shrinks.
     pub fn vm_memory(&self, bytes: u64, reported: &mut u64) {
@@ -118,6 +145,21 @@ impl<H: Metrics> Stats<H> {
             self.bump(self.vms);
         }
         *reported = bytes;
+    }
+
+    /// The pool's gauges (the last round's duration, endpoints fresh), set by the VM that
+    /// scrapes.
+    pub fn pool_gauges(&self, director: &Director, round_ms: Option<u64>) {
+        if let (Some(id), Some(ms)) = (self.scrape_round_ms, round_ms) {
+            let _ = self.host.record(id, ms);
+        }
+        if let Some(id) = self.endpoints_fresh {
+            let pool = &director.pool().endpoints;
+            let fresh = pool.iter().filter(|e| e.health == Health::Fresh).count();
+            let _ = self
+                .host
+                .record(id, u64::try_from(fresh).unwrap_or(u64::MAX));
+        }
     }
 
     /// Per-endpoint gauges (metrics age, the whole Envoy's requests in flight), set by the
@@ -162,4 +204,53 @@ fn endpoint_stats(host: &impl Metrics, address: &str) -> Option<EndpointStats> {
         metrics_age_ms: stat(MetricKind::Gauge, "metrics_age_ms")?,
         in_flight: stat(MetricKind::Gauge, "in_flight")?,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::load;
+    use crate::harness::test;
+    use crate::host::HostError;
+    use std::cell::Cell;
+
+    /// Counts the stats defined.
+    #[derive(Default)]
+    struct Defined(Cell<u32>);
+
+    impl Metrics for &Defined {
+        fn define(&self, _kind: MetricKind, _name: &str) -> Result<u32, HostError> {
+            self.0.set(self.0.get() + 1);
+            Ok(self.0.get())
+        }
+        fn increment(&self, _id: u32, _offset: i64) -> Result<(), HostError> {
+            Ok(())
+        }
+        fn record(&self, _id: u32, _value: u64) -> Result<(), HostError> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_large_pool_gets_its_endpoint_stats_in_batches() {
+        let mut config = String::from("pool:\n  endpoints:\n");
+        for i in 0..2500 {
+            config.push_str(&format!("  - address: 10.0.{}.{}:8000\n", i / 256, i % 256));
+        }
+        let director = Director::new(load(&config, 1).unwrap());
+        let defined = Defined::default();
+        let stats = Stats::define(&defined, &director);
+        let pool_wide = defined.0.get() - 5 * COVER_BATCH as u32;
+        assert!(pool_wide < 20, "five per endpoint of the first batch only");
+        stats.cover(&director);
+        stats.cover(&director);
+        assert_eq!(defined.0.get(), pool_wide + 5 * 2500);
+        stats.cover(&director);
+        assert_eq!(
+            defined.0.get(),
+            pool_wide + 5 * 2500,
+            "nothing left to define"
+        );
+        assert!(stats.endpoint(2499, |e| e.picks).is_some());
+    }
 }

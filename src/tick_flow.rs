@@ -6,11 +6,13 @@
 use crate::config;
 use crate::director::{Director, TickReport};
 use crate::duration::duration_ms;
+use crate::endpoint::Health;
 use crate::hash::hash_bytes;
 use crate::host::{Clock, HostError, HttpCallouts, SharedData};
 use crate::protocol::DESTINATION_HEADER;
 use crate::shared_state::{Coordinator, Role};
 use hashbrown::{HashMap, HashSet};
+use std::collections::VecDeque;
 
 /// One VM's configuration, loaded: its director, its tick flow and the tick period.
 pub struct Configured {
@@ -67,16 +69,41 @@ struct Scrape {
     round: u64,
 }
 
+/// Health transitions logged one line each in a tick; more make one summary line.
+const DETAILED_TRANSITIONS: usize = 3;
+
+/// Scrapes the host refused in the current interval: one summary line at the next tick.
+#[derive(Debug, Default)]
+struct UnsentLog {
+    count: usize,
+    first: Option<String>,
+}
+
 pub struct TickFlow {
     /// `None`: this VM is alone (or shared data failed) and does everything itself.
     coordinator: Option<Coordinator>,
     scrapes: HashMap<u32, Scrape>,
     targets: Vec<usize>,
+    /// The current round's endpoints not sent yet, in order: sent as others answer, at most
+    /// `window` in flight.
+    queue: VecDeque<usize>,
+    /// Scrapes in flight allowed now: `pool.maxScrapesInFlight`, lowered for the rest of a round
+    /// to what the host accepted when it refused one.
+    window: usize,
+    /// Scrapes the host refused, by endpoint, until the host edge takes them for its stats.
     unsent: Vec<usize>,
+    unsent_log: UnsentLog,
     last_tick_ms: u64,
-    /// The current scrape round and how many of its scrapes are still out.
+    /// The current scrape round, when it started, whether it is still open, and how many of its
+    /// scrapes are out.
     round: u64,
+    round_started_ms: u64,
+    round_open: bool,
     round_outstanding: usize,
+    /// How long the last complete round took, from its tick to its last answer.
+    last_round_ms: Option<u64>,
+    /// The last round took longer than `metricsStalenessThreshold` (warned once per change).
+    rounds_too_slow: bool,
     /// A scrape result arrived since the snapshot was last published.
     unpublished: bool,
     discovery_call: Option<u32>,
@@ -93,16 +120,34 @@ impl TickFlow {
             coordinator,
             scrapes: HashMap::new(),
             targets: Vec::new(),
+            queue: VecDeque::new(),
+            window: 0,
             unsent: Vec::new(),
+            unsent_log: UnsentLog::default(),
             last_tick_ms: 0,
             round: 0,
+            round_started_ms: 0,
+            round_open: false,
             round_outstanding: 0,
+            last_round_ms: None,
+            rounds_too_slow: false,
             unpublished: false,
             discovery_call: None,
             next_discovery_ms: 0,
             oversized: HashSet::new(),
             oversize_warnings: 0,
         }
+    }
+
+    /// How long the last complete scrape round took (ms), from its tick to its last answer.
+    pub fn last_round_ms(&self) -> Option<u64> {
+        self.last_round_ms
+    }
+
+    /// Endpoints whose scrape the host refused since the last call, for the stats (each is a
+    /// failed scrape there).
+    pub fn take_unsent(&mut self) -> std::vec::Drain<'_, usize> {
+        self.unsent.drain(..)
     }
 
     pub fn role(&self) -> Role {
@@ -134,11 +179,17 @@ impl TickFlow {
         self.last_tick_ms = host.now_ms().unwrap_or(self.last_tick_ms);
         let (role, members_changed) = self.coordinate(host, director);
         let report = director.on_tick(self.last_tick_ms);
+        self.log_unsent();
         if role == Role::Scraper {
             // Every VM sees the same transitions; only the scraper logs them.
             log_health(&report);
             self.dispatch_discovery(host, director);
-            self.dispatch_scrapes(host, director);
+            self.scrape(host, director);
+        } else {
+            // Another VM holds the lease: it scrapes what this one had not sent yet.
+            for index in self.queue.drain(..) {
+                director.cancel_scrape(index);
+            }
         }
         TickOutcome {
             role,
@@ -187,7 +238,10 @@ impl TickFlow {
         if scrape.round == self.round {
             self.round_outstanding = self.round_outstanding.saturating_sub(1);
         }
-        self.publish_when_round_done(host, director);
+        if self.role() == Role::Scraper {
+            self.send_scrapes(host, director);
+        }
+        self.close_round_when_done(host, director, now);
         CalloutOutcome::Scraped {
             index: scrape.index,
             ok,
@@ -305,63 +359,123 @@ impl TickFlow {
         true
     }
 
-    /// Starts a scrape round: one `/metrics` call per member without one in flight. Calls
-    /// the host refuses to send count as failed scrapes.
-    fn dispatch_scrapes(
-        &mut self,
-        host: &(impl SharedData + HttpCallouts),
-        director: &mut Director,
-    ) {
-        director.take_scrape_targets(&mut self.targets);
-        self.round += 1;
-        self.round_outstanding = 0;
-        self.unsent.clear();
+    /// On the scraper's tick: starts a round (every member without a scrape in flight) when the
+    /// last one was all sent, or carries on with the last one when it outlasted the interval.
+    fn scrape(&mut self, host: &(impl SharedData + HttpCallouts), director: &mut Director) {
+        if self.queue.is_empty() {
+            director.take_scrape_targets(&mut self.targets);
+            self.round += 1;
+            self.round_started_ms = self.last_tick_ms;
+            self.round_open = true;
+            self.round_outstanding = 0;
+            self.window = director.settings().max_scrapes_in_flight;
+            self.queue.extend(self.targets.iter().copied());
+        } else if self.unpublished {
+            // A round longer than the interval: the others get what it learned so far, once
+            // per interval.
+            self.publish(host, director);
+        }
+        self.send_scrapes(host, director);
+        self.close_round_when_done(host, director, self.last_tick_ms);
+    }
+
+    /// Sends the round's next scrapes while fewer than `window` are in flight. A call the host
+    /// refuses counts as a failed scrape in the stats; with none of ours in flight the call
+    /// cannot be made at all (e.g. no such cluster) and the endpoint's scrape failed, otherwise
+    /// the host is full: the endpoint is retried first, once another scrape answers.
+    fn send_scrapes(&mut self, host: &impl HttpCallouts, director: &mut Director) {
         let settings = director.settings();
+        let cluster = settings.metrics_cluster.clone();
+        let path = settings.metrics_path.clone();
         let timeout = u32::try_from(duration_ms(settings.metrics_timeout)).unwrap_or(u32::MAX);
-        for &index in &self.targets {
-            let Some(address) = director.address(index) else {
+        while self.scrapes.len() < self.window {
+            let Some(index) = self.queue.pop_front() else {
+                break;
+            };
+            let Some(endpoint) = director.pool().get(index) else {
                 continue;
             };
+            if endpoint.removed {
+                director.cancel_scrape(index);
+                continue;
+            }
+            let address = endpoint.address.as_str();
             let headers = [
                 (":method", "GET"),
-                (":path", settings.metrics_path.as_str()),
+                (":path", path.as_str()),
                 (":authority", address),
                 (DESTINATION_HEADER, address),
                 ("accept", "text/plain"),
             ];
-            match host.dispatch(&settings.metrics_cluster, &headers, timeout) {
+            match host.dispatch(&cluster, &headers, timeout) {
                 Ok(token) => {
                     let round = self.round;
                     self.scrapes.insert(token, Scrape { index, round });
                     self.round_outstanding += 1;
                 }
                 Err(error) => {
-                    if self.unsent.is_empty() {
-                        log::warn!("inference-picker: scrape of {address} not sent: {error}");
+                    if self.unsent_log.count == 0 {
+                        self.unsent_log.first = Some(format!("{address}: {error}"));
                     }
+                    self.unsent_log.count += 1;
                     self.unsent.push(index);
+                    if self.scrapes.is_empty() {
+                        director.on_scrape_failed(index);
+                        self.unpublished = true;
+                    } else {
+                        self.queue.push_front(index);
+                        self.window = self.scrapes.len();
+                        break;
+                    }
                 }
             }
         }
-        if self.unsent.len() > 1 {
-            log::warn!(
-                "inference-picker: {} scrapes not sent this round",
-                self.unsent.len()
-            );
-        }
-        for &index in &self.unsent {
-            director.on_scrape_failed(index);
-            self.unpublished = true;
-        }
-        self.publish_when_round_done(host, director);
     }
 
-    /// The one place the scraper publishes the snapshot: when every scrape of the current
-    /// round has answered (or none could be sent), and only if something new arrived.
-    fn publish_when_round_done(&mut self, store: &impl SharedData, director: &Director) {
-        if self.round_outstanding > 0 || !self.unpublished {
+    /// When every scrape of the round was sent and has answered (or timed out): the round's
+    /// duration, and the snapshot published (also for a late answer of an earlier round).
+    fn close_round_when_done(&mut self, store: &impl SharedData, director: &Director, now: u64) {
+        if self.round_outstanding > 0 || !self.queue.is_empty() {
             return;
         }
+        if self.round_open {
+            self.round_open = false;
+            self.round_took(now.saturating_sub(self.round_started_ms), director);
+        }
+        if self.unpublished {
+            self.publish(store, director);
+        }
+    }
+
+    /// Notes a complete round's duration; warns when rounds start or stop outlasting the
+    /// staleness threshold.
+    fn round_took(&mut self, took: u64, director: &Director) {
+        self.last_round_ms = Some(took);
+        let settings = director.settings();
+        let staleness = duration_ms(settings.metrics_staleness_threshold);
+        let too_slow = took > staleness;
+        if too_slow == self.rounds_too_slow {
+            return;
+        }
+        self.rounds_too_slow = too_slow;
+        if too_slow {
+            log::warn!(
+                "inference-picker: a scrape round of {} endpoints took {took}ms, longer than \
+                 metricsStalenessThreshold ({staleness}ms): metrics go stale between scrapes; \
+                 raise pool.maxScrapesInFlight ({}) or the threshold",
+                self.targets.len(),
+                settings.max_scrapes_in_flight
+            );
+        } else {
+            log::info!(
+                "inference-picker: scrape rounds are within metricsStalenessThreshold again"
+            );
+        }
+    }
+
+    /// Publishes the snapshot (the one place the scraper does): when a round completes, and
+    /// once per interval during a round that outlasts it.
+    fn publish(&mut self, store: &impl SharedData, director: &Director) {
         let Some(coordinator) = self.coordinator.as_mut() else {
             self.unpublished = false;
             return;
@@ -372,6 +486,20 @@ impl TickFlow {
         match coordinator.publish_snapshot(store, director.pool()) {
             Ok(()) => self.unpublished = false,
             Err(error) => log::warn!("inference-picker: sharing state: {error}"),
+        }
+    }
+
+    /// One line for the scrapes the host refused since the last tick.
+    fn log_unsent(&mut self) {
+        let UnsentLog { count, first } = std::mem::take(&mut self.unsent_log);
+        let first = first.unwrap_or_default();
+        match count {
+            0 => {}
+            1 => log::warn!("inference-picker: scrape not sent: {first}"),
+            _ => log::warn!(
+                "inference-picker: {count} scrapes not sent in the last interval (first: \
+                 {first}); each counts as a failed scrape"
+            ),
         }
     }
 }
@@ -459,12 +587,42 @@ fn describe_status(status: Option<&[u8]>) -> String {
 }
 
 fn log_health(report: &TickReport) {
-    for transition in &report.transitions {
+    let transitions = &report.transitions;
+    if transitions.len() <= DETAILED_TRANSITIONS {
+        for transition in transitions {
+            log::warn!(
+                "inference-picker: endpoint {} is now {:?} (was {:?})",
+                transition.address,
+                transition.to,
+                transition.from
+            );
+        }
+    } else {
+        // Many at once (a first round, an outage): one line, not one per endpoint.
+        let mut counts: Vec<(Health, usize)> = Vec::new();
+        for transition in transitions {
+            match counts
+                .iter_mut()
+                .find(|(health, _)| *health == transition.to)
+            {
+                Some((_, count)) => *count += 1,
+                None => counts.push((transition.to, 1)),
+            }
+        }
+        let counts: Vec<String> = counts
+            .iter()
+            .map(|(health, count)| format!("{count} now {health:?}"))
+            .collect();
+        let examples: Vec<String> = transitions
+            .iter()
+            .take(DETAILED_TRANSITIONS)
+            .map(|t| format!("{} {:?} -> {:?}", t.address, t.from, t.to))
+            .collect();
         log::warn!(
-            "inference-picker: endpoint {} is now {:?} (was {:?})",
-            transition.address,
-            transition.to,
-            transition.from
+            "inference-picker: {} endpoints changed health: {} (e.g. {}, ...)",
+            transitions.len(),
+            counts.join(", "),
+            examples.join(", ")
         );
     }
     match report.saturated {

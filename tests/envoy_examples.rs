@@ -118,3 +118,52 @@ fn the_pool_cluster_lists_the_pickers_endpoints() {
         assert_eq!(members, pool_endpoints(&config.picker_config()), "{file}");
     }
 }
+
+/// The scrapes' cluster of a shipped Envoy config: the one the picker's `pool.metricsCluster`
+/// names (or its default), which no route uses and whose circuit breakers leave room for a
+/// large pool (Envoy's defaults, 1,024, overflow from about 1,024 endpoints on).
+fn check_metrics_cluster(file: &str) {
+    let config = EnvoyConfig::load(file);
+    let picker = inference_picker::config::load(&config.picker_config(), 1)
+        .unwrap_or_else(|e| panic!("{file}: {e}"));
+    let name = picker.pool.metrics_cluster.as_str();
+    let cluster = config.cluster(name);
+    let listener = config.listener(0);
+    let routes = &listener.http_connection_manager()["route_config"]["virtual_hosts"];
+    let routed: Vec<&str> = routes
+        .as_sequence()
+        .into_iter()
+        .flatten()
+        .flat_map(|host| host["routes"].as_sequence().into_iter().flatten())
+        .filter_map(|route| route["route"]["cluster"].as_str())
+        .collect();
+    assert!(!routed.is_empty(), "{file}: no routed cluster found");
+    assert!(
+        !routed.contains(&name),
+        "{file}: client requests must not share {name} with the scrapes"
+    );
+    let limits = &cluster["circuit_breakers"]["thresholds"][0];
+    let limit = |key: &str| limits[key].as_u64().unwrap_or(1024) as usize;
+    let in_flight = picker.pool.max_scrapes_in_flight;
+    assert!(limit("max_requests") >= 2 * in_flight, "{file}: {limits:?}");
+    assert!(
+        limit("max_pending_requests") >= 2 * in_flight,
+        "{file}: {limits:?}"
+    );
+    assert!(limit("max_connections") >= 16384, "{file}: {limits:?}");
+    // Hosts dropped between two scrapes would be re-created every round, each time an update
+    // of the whole host set on Envoy's main thread.
+    let cleanup = cluster["cleanup_interval"].as_str().unwrap_or("5s");
+    let seconds: u64 = cleanup.trim_end_matches('s').parse().unwrap_or(0);
+    assert!(seconds >= 60, "{file}: cleanup_interval {cleanup}");
+}
+
+#[test]
+fn every_shipped_config_scrapes_through_a_cluster_of_its_own() {
+    check_metrics_cluster("envoy/envoy.yaml");
+    check_metrics_cluster("envoy/envoy-original-dst.yaml");
+    for entry in std::fs::read_dir(repo().join("envoy/examples")).unwrap() {
+        let name = entry.unwrap().file_name().into_string().unwrap();
+        check_metrics_cluster(&format!("envoy/examples/{name}"));
+    }
+}

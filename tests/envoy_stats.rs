@@ -56,4 +56,25 @@ fn picks_decisions_and_scrapes_are_envoy_stats() {
         text.contains("inference_picker_scheduling_time_us_bucket"),
         "{text}"
     );
+    // Pool-wide scrape health: both fresh, a round's duration, nothing refused by the host.
+    assert_eq!(
+        sample(&text, "inference_picker_endpoints_fresh{}"),
+        Some(2.0),
+        "{text}"
+    );
+    assert!(
+        sample(&text, "inference_picker_scrape_round_ms{}").is_some(),
+        "{text}"
+    );
+    assert_eq!(
+        sample(&text, "inference_picker_scrapes_unsent{}"),
+        Some(0.0),
+        "{text}"
+    );
+    // The scrapes went through their own cluster, the requests through theirs.
+    let scrapes = sample(
+        &text,
+        "envoy_cluster_upstream_rq_completed{envoy_cluster_name=\"inference_picker_metrics\"}",
+    );
+    assert!(scrapes.unwrap_or(0.0) >= 3.0, "{text}");
 }

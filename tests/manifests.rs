@@ -177,6 +177,25 @@ fn istio_manifests_match_their_crds() {
         "deploy/istio/envoyfilter.yaml",
         "istio-envoyfilters.networking.istio.io.yaml",
     );
+    // The scrapes' cluster the plugins name is one the EnvoyFilter adds.
+    let added: Vec<&Value> = filter["spec"]["configPatches"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .filter(|p| p["applyTo"] == "CLUSTER" && p["patch"]["operation"] == "ADD")
+        .map(|p| &p["patch"]["value"])
+        .collect();
+    for file in [
+        "deploy/istio/wasmplugin.yaml",
+        "deploy/istio/wasmplugin-file.yaml",
+    ] {
+        let plugin = check(file, "istio-wasmplugins.extensions.istio.io.yaml");
+        let wanted = &plugin["spec"]["pluginConfig"]["pool"]["metricsCluster"];
+        assert!(
+            added.iter().any(|cluster| cluster["name"] == *wanted),
+            "{file}: envoyfilter.yaml adds no cluster {wanted:?}"
+        );
+    }
     let patch = &filter["spec"]["configPatches"][0]["patch"]["value"];
     assert_eq!(
         patch["typed_config"]["config"]["allow_on_headers_stop_iteration"],
@@ -226,6 +245,20 @@ fn envoy_gateway_manifests_match_their_crds() {
         .as_str()
         .unwrap()
         .ends_with("allow_on_headers_stop_iteration"));
+    // The scrapes' cluster the policy names is one the patch adds.
+    let wanted = &policy["spec"]["wasm"][0]["config"]["pool"]["metricsCluster"];
+    assert!(
+        patch["spec"]["jsonPatches"]
+            .as_sequence()
+            .unwrap()
+            .iter()
+            .any(
+                |p| p["type"] == "type.googleapis.com/envoy.config.cluster.v3.Cluster"
+                    && p["operation"]["op"] == "add"
+                    && p["operation"]["value"]["name"] == *wanted
+            ),
+        "envoypatchpolicy.yaml adds no cluster {wanted:?}"
+    );
 }
 
 #[test]

@@ -5,6 +5,7 @@ use crate::discovery::DiscoveryConfig;
 use crate::duration::serde_go;
 use crate::endpoint::canonical_address;
 use crate::limits;
+use hashbrown::HashSet;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -28,12 +29,24 @@ pub struct ObjectiveConfig {
     pub priority: i32,
 }
 
+/// The cluster the shipped Envoy configs define for the `/metrics` callouts.
+pub const DEFAULT_METRICS_CLUSTER: &str = "inference_picker_metrics";
+/// Far below the shipped metrics cluster's circuit breakers (4,096 requests), even with two VMs
+/// scraping during a lease handover; enough to keep one thread busy parsing answers while
+/// others travel, few enough that a burst of answers or a stalled thread does not push the
+/// ones waiting behind it past `metricsTimeout`.
+pub const DEFAULT_MAX_SCRAPES_IN_FLIGHT: usize = 128;
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase", default)]
 pub struct PoolConfig {
     pub endpoints: Vec<EndpointConfig>,
-    /// Envoy cluster the `/metrics` callouts go through (ORIGINAL_DST keyed on the header).
+    /// Envoy cluster the `/metrics` callouts go through (ORIGINAL_DST keyed on the header): one
+    /// of their own, so scrapes never take the client requests' connections or circuit
+    /// breakers, with breakers sized for the pool.
     pub metrics_cluster: String,
+    /// Scrapes in flight at once; a round sends the next as each answers, so it is spread over
+    /// the interval instead of sent as one burst (and never beyond the cluster's breakers).
+    pub max_scrapes_in_flight: usize,
     pub metrics_path: String,
     #[serde(with = "serde_go")]
     pub refresh_metrics_interval: Duration,
@@ -62,7 +75,8 @@ impl Default for PoolConfig {
     fn default() -> Self {
         PoolConfig {
             endpoints: Vec::new(),
-            metrics_cluster: "original_destination_cluster".into(),
+            metrics_cluster: DEFAULT_METRICS_CLUSTER.into(),
+            max_scrapes_in_flight: DEFAULT_MAX_SCRAPES_IN_FLIGHT,
             metrics_path: "/metrics".into(),
             refresh_metrics_interval: Duration::from_millis(50),
             metrics_staleness_threshold: Duration::from_secs(2),
@@ -95,7 +109,7 @@ impl PoolConfig {
                 .check_usize(self.endpoints.len())
                 .map_err(|reason| ConfigError::invalid("pool.endpoints", reason))?;
         }
-        let mut seen = hashbrown::HashSet::with_capacity(self.endpoints.len());
+        let mut seen = HashSet::with_capacity(self.endpoints.len());
         for (i, endpoint) in self.endpoints.iter().enumerate() {
             let address = canonical_address(&endpoint.address).map_err(|reason| {
                 ConfigError::invalid(format!("pool.endpoints[{i}].address"), reason)
@@ -107,6 +121,9 @@ impl PoolConfig {
                 ));
             }
         }
+        limits::SCRAPES_IN_FLIGHT
+            .check_usize(self.max_scrapes_in_flight)
+            .map_err(|reason| ConfigError::invalid("pool.maxScrapesInFlight", reason))?;
         if self.metrics_cluster.trim().is_empty() {
             return Err(ConfigError::invalid(
                 "pool.metricsCluster",

@@ -50,7 +50,8 @@ fn empty_document_gets_gie_defaults() {
         config.pool.metrics_staleness_threshold,
         std::time::Duration::from_secs(2)
     );
-    assert_eq!(config.pool.metrics_cluster, "original_destination_cluster");
+    assert_eq!(config.pool.metrics_cluster, "inference_picker_metrics");
+    assert_eq!(config.pool.max_scrapes_in_flight, 128);
     assert!(config.warnings.is_empty(), "{:?}", config.warnings);
 }
 
@@ -172,6 +173,14 @@ fn pool_rejections() {
         (
             "pool: {endpoints: [{address: '1.2.3.4:80'}], metricsPath: metrics}",
             "pool.metricsPath",
+        ),
+        (
+            "pool: {endpoints: [{address: '1.2.3.4:80'}], maxScrapesInFlight: 0}",
+            "pool.maxScrapesInFlight",
+        ),
+        (
+            "pool: {endpoints: [{address: '1.2.3.4:80'}], maxScrapesInFlight: 4097}",
+            "above the maximum of 4096",
         ),
         (
             "pool: {endpoints: [{address: '1.2.3.4:80', weight: 3}]}",

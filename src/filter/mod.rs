@@ -90,7 +90,12 @@ struct PickerRoot {
     ticks: TickFlow,
     /// This VM's linear memory as last added to the shared `vm_memory_bytes` gauge.
     vm_memory_reported: u64,
+    /// When the scraper last set the per-endpoint gauges.
+    gauges_set_ms: u64,
 }
+
+/// How often the scraper sets the per-endpoint gauges (at most; each tick if longer).
+const GAUGE_PERIOD_MS: u64 = 1000;
 
 impl PickerRoot {
     fn new(context_id: u32) -> Self {
@@ -100,6 +105,7 @@ impl PickerRoot {
             stats: None,
             ticks: TickFlow::new(None),
             vm_memory_reported: 0,
+            gauges_set_ms: 0,
         }
     }
 }
@@ -126,6 +132,9 @@ impl Context for PickerRoot {
         let Some(stats) = &self.stats else {
             return;
         };
+        for index in self.ticks.take_unsent() {
+            stats.scrape_unsent(index);
+        }
         match outcome {
             CalloutOutcome::Scraped { index, ok } => stats.scrape(index, ok),
             CalloutOutcome::Discovered { changed: true } => stats.cover(&director),
@@ -146,6 +155,7 @@ impl RootContext for PickerRoot {
         };
         // Each VM needs its own tie-breaking sequence, or all workers pick alike.
         let now_ns = abi::current_time_ns().unwrap_or(0);
+        let started_ns = now_ns;
         let seed = crate::hash::hash_bytes(now_ns, &self.context_id.to_le_bytes());
         let configured = match tick_flow::configure(&text, seed) {
             Ok(configured) => configured,
@@ -158,13 +168,18 @@ impl RootContext for PickerRoot {
             log::error!("inference-picker: cannot start the metrics tick: {error}");
             return false;
         }
+        let loaded_ns = abi::current_time_ns().unwrap_or(started_ns);
+        let stats = Stats::define(EnvoyHost, &configured.director);
+        let defined_ns = abi::current_time_ns().unwrap_or(loaded_ns);
         log::info!(
-            "inference-picker: configured with {} endpoints, scraping every {}ms",
+            "inference-picker: configured with {} endpoints in {}ms (stats {}ms), scraping every {}ms",
             configured.director.pool().len(),
+            defined_ns.saturating_sub(started_ns) / 1_000_000,
+            defined_ns.saturating_sub(loaded_ns) / 1_000_000,
             configured.tick_ms
         );
         self.ticks = configured.ticks;
-        self.stats = Some(Rc::new(Stats::define(EnvoyHost, &configured.director)));
+        self.stats = Some(Rc::new(stats));
         self.director = Some(Rc::new(RefCell::new(configured.director)));
         true
     }
@@ -182,11 +197,19 @@ impl RootContext for PickerRoot {
         };
         let outcome = self.ticks.on_tick(&EnvoyHost, &mut director);
         if let Some(stats) = &self.stats {
-            if outcome.members_changed {
-                stats.cover(&director);
+            // Endpoints still without stats (a large pool, or new members): the next batch.
+            stats.cover(&director);
+            for index in self.ticks.take_unsent() {
+                stats.scrape_unsent(index);
             }
             if outcome.role == Role::Scraper {
-                stats.endpoint_gauges(&director, outcome.now_ms);
+                stats.pool_gauges(&director, self.ticks.last_round_ms());
+                // Two host calls per endpoint: at most once a second, however short the
+                // interval.
+                if outcome.now_ms.saturating_sub(self.gauges_set_ms) >= GAUGE_PERIOD_MS {
+                    self.gauges_set_ms = outcome.now_ms;
+                    stats.endpoint_gauges(&director, outcome.now_ms);
+                }
             }
         }
     }

@@ -3,7 +3,7 @@
 
 use super::{Clock, HostError, HttpCallouts, HttpHost, SharedData};
 use std::cell::{Cell, RefCell};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 /// One request's headers and body; records the headers read and the local reply sent.
 #[derive(Default)]
@@ -103,16 +103,18 @@ pub struct SentCall {
 }
 
 /// Records dispatched callouts; a test then sets the answer being delivered with [`answer`]
-/// and calls the code's response handler. Dispatches fail once `capacity` calls are recorded
-/// (sent and not yet taken with [`take_sent`]), as Envoy's do past its limits.
-///
-/// [`take_sent`]: FakeCallouts::take_sent
+/// and calls the code's response handler. Dispatches fail once `capacity` calls are in flight
+/// (sent and not answered), as Envoy's do past a cluster's circuit breakers.
 ///
 /// [`answer`]: FakeCallouts::answer
 pub struct FakeCallouts {
     pub sent: RefCell<Vec<SentCall>>,
     next_token: Cell<u32>,
     pub capacity: Cell<usize>,
+    /// Tokens sent and not answered yet.
+    pub in_flight: RefCell<HashSet<u32>>,
+    /// Dispatches refused so far.
+    pub refused: Cell<usize>,
     delivering: RefCell<Option<Answer>>,
     /// Bytes copied out by `response_body`, over all calls.
     pub body_bytes_read: Cell<usize>,
@@ -124,6 +126,8 @@ impl Default for FakeCallouts {
             sent: RefCell::new(Vec::new()),
             next_token: Cell::new(1),
             capacity: Cell::new(usize::MAX),
+            in_flight: RefCell::new(HashSet::new()),
+            refused: Cell::new(0),
             delivering: RefCell::new(None),
             body_bytes_read: Cell::new(0),
         }
@@ -131,9 +135,10 @@ impl Default for FakeCallouts {
 }
 
 impl FakeCallouts {
-    /// The answer the next response callback sees: a status (`None`: timeout or reset) and
-    /// a body.
-    pub fn answer(&self, status: Option<&str>, body: &str) {
+    /// The answer the next response callback sees, for the call `token` (no longer in
+    /// flight): a status (`None`: timeout or reset) and a body.
+    pub fn answer(&self, token: u32, status: Option<&str>, body: &str) {
+        self.in_flight.borrow_mut().remove(&token);
         *self.delivering.borrow_mut() = Some((
             status.map(|s| s.as_bytes().to_vec()),
             body.as_bytes().to_vec(),
@@ -163,7 +168,8 @@ impl HttpCallouts for FakeCallouts {
         headers: &[(&str, &str)],
         timeout_ms: u32,
     ) -> Result<u32, HostError> {
-        if self.sent.borrow().len() >= self.capacity.get() {
+        if self.in_flight.borrow().len() >= self.capacity.get() {
+            self.refused.set(self.refused.get() + 1);
             return Err(HostError {
                 call: "dispatch_http_call",
                 status: 1,
@@ -171,6 +177,7 @@ impl HttpCallouts for FakeCallouts {
         }
         let token = self.next_token.get();
         self.next_token.set(token + 1);
+        self.in_flight.borrow_mut().insert(token);
         self.sent.borrow_mut().push(SentCall {
             token,
             cluster: cluster.into(),
@@ -214,4 +221,44 @@ impl Clock for FakeClock {
     fn now_ms(&self) -> Result<u64, HostError> {
         Ok(self.0.get())
     }
+}
+
+/// A `log` backend that keeps, per thread, the warnings (and errors) logged while a test
+/// captures them: for tests that bound how much the code logs.
+struct CaptureLogger;
+
+thread_local! {
+    static CAPTURED: RefCell<Option<Vec<String>>> = const { RefCell::new(None) };
+}
+
+impl log::Log for CaptureLogger {
+    fn enabled(&self, metadata: &log::Metadata) -> bool {
+        metadata.level() <= log::Level::Warn
+    }
+
+    fn log(&self, record: &log::Record) {
+        if self.enabled(record.metadata()) {
+            CAPTURED.with(|captured| {
+                if let Some(lines) = captured.borrow_mut().as_mut() {
+                    lines.push(record.args().to_string());
+                }
+            });
+        }
+    }
+
+    fn flush(&self) {}
+}
+
+static CAPTURE: CaptureLogger = CaptureLogger;
+
+/// Runs `f` and returns what it returned and the warning lines it logged on this thread.
+pub fn capture_warnings<R>(f: impl FnOnce() -> R) -> (R, Vec<String>) {
+    let _ = log::set_logger(&CAPTURE);
+    if log::max_level() < log::LevelFilter::Warn {
+        log::set_max_level(log::LevelFilter::Warn);
+    }
+    CAPTURED.with(|captured| *captured.borrow_mut() = Some(Vec::new()));
+    let result = f();
+    let lines = CAPTURED.with(|captured| captured.borrow_mut().take().unwrap_or_default());
+    (result, lines)
 }

@@ -2,7 +2,7 @@ use super::*;
 use crate::config::load;
 use crate::endpoint::Health;
 use crate::harness::test;
-use crate::host::fake::{FakeCallouts, FakeClock, FakeShared};
+use crate::host::fake::{capture_warnings, FakeCallouts, FakeClock, FakeShared};
 
 /// One worker VM's view of the host: shared data and the clock are the process's, callouts are
 /// the VM's own.
@@ -84,7 +84,7 @@ impl<'a> Vm<'a> {
     }
 
     fn deliver(&mut self, token: u32, status: Option<&str>, body: &str) -> CalloutOutcome {
-        self.host.callouts.answer(status, body);
+        self.host.callouts.answer(token, status, body);
         self.flow
             .on_callout_response(&self.host, &mut self.director, token, body.len())
     }
@@ -239,15 +239,206 @@ fn a_follower_decodes_the_snapshot_only_when_it_changed() {
 }
 
 #[test]
-fn scrapes_the_host_refuses_count_as_failures() {
+fn a_host_that_refuses_every_call_fails_every_scrape() {
+    let (shared, clock) = (FakeShared::default(), FakeClock::default());
+    let mut vm = Vm::new(POOL, 1, &shared, &clock);
+    // With none of ours in flight, a refusal means the call cannot be made at all (e.g. the
+    // metrics cluster does not exist): the scrape failed.
+    vm.host.callouts.capacity.set(0);
+    let (_, warnings) = capture_warnings(|| {
+        vm.tick();
+        clock.advance(INTERVAL_MS);
+        vm.tick();
+    });
+    for index in 0..3 {
+        assert_eq!(vm.health(index), Health::Unreachable);
+    }
+    assert_eq!(
+        vm.flow.take_unsent().collect::<Vec<_>>(),
+        [0, 1, 2, 0, 1, 2]
+    );
+    assert_eq!(
+        warnings.iter().filter(|w| w.contains("not sent")).count(),
+        1,
+        "one line for the first interval's refusals: {warnings:?}"
+    );
+}
+
+#[test]
+fn a_full_host_delays_scrapes_instead_of_failing_them() {
     let (shared, clock) = (FakeShared::default(), FakeClock::default());
     let mut vm = Vm::new(POOL, 1, &shared, &clock);
     vm.host.callouts.capacity.set(1);
     vm.tick();
-    assert_eq!(vm.scraped_addresses().len(), 1);
-    assert_eq!(vm.health(1), Health::Unreachable);
-    assert_eq!(vm.health(2), Health::Unreachable);
-    assert_eq!(vm.flow.scrapes_in_flight(), 1);
+    assert_eq!(vm.scraped_addresses(), ["10.0.0.1:8000"]);
+    assert_eq!(
+        vm.flow.take_unsent().collect::<Vec<_>>(),
+        [1],
+        "counted as a failed scrape"
+    );
+    assert_eq!(vm.health(1), Health::Unknown, "not the pod's fault");
+    // Each answer sends the next; the host is not asked beyond what it accepted.
+    vm.answer(
+        "10.0.0.1:8000",
+        Some("200"),
+        "vllm:num_requests_waiting 1\n",
+    );
+    vm.answer(
+        "10.0.0.2:8000",
+        Some("200"),
+        "vllm:num_requests_waiting 1\n",
+    );
+    vm.answer(
+        "10.0.0.3:8000",
+        Some("200"),
+        "vllm:num_requests_waiting 1\n",
+    );
+    assert_eq!(vm.host.callouts.refused.get(), 1);
+    assert!((0..3).all(|index| vm.health(index) == Health::Fresh));
+    assert!(snapshot_cas(&shared).is_some(), "the round completed");
+}
+
+const FIVE: &str = "pool:
+  refreshMetricsInterval: 50ms
+  maxScrapesInFlight: 2
+  endpoints: [{address: '10.0.0.1:8000'}, {address: '10.0.0.2:8000'}, {address: '10.0.0.3:8000'},
+    {address: '10.0.0.4:8000'}, {address: '10.0.0.5:8000'}]
+";
+
+#[test]
+fn a_round_is_paced_and_one_longer_than_the_interval_is_shared_once_per_interval() {
+    let (shared, clock) = (FakeShared::default(), FakeClock::default());
+    let mut vm = Vm::new(FIVE, 1, &shared, &clock);
+    vm.tick();
+    assert_eq!(vm.scraped_addresses(), ["10.0.0.1:8000", "10.0.0.2:8000"]);
+    vm.answer(
+        "10.0.0.1:8000",
+        Some("200"),
+        "vllm:num_requests_waiting 1\n",
+    );
+    assert_eq!(vm.scraped_addresses().len(), 3, "an answer sends the next");
+    assert_eq!(vm.flow.scrapes_in_flight(), 2);
+    // The interval ends mid-round: no new round (endpoint 1 is not scraped again), but what
+    // the round learned so far is published.
+    clock.advance(INTERVAL_MS);
+    vm.tick();
+    assert_eq!(vm.scraped_addresses().len(), 3);
+    let interim = snapshot_cas(&shared).expect("published at the tick");
+    for address in ["10.0.0.2:8000", "10.0.0.3:8000", "10.0.0.4:8000"] {
+        vm.answer(address, Some("200"), "vllm:num_requests_waiting 1\n");
+    }
+    assert_eq!(
+        snapshot_cas(&shared),
+        Some(interim),
+        "the round is still open"
+    );
+    clock.advance(10);
+    vm.answer(
+        "10.0.0.5:8000",
+        Some("200"),
+        "vllm:num_requests_waiting 1\n",
+    );
+    assert_eq!(
+        snapshot_cas(&shared),
+        Some(interim + 1),
+        "published when complete"
+    );
+    assert_eq!(vm.flow.last_round_ms(), Some(INTERVAL_MS + 10));
+    assert_eq!(vm.host.callouts.refused.get(), 0);
+    // The next tick starts the next round, from the first endpoint.
+    clock.advance(INTERVAL_MS);
+    vm.tick();
+    assert_eq!(
+        vm.scraped_addresses()[5..],
+        ["10.0.0.1:8000", "10.0.0.2:8000"]
+    );
+}
+
+/// `count` endpoints `10.x.y.z:8000` scraped every 50ms.
+fn large_pool(count: usize) -> String {
+    let mut config = String::from("pool:\n  refreshMetricsInterval: 50ms\n  endpoints:\n");
+    for i in 0..count {
+        config.push_str(&format!("  - address: 10.{}.{}.1:8000\n", i / 256, i % 256));
+    }
+    config
+}
+
+#[test]
+fn four_thousand_endpoints_behind_a_host_that_refuses_beyond_its_limit_are_all_scraped_in_turn() {
+    const ENDPOINTS: usize = 4096;
+    const HOST_LIMIT: usize = 100;
+    // What the host answers per interval: a round takes ceil(4096 / 300) = 14 intervals.
+    const ANSWERS_PER_INTERVAL: usize = 300;
+    const TICKS: usize = 60;
+    let (shared, clock) = (FakeShared::default(), FakeClock::default());
+    let mut vm = Vm::new(&large_pool(ENDPOINTS), 1, &shared, &clock);
+    vm.host.callouts.capacity.set(HOST_LIMIT);
+    let mut scrapes = vec![0usize; ENDPOINTS];
+    let mut all_scraped_at = None;
+    let mut unsent = 0;
+    let mut answered = 0;
+    let (_, warnings) = capture_warnings(|| {
+        for tick in 0..TICKS {
+            vm.tick();
+            unsent += vm.flow.take_unsent().count();
+            for _ in 0..ANSWERS_PER_INTERVAL {
+                let Some(token) = vm
+                    .host
+                    .callouts
+                    .sent
+                    .borrow()
+                    .get(answered)
+                    .map(|c| c.token)
+                else {
+                    break;
+                };
+                answered += 1;
+                let CalloutOutcome::Scraped { index, ok: true } =
+                    vm.deliver(token, Some("200"), "vllm:num_requests_waiting 1\n")
+                else {
+                    panic!("a good scrape");
+                };
+                scrapes[index] += 1;
+                unsent += vm.flow.take_unsent().count();
+                assert!(vm.flow.scrapes_in_flight() <= HOST_LIMIT);
+            }
+            if all_scraped_at.is_none() && scrapes.iter().all(|&n| n > 0) {
+                all_scraped_at = Some(tick);
+            }
+            clock.advance(INTERVAL_MS);
+        }
+    });
+    let first_round = all_scraped_at.expect("every endpoint scraped");
+    assert!(
+        first_round <= 14,
+        "all scraped within {first_round} intervals"
+    );
+    let (fewest, most) = (
+        *scrapes.iter().min().unwrap(),
+        *scrapes.iter().max().unwrap(),
+    );
+    assert!(fewest >= 4, "none starved: {fewest}..{most} scrapes");
+    assert!(most - fewest <= 1, "in turn: {fewest}..{most} scrapes");
+    // One refusal per round at most (the window then shrinks to what the host took), each
+    // counted as a failed scrape.
+    let rounds = most;
+    assert!(
+        (1..=rounds).contains(&vm.host.callouts.refused.get()),
+        "{} refusals",
+        vm.host.callouts.refused.get()
+    );
+    assert_eq!(unsent, vm.host.callouts.refused.get());
+    assert!(vm
+        .flow
+        .last_round_ms()
+        .is_some_and(|ms| ms >= 13 * INTERVAL_MS));
+    // Thousands of health changes and refusals: a few lines per interval, not one per endpoint.
+    assert!(
+        warnings.len() <= 2 * TICKS,
+        "{} warning lines: {:?}",
+        warnings.len(),
+        &warnings[..warnings.len().min(5)]
+    );
 }
 
 const DISCOVERED: &str = "pool:

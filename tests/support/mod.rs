@@ -26,5 +26,6 @@ pub use envoy_config::{
 pub use http::{request, try_request, Response};
 pub use load::{completion, BackgroundLoad, Exchange, KeepAlive, Served, MODEL};
 pub use processes::{
-    envoy_binary, example_envoy, free_port, repo, sim_binary, wasm_path, Envoy, Sim, TempDir,
+    envoy_binary, example_envoy, free_port, repo, sim_binary, wasm_path, Envoy, Sim, SimPool,
+    TempDir,
 };

@@ -194,6 +194,66 @@ impl Drop for Sim {
     }
 }
 
+/// Many simulated pods: `model-server-sim --listeners N` processes of at most
+/// [`SimPool::PER_PROCESS`] pods each (each pod takes a thread and a descriptor for its
+/// listener, and one of each per open connection).
+pub struct SimPool {
+    children: Vec<Child>,
+    pub addresses: Vec<String>,
+}
+
+impl SimPool {
+    pub const PER_PROCESS: usize = 4096;
+
+    pub fn start(count: usize) -> SimPool {
+        let mut pool = SimPool {
+            children: Vec::new(),
+            addresses: Vec::with_capacity(count),
+        };
+        let mut left = count;
+        while left > 0 {
+            let listeners = left.min(Self::PER_PROCESS);
+            let mut child = Command::new(sim_binary())
+                .args(["--port", "0", "--name", "pod", "--time-scale", "0"])
+                .args(["--listeners", &listeners.to_string()])
+                .stdout(Stdio::piped())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("start model-server-sim");
+            let stdout = child.stdout.take().expect("sim stdout");
+            pool.children.push(child);
+            let lines = BufReader::new(stdout).lines().take(listeners);
+            for line in lines {
+                let line = line.expect("address line");
+                let address = line
+                    .trim()
+                    .strip_prefix("listening on ")
+                    .expect("address line");
+                pool.addresses.push(address.to_string());
+            }
+            assert_eq!(
+                pool.addresses.len(),
+                count - left + listeners,
+                "sim exited early"
+            );
+            left -= listeners;
+        }
+        pool
+    }
+
+    pub fn pids(&self) -> Vec<u32> {
+        self.children.iter().map(Child::id).collect()
+    }
+}
+
+impl Drop for SimPool {
+    fn drop(&mut self) {
+        for child in &mut self.children {
+            stop(child);
+        }
+    }
+}
+
 /// `wasm:debug` (one decision line per request, which the tests read) unless
 /// `INFERENCE_PICKER_WASM_LOG` says otherwise; benchmarks run at `info`.
 fn wasm_log_level() -> String {
