@@ -6,7 +6,12 @@ use crate::director::Director;
 use crate::endpoint::Health;
 use crate::error_response::RequestError;
 use crate::host::{MetricKind, Metrics};
-use std::cell::RefCell;
+use crate::shared_state::Role;
+use crate::tick_flow::{CalloutOutcome, TickFlow, TickOutcome};
+use std::cell::{Cell, RefCell};
+
+/// How often the scraper sets the per-endpoint gauges (at most; each tick if longer).
+const GAUGE_PERIOD_MS: u64 = 1000;
 
 /// Endpoints whose stats are defined per call of [`Stats::cover`].
 pub const COVER_BATCH: usize = 1024;
@@ -37,6 +42,8 @@ pub struct Stats<H: Metrics> {
     /// Linear memory of every VM of the plugin, summed; and how many VMs report into it.
     vm_memory_bytes: Option<u32>,
     vms: Option<u32>,
+    /// When the scraper last set the per-endpoint gauges.
+    gauges_set_ms: Cell<u64>,
 }
 
 impl<H: Metrics> Stats<H> {
@@ -57,10 +64,48 @@ impl<H: Metrics> Stats<H> {
             scheduling_us: define(MetricKind::Histogram, "inference_picker.scheduling_time_us"),
             vm_memory_bytes: define(MetricKind::Gauge, "inference_picker.vm_memory_bytes"),
             vms: define(MetricKind::Gauge, "inference_picker.vms"),
+            gauges_set_ms: Cell::new(0),
             host,
         };
         stats.cover(director);
         stats
+    }
+
+    /// What a tick changed: stats for endpoints that have none yet (a large pool is covered in
+    /// batches, new members as they come), refused scrapes, and the scraper's gauges.
+    pub fn after_tick(&self, director: &Director, ticks: &mut TickFlow, outcome: &TickOutcome) {
+        self.cover(director);
+        self.count_unsent(ticks);
+        if outcome.role != Role::Scraper {
+            return;
+        }
+        self.pool_gauges(director, ticks.last_round_ms());
+        // Two host calls per endpoint: at most once a second, however short the interval.
+        if outcome.now_ms.saturating_sub(self.gauges_set_ms.get()) >= GAUGE_PERIOD_MS {
+            self.gauges_set_ms.set(outcome.now_ms);
+            self.endpoint_gauges(director, outcome.now_ms);
+        }
+    }
+
+    /// What a callout's answer changed.
+    pub fn after_callout(
+        &self,
+        director: &Director,
+        ticks: &mut TickFlow,
+        outcome: CalloutOutcome,
+    ) {
+        self.count_unsent(ticks);
+        match outcome {
+            CalloutOutcome::Scraped { index, ok } => self.scrape(index, ok),
+            CalloutOutcome::Discovered { changed: true } => self.cover(director),
+            CalloutOutcome::Discovered { changed: false } | CalloutOutcome::Unknown => {}
+        }
+    }
+
+    fn count_unsent(&self, ticks: &mut TickFlow) {
+        for index in ticks.take_unsent() {
+            self.scrape_unsent(index);
+        }
     }
 
     /// Defines the per-endpoint stats of up to [`COVER_BATCH`] endpoints that have none yet (at

@@ -9,9 +9,8 @@ use crate::host::{
     Clock, HostError, HttpCallouts, HttpHost, MetricKind, Metrics, SharedData, LOG_CRITICAL,
 };
 use crate::request_flow::{Flow, Outcome, RequestFlow};
-use crate::shared_state::Role;
 use crate::stats::Stats;
-use crate::tick_flow::{self, CalloutOutcome, TickFlow};
+use crate::tick_flow::{self, TickFlow};
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{Action, BufferType, ContextType, MapType};
 use std::cell::RefCell;
@@ -90,12 +89,7 @@ struct PickerRoot {
     ticks: TickFlow,
     /// This VM's linear memory as last added to the shared `vm_memory_bytes` gauge.
     vm_memory_reported: u64,
-    /// When the scraper last set the per-endpoint gauges.
-    gauges_set_ms: u64,
 }
-
-/// How often the scraper sets the per-endpoint gauges (at most; each tick if longer).
-const GAUGE_PERIOD_MS: u64 = 1000;
 
 impl PickerRoot {
     fn new(context_id: u32) -> Self {
@@ -105,7 +99,6 @@ impl PickerRoot {
             stats: None,
             ticks: TickFlow::new(None),
             vm_memory_reported: 0,
-            gauges_set_ms: 0,
         }
     }
 }
@@ -129,16 +122,8 @@ impl Context for PickerRoot {
         let outcome = self
             .ticks
             .on_callout_response(&EnvoyHost, &mut director, token, body_size);
-        let Some(stats) = &self.stats else {
-            return;
-        };
-        for index in self.ticks.take_unsent() {
-            stats.scrape_unsent(index);
-        }
-        match outcome {
-            CalloutOutcome::Scraped { index, ok } => stats.scrape(index, ok),
-            CalloutOutcome::Discovered { changed: true } => stats.cover(&director),
-            CalloutOutcome::Discovered { changed: false } | CalloutOutcome::Unknown => {}
+        if let Some(stats) = &self.stats {
+            stats.after_callout(&director, &mut self.ticks, outcome);
         }
     }
 }
@@ -197,20 +182,7 @@ impl RootContext for PickerRoot {
         };
         let outcome = self.ticks.on_tick(&EnvoyHost, &mut director);
         if let Some(stats) = &self.stats {
-            // Endpoints still without stats (a large pool, or new members): the next batch.
-            stats.cover(&director);
-            for index in self.ticks.take_unsent() {
-                stats.scrape_unsent(index);
-            }
-            if outcome.role == Role::Scraper {
-                stats.pool_gauges(&director, self.ticks.last_round_ms());
-                // Two host calls per endpoint: at most once a second, however short the
-                // interval.
-                if outcome.now_ms.saturating_sub(self.gauges_set_ms) >= GAUGE_PERIOD_MS {
-                    self.gauges_set_ms = outcome.now_ms;
-                    stats.endpoint_gauges(&director, outcome.now_ms);
-                }
-            }
+            stats.after_tick(&director, &mut self.ticks, &outcome);
         }
     }
 
