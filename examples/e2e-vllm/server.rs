@@ -114,12 +114,13 @@ impl Vllm {
         all[all.len().saturating_sub(lines)..].join("\n")
     }
 
-    /// Kills the server and everything it started at once (SIGKILL), as a crash would.
+    /// Kills the server and everything it started at once (SIGKILL), as a crash would; then
+    /// removes the shared-memory files only its processes had mapped (vLLM's message queues,
+    /// ~400 MB of tmpfs, which a killed server cannot remove itself).
     pub fn crash(&mut self) {
         if let Some(mut child) = self.child.take() {
             let tree = process_tree(child.id());
-            signal(&tree, "KILL");
-            let _ = child.wait();
+            kill_tree(&mut child, &tree);
         }
     }
 
@@ -140,8 +141,7 @@ impl Vllm {
             std::thread::sleep(Duration::from_millis(100));
         }
         let left: Vec<u32> = tree.iter().copied().filter(|&pid| alive(pid)).collect();
-        signal(&left, "KILL");
-        let _ = child.wait();
+        kill_tree(&mut child, &left);
     }
 
     pub fn metrics(&self) -> String {
@@ -229,6 +229,39 @@ fn process_tree(root: u32) -> Vec<u32> {
         next += 1;
     }
     tree
+}
+
+/// SIGKILL to these processes (`child` among them, or already gone), then the removal of the
+/// `/dev/shm` files that only they had mapped.
+fn kill_tree(child: &mut Child, pids: &[u32]) {
+    let shm = shared_memory(pids);
+    signal(pids, "KILL");
+    let _ = child.wait();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while pids.iter().any(|&pid| alive(pid)) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let still_mapped = shared_memory(&process_tree(1));
+    for file in shm.iter().filter(|file| !still_mapped.contains(file)) {
+        let _ = std::fs::remove_file(file);
+    }
+}
+
+/// The `/dev/shm` files these processes have mapped.
+fn shared_memory(pids: &[u32]) -> Vec<PathBuf> {
+    let mut files: Vec<PathBuf> = Vec::new();
+    for pid in pids {
+        let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap_or_default();
+        for line in maps.lines() {
+            if let Some(at) = line.find("/dev/shm/") {
+                let file = PathBuf::from(line[at..].trim_end_matches(" (deleted)"));
+                if !files.contains(&file) {
+                    files.push(file);
+                }
+            }
+        }
+    }
+    files
 }
 
 /// A process that exists and is not a zombie.
