@@ -219,6 +219,11 @@ fn scores_of<'a>(decision: &'a str, address: &str) -> Option<&'a str> {
     rest.get(open + 1..close)
 }
 
+/// The lora-affinity score of one candidate in a decision line, as logged (`?` if absent).
+fn lora_score(decision: &str, address: &str) -> String {
+    score_of(decision, address, "lora-affinity-scorer").map_or("?".into(), |s| format!("{s:.1}"))
+}
+
 fn score_of(decision: &str, address: &str, scorer: &str) -> Option<f64> {
     scores_of(decision, address)?
         .split_whitespace()
@@ -876,12 +881,21 @@ fn lora_lists(text: &str) -> Option<(String, String)> {
 }
 
 fn check_lora(rig: &mut Rig, report: &mut Report) {
-    // A long adapter request straight to vllm-b; then adapter requests through Envoy should
-    // follow it there (lora-affinity 1.0 for "running" vs 0.8 for a free slot).
+    // One long request straight to each server, the same load on both: for the adapter on
+    // vllm-b, for the base model on vllm-a. Adapter requests through Envoy should then follow
+    // the adapter (lora-affinity 1.0 where it runs vs 0.8 for a free slot), with queue and KV
+    // even.
     let holder = 1;
-    let load = Load::start(&rig.pods[holder].address, "lora-load", ADAPTER, 1, 1500);
+    let adapter_load = Load::start(&rig.pods[holder].address, "lora-load", ADAPTER, 1, 1900);
+    let base_load = Load::start(&rig.pods[1 - holder].address, "base-load", MODEL, 1, 1900);
     let state = wait_metrics(&rig.pods[holder], Duration::from_secs(30), |t| {
         lora_lists(t).is_some_and(|(running, _)| running.split(',').any(|a| a.trim() == ADAPTER))
+    })
+    .and_then(|state| {
+        wait_metrics(&rig.pods[1 - holder], Duration::from_secs(30), |t| {
+            metric_sum(t, "vllm:num_requests_running") >= 1.0
+        })?;
+        Ok(state)
     });
     let affinity = (|| {
         let state = state.clone()?;
@@ -908,10 +922,11 @@ fn check_lora(rig: &mut Rig, report: &mut Report) {
             .iter()
             .filter(|p| **p == rig.pods[holder].name)
             .count();
-        let scores = |i: usize| score_of(&decision, &rig.pods[i].address, "lora-affinity-scorer");
+        let scores = |i: usize| lora_score(&decision, &rig.pods[i].address);
         let detail = format!(
-            "{ADAPTER} running on {} (running_lora_adapters=\"{running}\", waiting=\"{waiting}\"): \
-             {followed} of 4 {ADAPTER} requests went there; lora-affinity {:?} there vs {:?} on {}",
+            "one long request on each server, {ADAPTER}'s on {} \
+             (running_lora_adapters=\"{running}\", waiting=\"{waiting}\"): {followed} of 4 {ADAPTER} requests went there; lora-affinity \
+             {} there vs {} on {}",
             rig.pods[holder].name,
             scores(holder),
             scores(1 - holder),
@@ -954,13 +969,25 @@ fn check_lora(rig: &mut Rig, report: &mut Report) {
         Ok(detail)
     })();
     report.check("LoRA slots counted once", slots);
-    load.stop();
-    let _ = wait_metrics(&rig.pods[holder], Duration::from_secs(30), idle);
+    adapter_load.stop();
+    base_load.stop();
+    for pod in &rig.pods {
+        let _ = wait_metrics(pod, Duration::from_secs(30), idle);
+    }
 }
 
 fn check_kill_restart(rig: &mut Rig, report: &mut Report) {
     let victim = 1;
     let survivor = 0;
+    let failed_scrapes = |rig: &Rig| {
+        stat(
+            &filter_stats(&rig.envoy),
+            &rig.pods[victim].address,
+            "scrape_failure",
+        )
+    };
+    let failed_before = failed_scrapes(rig);
+    let down = Instant::now();
     rig.pods[victim].crash();
     println!(
         "  killed {} (SIGKILL to its process tree)",
@@ -983,8 +1010,9 @@ fn check_kill_restart(rig: &mut Rig, report: &mut Report) {
             .filter(|p| **p == format!("200 {}", rig.pods[survivor].name))
             .count();
         let detail = format!(
-            "{good} of 6 requests answered 200 by {}: {picks:?}",
-            rig.pods[survivor].name
+            "{good} of 6 requests answered 200 by {} ({})",
+            rig.pods[survivor].name,
+            picks.join(", ")
         );
         if good != 6 {
             return Err(detail);
@@ -997,6 +1025,12 @@ fn check_kill_restart(rig: &mut Rig, report: &mut Report) {
     rig.pods[victim].restart(setup);
     let restarted = (|| {
         let took = rig.pods[victim].wait_healthy(START_TIMEOUT)?;
+        println!(
+            "  {} was down {:.0} s; the filter's failed scrapes of it meanwhile: {}",
+            rig.pods[victim].name,
+            down.elapsed().as_secs_f64(),
+            failed_scrapes(rig) - failed_before
+        );
         rig.wait_for_scrapes(3)?;
         let has_lora_info = lora_lists(&rig.pods[victim].metrics()).is_some();
         let mut picks = Vec::new();
@@ -1020,10 +1054,10 @@ fn check_kill_restart(rig: &mut Rig, report: &mut Report) {
             .iter()
             .filter(|p| **p == rig.pods[victim].address)
             .count();
-        let scores = |i: usize| score_of(&decision, &rig.pods[i].address, "lora-affinity-scorer");
+        let scores = |i: usize| lora_score(&decision, &rig.pods[i].address);
         let detail = format!(
-            "{} healthy again after {:.0} s at the same address; {back} of 12 idle-pool requests \
-             went to it (lora-affinity {:?} vs {:?} on {})",
+            "{} back at the same address, healthy {:.0} s after the restart; {back} of 12 requests \
+             to the idle pool went to it (lora-affinity {} vs {} on {})",
             rig.pods[victim].name,
             took.as_secs_f64(),
             scores(victim),

@@ -114,9 +114,8 @@ impl Vllm {
         all[all.len().saturating_sub(lines)..].join("\n")
     }
 
-    /// Kills the server and everything it started at once (SIGKILL), as a crash would; then
-    /// removes the shared-memory files only its processes had mapped (vLLM's message queues,
-    /// ~400 MB of tmpfs, which a killed server cannot remove itself).
+    /// Kills the server and everything it started at once (SIGKILL), as a crash would, and
+    /// what it leaves in `/dev/shm` (vLLM's message queues, ~400 MB of tmpfs; see `kill_tree`).
     pub fn crash(&mut self) {
         if let Some(mut child) = self.child.take() {
             let tree = process_tree(child.id());
@@ -231,16 +230,24 @@ fn process_tree(root: u32) -> Vec<u32> {
     tree
 }
 
-/// SIGKILL to these processes (`child` among them, or already gone), then the removal of the
-/// `/dev/shm` files that only they had mapped.
+/// SIGKILL to these processes (`child` among them, or already gone), except Python's
+/// multiprocessing resource trackers: those outlive the others by a moment to unlink the
+/// shared memory and semaphores that the killed processes left (SIGKILL for them too after
+/// 5 s). Then the removal of the `/dev/shm` files that only these processes had mapped.
 fn kill_tree(child: &mut Child, pids: &[u32]) {
     let shm = shared_memory(pids);
-    signal(pids, "KILL");
+    let (trackers, others): (Vec<u32>, Vec<u32>) = pids.iter().partition(|&&pid| {
+        std::fs::read(format!("/proc/{pid}/cmdline"))
+            .is_ok_and(|cmdline| String::from_utf8_lossy(&cmdline).contains("resource_tracker"))
+    });
+    signal(&others, "KILL");
     let _ = child.wait();
     let deadline = Instant::now() + Duration::from_secs(5);
     while pids.iter().any(|&pid| alive(pid)) && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(50));
     }
+    let left: Vec<u32> = trackers.into_iter().filter(|&pid| alive(pid)).collect();
+    signal(&left, "KILL");
     let still_mapped = shared_memory(&process_tree(1));
     for file in shm.iter().filter(|file| !still_mapped.contains(file)) {
         let _ = std::fs::remove_file(file);
