@@ -925,8 +925,8 @@ fn check_lora(rig: &mut Rig, report: &mut Report) {
         let scores = |i: usize| lora_score(&decision, &rig.pods[i].address);
         let detail = format!(
             "one long request on each server, {ADAPTER}'s on {} \
-             (running_lora_adapters=\"{running}\", waiting=\"{waiting}\"): {followed} of 4 {ADAPTER} requests went there; lora-affinity \
-             {} there vs {} on {}",
+             (running_lora_adapters=\"{running}\", waiting=\"{waiting}\"): {followed} of 4 \
+             {ADAPTER} requests went there; lora-affinity {} there vs {} on {}",
             rig.pods[holder].name,
             scores(holder),
             scores(1 - holder),
