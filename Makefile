@@ -17,7 +17,7 @@ WBG_RUNNER := $(TOOLS)/bin/wasm-bindgen-test-runner
 FUZZ_SECONDS ?= 60
 FUZZ_TARGETS := body_parser prometheus_parser config_loader
 
-.PHONY: all build sim envoy toolchain wasm-bindgen-runner lint unit wasm-unit integration test demo soak bench extproc bench-quick bench-schedule bench-hop bench-quality bench-memory bench-scaleout fuzz check compose-up compose-down image clean
+.PHONY: all build sim envoy toolchain wasm-bindgen-runner lint unit wasm-unit integration test demo e2e-vllm soak bench extproc bench-quick bench-schedule bench-hop bench-quality bench-memory bench-scaleout fuzz check compose-up compose-down image clean
 
 all: build
 
@@ -81,6 +81,16 @@ test: lint unit wasm-unit integration
 ## demo: real Envoy (--concurrency 2), the filter, four simulated pods, a routing decision per request
 demo: build sim envoy
 	$(CARGO) run --release --example demo
+
+## e2e-vllm: two real vLLM 0.32.0 servers (CPU build, a tiny random-weight Llama and a LoRA adapter
+## made locally) behind Envoy with envoy/envoy.yaml and the filter; one line per check. Not part of
+## `make test`: installs vLLM into the git-ignored .venv-vllm (~6 GB, ~3 min) the first time.
+VLLM_VENV := .venv-vllm
+VLLM_MODEL := target/vllm-model
+e2e-vllm: build envoy
+	@bash tests/vllm/install.sh $(VLLM_VENV)
+	@$(VLLM_VENV)/bin/python tests/vllm/make_model.py $(VLLM_MODEL)
+	$(CARGO) run --quiet --example e2e-vllm -- --venv $(VLLM_VENV) --model-dir $(VLLM_MODEL)
 
 ## soak: 200k requests, Envoy --concurrency 4; pods killed, refusing connections, stopped gracefully, and
 ## back; errors per event, retries, picks, Envoy memory; writes bench/results/soak.md
@@ -152,4 +162,4 @@ fuzz:
 
 clean:
 	$(CARGO) clean
-	rm -rf $(VENV)
+	rm -rf $(VENV) $(VLLM_VENV)

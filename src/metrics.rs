@@ -309,14 +309,19 @@ fn adapter_list(text: Option<std::borrow::Cow<'_, str>>) -> Vec<String> {
     .unwrap_or_default()
 }
 
+/// vLLM 0.32 lists an adapter with requests running in both lists (with a waiting count of 0);
+/// it holds one slot, so running takes precedence and it is counted once.
 fn lora_info(sample: &Sample<'_>) -> LoraInfo {
+    let running = adapter_list(sample.label("running_lora_adapters"));
+    let mut waiting = adapter_list(sample.label("waiting_lora_adapters"));
+    waiting.retain(|adapter| !running.contains(adapter));
     LoraInfo {
         max_lora: sample
             .label("max_lora")
             .and_then(|text| text.trim().parse().ok())
             .unwrap_or(0),
-        running: adapter_list(sample.label("running_lora_adapters")),
-        waiting: adapter_list(sample.label("waiting_lora_adapters")),
+        running,
+        waiting,
     }
 }
 
@@ -488,6 +493,124 @@ vllm:cache_config_info{block_size=\"16\",num_gpu_blocks=\"4096\"} 1
             unmatched.is_empty(),
             "unknown is not a label mismatch: {unmatched:?}"
         );
+    }
+
+    /// Unchanged scrapes of a real vLLM 0.32.0 (CPU build, `--max-loras 2`, adapter `sql-lora`);
+    /// where they come from: `tests/fixtures/vllm/README.md`.
+    mod real_vllm_0_32 {
+        use super::*;
+        use crate::harness::test;
+
+        const IDLE: &str = include_str!("../tests/fixtures/vllm/vllm-0.32.0-metrics-idle.txt");
+        const BUSY: &str = include_str!("../tests/fixtures/vllm/vllm-0.32.0-metrics-busy.txt");
+        const LORA_RUNNING: &str =
+            include_str!("../tests/fixtures/vllm/vllm-0.32.0-metrics-lora-running.txt");
+        const FRESH: &str = include_str!("../tests/fixtures/vllm/vllm-0.32.0-metrics-fresh.txt");
+
+        const CPU_CACHE: CacheConfig = CacheConfig {
+            block_size: 128,
+            num_gpu_blocks: 48,
+        };
+
+        fn extracted(text: &str) -> (EndpointMetrics, ParseSummary) {
+            let (metrics, summary, unmatched) = extract(Engine::Vllm, text, &[]).unwrap();
+            assert!(unmatched.is_empty());
+            (metrics, summary)
+        }
+
+        fn lora(max_lora: u32, running: &[&str], waiting: &[&str]) -> Option<LoraInfo> {
+            Some(LoraInfo {
+                max_lora,
+                running: running.iter().map(|name| name.to_string()).collect(),
+                waiting: waiting.iter().map(|name| name.to_string()).collect(),
+            })
+        }
+
+        #[test]
+        fn idle() {
+            let (metrics, summary) = extracted(IDLE);
+            assert_eq!(
+                summary,
+                ParseSummary {
+                    samples: 462,
+                    malformed_lines: 0,
+                    truncated: false
+                }
+            );
+            assert_eq!(
+                (
+                    metrics.waiting_queue,
+                    metrics.running_requests,
+                    metrics.kv_cache_usage
+                ),
+                (Some(0.0), Some(0.0), Some(0.0))
+            );
+            // Two label sets: the newest (largest timestamp) lists nothing; the stale one from
+            // an earlier LoRA request, 0.012 s older, is ignored.
+            assert_eq!(metrics.lora, lora(2, &[], &[]));
+            assert_eq!(metrics.cache_config, Some(CPU_CACHE));
+        }
+
+        #[test]
+        fn busy() {
+            let (metrics, summary) = extracted(BUSY);
+            assert_eq!(
+                summary,
+                ParseSummary {
+                    samples: 477,
+                    malformed_lines: 0,
+                    truncated: false
+                }
+            );
+            // `num_requests_waiting_by_reason` (capacity 2, deferred 0) is another series and
+            // is not added to the queue.
+            assert_eq!(metrics.waiting_queue, Some(2.0));
+            assert_eq!(metrics.running_requests, Some(4.0));
+            assert_eq!(metrics.kv_cache_usage, Some(0.34042553191489366));
+            // The newest series (base-model requests only) wins over the sql-lora one 8.8 s older.
+            assert_eq!(metrics.lora, lora(2, &[], &[]));
+            assert_eq!(metrics.cache_config, Some(CPU_CACHE));
+        }
+
+        #[test]
+        fn lora_running() {
+            let (metrics, summary) = extracted(LORA_RUNNING);
+            assert_eq!(summary.malformed_lines, 0);
+            assert_eq!(metrics.waiting_queue, Some(0.0));
+            assert_eq!(metrics.running_requests, Some(1.0));
+            assert_eq!(metrics.kv_cache_usage, Some(0.021276595744680882));
+            // vLLM lists the one adapter with a running request in BOTH lists; it holds one
+            // slot of two, so it counts once, as running.
+            assert!(LORA_RUNNING
+                .contains("running_lora_adapters=\"sql-lora\",waiting_lora_adapters=\"sql-lora\""));
+            assert_eq!(metrics.lora, lora(2, &["sql-lora"], &[]));
+            assert_eq!(metrics.cache_config, Some(CPU_CACHE));
+        }
+
+        #[test]
+        fn fresh_after_restart() {
+            let (metrics, summary) = extracted(FRESH);
+            assert_eq!(
+                summary,
+                ParseSummary {
+                    samples: 430,
+                    malformed_lines: 0,
+                    truncated: false
+                }
+            );
+            assert_eq!(
+                (
+                    metrics.waiting_queue,
+                    metrics.running_requests,
+                    metrics.kv_cache_usage
+                ),
+                (Some(0.0), Some(0.0), Some(0.0))
+            );
+            // Before its first request vLLM exposes no `lora_requests_info`: the LoRA scorer
+            // reads that as every slot free (see lora_affinity_scorer's tests on this dump).
+            assert_eq!(metrics.lora, None);
+            assert_eq!(metrics.cache_config, Some(CPU_CACHE));
+        }
     }
 
     #[test]

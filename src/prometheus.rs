@@ -331,6 +331,89 @@ mod tests {
         });
     }
 
+    /// Every line of four real vLLM 0.32.0 scrapes (`tests/fixtures/vllm/`) parses, with the
+    /// labels vLLM 0.32 puts on its series.
+    #[test]
+    fn real_vllm_0_32_scrapes() {
+        let dumps = [
+            (
+                include_str!("../tests/fixtures/vllm/vllm-0.32.0-metrics-idle.txt"),
+                462,
+            ),
+            (
+                include_str!("../tests/fixtures/vllm/vllm-0.32.0-metrics-busy.txt"),
+                477,
+            ),
+            (
+                include_str!("../tests/fixtures/vllm/vllm-0.32.0-metrics-lora-running.txt"),
+                477,
+            ),
+            (
+                include_str!("../tests/fixtures/vllm/vllm-0.32.0-metrics-fresh.txt"),
+                430,
+            ),
+        ];
+        for (text, count) in dumps {
+            let (out, summary) = samples(text);
+            assert_eq!(
+                summary,
+                ParseSummary {
+                    samples: count,
+                    malformed_lines: 0,
+                    truncated: false
+                }
+            );
+            let label = |sample: &Owned, key: &str| {
+                sample
+                    .1
+                    .iter()
+                    .find(|(k, _)| k == key)
+                    .map(|(_, v)| v.clone())
+            };
+            let vllm: Vec<&Owned> = out.iter().filter(|s| s.0.starts_with("vllm:")).collect();
+            // Every engine series carries `engine="0"` (one series per data-parallel engine);
+            // the exceptions are the LoRA info and the API server's admission counters.
+            for sample in &vllm {
+                let engine = label(sample, "engine");
+                let exempt = sample.0 == "vllm:lora_requests_info"
+                    || sample.0.starts_with("vllm:admission_rejections_");
+                assert!(
+                    engine.as_deref() == Some("0") || (exempt && engine.is_none()),
+                    "{sample:?}"
+                );
+            }
+            let cache_config: Vec<&&Owned> = vllm
+                .iter()
+                .filter(|s| s.0 == "vllm:cache_config_info")
+                .collect();
+            assert_eq!(cache_config.len(), 1);
+            assert_eq!(cache_config[0].1.len(), 37);
+            assert_eq!(label(cache_config[0], "block_size").as_deref(), Some("128"));
+            assert_eq!(
+                label(cache_config[0], "num_gpu_blocks").as_deref(),
+                Some("48")
+            );
+            assert_eq!(
+                label(cache_config[0], "kv_cache_size_tokens").as_deref(),
+                Some("6144")
+            );
+            let reasons: Vec<String> = vllm
+                .iter()
+                .filter(|s| s.0 == "vllm:num_requests_waiting_by_reason")
+                .filter_map(|s| label(s, "reason"))
+                .collect();
+            assert_eq!(reasons, ["capacity", "deferred"]);
+            // LoRA info: a timestamp as value, absent before the first request, and stale label
+            // sets kept beside the current one.
+            let lora: Vec<&&Owned> = vllm
+                .iter()
+                .filter(|s| s.0 == "vllm:lora_requests_info")
+                .collect();
+            assert!(lora.len() == 2 || (lora.is_empty() && count == 430));
+            assert!(lora.iter().all(|s| s.2 > 1.7e9 && s.3.is_none()));
+        }
+    }
+
     #[test]
     fn stops_at_the_byte_limit() {
         let text = "a 1\nb 2\nc 3\n";

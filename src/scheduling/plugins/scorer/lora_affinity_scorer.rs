@@ -1,5 +1,7 @@
 //! `lora-affinity-scorer`: prefers endpoints that already run the requested LoRA adapter, then
-//! those with a free adapter slot, then those that have it queued.
+//! those with a free adapter slot, then those that have it queued. A pod that reports no
+//! `vllm:lora_requests_info` has every slot free: vLLM exposes the series only after its first
+//! request, so a restarted or new pod would otherwise be starved.
 
 use crate::metrics::LoraInfo;
 use crate::scheduling::plugins::spec::{effective, Data, Kind, NoParameters, PluginSpec, Signal};
@@ -32,7 +34,7 @@ pub fn build(parameters: &Value) -> Result<Plugin, String> {
 
 fn affinity(lora: Option<&LoraInfo>, adapter: &str) -> f64 {
     let Some(lora) = lora else {
-        return 0.0;
+        return FREE_SLOT;
     };
     let listed = |list: &[String]| list.iter().any(|name| name == adapter);
     if listed(&lora.running) {
@@ -77,6 +79,36 @@ mod tests {
         assert_eq!(affinity(Some(&info(2, &["b"], &[])), "a"), 0.8);
         assert_eq!(affinity(Some(&info(2, &["b"], &["a"])), "a"), 0.6);
         assert_eq!(affinity(Some(&info(2, &["b", "c"], &[])), "a"), 0.0);
-        assert_eq!(affinity(None, "a"), 0.0);
+        assert_eq!(
+            affinity(None, "a"),
+            0.8,
+            "no LoRA info yet: every slot free"
+        );
+    }
+
+    /// On real vLLM 0.32 scrapes (`tests/fixtures/vllm/`).
+    #[test]
+    fn real_vllm_pods() {
+        let lora_of = |text: &str| {
+            crate::metrics::extract(crate::metrics::Engine::Vllm, text, &[])
+                .unwrap()
+                .0
+                .lora
+        };
+        let fresh = lora_of(include_str!(
+            "../../../../tests/fixtures/vllm/vllm-0.32.0-metrics-fresh.txt"
+        ));
+        assert_eq!(
+            affinity(fresh.as_ref(), "sql-lora"),
+            0.8,
+            "restarted pod: free slots"
+        );
+        let running = lora_of(include_str!(
+            "../../../../tests/fixtures/vllm/vllm-0.32.0-metrics-lora-running.txt"
+        ));
+        assert_eq!(affinity(running.as_ref(), "sql-lora"), 1.0);
+        // One adapter in both of vLLM's lists holds one slot of two: the other is free.
+        assert_eq!(affinity(running.as_ref(), "tiny-llama"), 0.8);
+        assert_eq!(affinity(running.as_ref(), "other-lora"), 0.8);
     }
 }
