@@ -22,6 +22,12 @@ pub struct HeaderUse {
     pub objective: bool,
 }
 
+/// Ticks a saturation change must hold before it is announced.
+pub const SATURATION_TICKS_TO_ANNOUNCE: u32 = 2;
+
+/// The longest wait between probes of a failing endpoint.
+pub const MAX_PROBE_BACKOFF_MS: u64 = 5_000;
+
 /// What changed on a tick, for the log.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct TickReport {
@@ -66,7 +72,9 @@ pub struct Director {
     /// Per endpoint: a scrape is in flight, so the next tick does not pile another on.
     scrape_pending: Vec<bool>,
     all_unfresh: bool,
+    /// The saturation last announced, and ticks in a row that disagreed with it.
     saturated: bool,
+    saturation_streak: u32,
     /// The optional protocol headers this configuration uses; the others are never read.
     header_use: HeaderUse,
     /// Per custom selector: its label mismatch was already reported.
@@ -107,6 +115,7 @@ impl Director {
             // Nothing is scraped yet: not worth a warning until metrics were fresh once.
             all_unfresh: true,
             saturated: false,
+            saturation_streak: 0,
         }
     }
 
@@ -143,13 +152,29 @@ impl Director {
         let unfresh_changed = (all_unfresh != self.all_unfresh).then_some(all_unfresh);
         self.all_unfresh = all_unfresh;
         let saturated = self.scheduler.pool_saturated(&self.pool, now_ms);
-        let saturation_changed = (saturated != self.saturated).then_some(saturated);
-        self.saturated = saturated;
+        let saturation_changed = self.announce_saturation(saturated);
         TickReport {
             transitions,
             all_unfresh: unfresh_changed,
             saturated: saturation_changed,
         }
+    }
+
+    /// A change of the pool's saturation is announced once it held for
+    /// [`SATURATION_TICKS_TO_ANNOUNCE`] ticks in a row: one scrape round on the edge would
+    /// otherwise flap the warning on and off.
+    fn announce_saturation(&mut self, saturated: bool) -> Option<bool> {
+        if saturated == self.saturated {
+            self.saturation_streak = 0;
+            return None;
+        }
+        self.saturation_streak += 1;
+        if self.saturation_streak < SATURATION_TICKS_TO_ANNOUNCE {
+            return None;
+        }
+        self.saturation_streak = 0;
+        self.saturated = saturated;
+        Some(saturated)
     }
 
     /// A request routed to `routed.primary` failed at the pod (5xx or no connection): avoid
@@ -219,7 +244,7 @@ impl Director {
             .enumerate()
             .zip(&self.pool.endpoints)
         {
-            if !*pending && !endpoint.removed {
+            if !*pending && !endpoint.removed && endpoint.next_probe_ms <= self.pool.now_ms() {
                 *pending = true;
                 out.push(index);
             }
@@ -320,6 +345,32 @@ impl Director {
     pub fn on_scrape_failed(&mut self, index: usize) {
         self.clear_pending(index);
         self.pool.record_scrape_failure(index);
+        self.back_off_probes(index);
+    }
+
+    /// A scrape timed out (Envoy's 504, or no answer): the endpoint's metrics age; repeated
+    /// timeouts count as a failure. Returns true when this one did.
+    pub fn on_scrape_timed_out(&mut self, index: usize) -> bool {
+        self.clear_pending(index);
+        let failed = self.pool.record_scrape_timeout(index);
+        if failed {
+            self.back_off_probes(index);
+        }
+        failed
+    }
+
+    /// A failing endpoint is probed again after one interval, then two, four... up to
+    /// [`MAX_PROBE_BACKOFF_MS`]: a dead pod costs a scrape every few seconds, not every tick.
+    fn back_off_probes(&mut self, index: usize) {
+        let interval = duration_ms(self.settings.refresh_metrics_interval).max(1);
+        let now = self.pool.now_ms();
+        if let Some(endpoint) = self.pool.endpoints.get_mut(index) {
+            let doublings = endpoint.scrape_failures_in_a_row.saturating_sub(1).min(16);
+            let backoff = interval
+                .saturating_mul(1 << doublings)
+                .min(MAX_PROBE_BACKOFF_MS);
+            endpoint.next_probe_ms = now.saturating_add(backoff);
+        }
     }
 
     /// A target taken for a round that will not be sent after all (the VM lost the lease):
@@ -691,5 +742,44 @@ pool:
             let routed = route(&mut director, ApiKind::Completions, Some(BODY)).unwrap();
             assert_ne!(routed.destination, "10.0.0.8:8000");
         }
+    }
+
+    #[test]
+    fn a_saturation_change_is_announced_once_it_holds_for_two_ticks() {
+        let mut director = director();
+        let load_all = |director: &mut Director, queue: u32, now: u64| {
+            for index in 0..3 {
+                director
+                    .on_scrape_ok(
+                        index,
+                        now,
+                        &format!(
+                            "vllm:num_requests_waiting {queue}\nvllm:kv_cache_usage_perc 0.1\n"
+                        ),
+                    )
+                    .unwrap();
+            }
+            director.on_tick(now).saturated
+        };
+        assert_eq!(load_all(&mut director, 0, 1000), None);
+        assert_eq!(
+            load_all(&mut director, 9, 1010),
+            None,
+            "one tick saturated: not yet"
+        );
+        assert_eq!(
+            load_all(&mut director, 0, 1020),
+            None,
+            "and it passed: nothing said"
+        );
+        assert_eq!(load_all(&mut director, 9, 1030), None);
+        assert_eq!(
+            load_all(&mut director, 9, 1040),
+            Some(true),
+            "held two ticks"
+        );
+        assert_eq!(load_all(&mut director, 9, 1050), None);
+        assert_eq!(load_all(&mut director, 0, 1060), None);
+        assert_eq!(load_all(&mut director, 0, 1070), Some(false));
     }
 }

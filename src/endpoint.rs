@@ -61,6 +61,9 @@ pub enum Health {
     Unreachable,
 }
 
+/// Timed-out scrapes in a row that take an endpoint out of rotation.
+pub const SCRAPE_TIMEOUTS_BEFORE_UNREACHABLE: u32 = 3;
+
 #[derive(Debug, Clone)]
 pub struct EndpointState {
     pub address: String,
@@ -70,6 +73,12 @@ pub struct EndpointState {
     pub health: Health,
     /// Host time (ms) of the last scrape that produced metrics.
     pub last_scrape_ok_ms: Option<u64>,
+    /// Scrapes in a row that timed out: slow is not dead, so only several take it out.
+    pub scrape_timeouts_in_a_row: u32,
+    /// Scrapes in a row that failed, and the host time before which it is not probed again:
+    /// a dead pod is re-probed with back-off, not every interval.
+    pub scrape_failures_in_a_row: u32,
+    pub next_probe_ms: u64,
     pub last_scrape_failed: bool,
     /// Requests this filter routed there that have not ended yet.
     pub in_flight: u32,
@@ -100,6 +109,9 @@ impl EndpointState {
             health: Health::Unknown,
             last_scrape_ok_ms: None,
             last_scrape_failed: false,
+            scrape_timeouts_in_a_row: 0,
+            scrape_failures_in_a_row: 0,
+            next_probe_ms: 0,
             in_flight: 0,
             in_flight_tokens: 0,
             placed_tokens_since_scrape: 0,
@@ -268,6 +280,9 @@ impl Pool {
             endpoint.placed_tokens_since_scrape = 0;
             endpoint.last_scrape_ok_ms = Some(now_ms);
             endpoint.last_scrape_failed = false;
+            endpoint.scrape_timeouts_in_a_row = 0;
+            endpoint.scrape_failures_in_a_row = 0;
+            endpoint.next_probe_ms = 0;
             set_health(endpoint, Health::Fresh, &mut self.transitions);
         }
     }
@@ -301,8 +316,24 @@ impl Pool {
     pub fn record_scrape_failure(&mut self, index: usize) {
         if let Some(endpoint) = self.endpoints.get_mut(index) {
             endpoint.last_scrape_failed = true;
+            endpoint.scrape_failures_in_a_row = endpoint.scrape_failures_in_a_row.saturating_add(1);
             set_health(endpoint, Health::Unreachable, &mut self.transitions);
         }
+    }
+
+    /// A scrape that timed out: a busy pod answers late, so its metrics only age (usable until
+    /// the staleness threshold); [`SCRAPE_TIMEOUTS_BEFORE_UNREACHABLE`] in a row take it out.
+    /// Returns true when this one did.
+    pub fn record_scrape_timeout(&mut self, index: usize) -> bool {
+        let Some(endpoint) = self.endpoints.get_mut(index) else {
+            return false;
+        };
+        endpoint.scrape_timeouts_in_a_row = endpoint.scrape_timeouts_in_a_row.saturating_add(1);
+        if endpoint.scrape_timeouts_in_a_row < SCRAPE_TIMEOUTS_BEFORE_UNREACHABLE {
+            return false;
+        }
+        self.record_scrape_failure(index);
+        true
     }
 
     /// Ages every endpoint's metrics so the request path only reads a flag; returns the health

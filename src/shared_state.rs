@@ -68,8 +68,10 @@ pub struct Coordinator {
     vms_key: String,
     load_key: String,
     namespace: String,
-    /// A lease lasts two scrape intervals, so a VM that stops renewing is replaced within two.
+    /// See [`LEASE_INTERVALS`].
     lease_ms: u64,
+    /// Another VM's published load counts while it is younger than this (six intervals).
+    load_fresh_ms: u64,
     role: Role,
     published_seq: u64,
     applied_seq: u64,
@@ -86,6 +88,12 @@ pub struct Coordinator {
     members_key: String,
     members_seq: u64,
 }
+
+/// A lease lasts this many scrape intervals, and at least [`MIN_LEASE_MS`]: its holder renews
+/// it on every tick, so only a VM that stops ticking for that long loses it. Under CPU pressure
+/// ticks come late; a lease of two short intervals changed hands tens of times a run.
+pub const LEASE_INTERVALS: u64 = 4;
+pub const MIN_LEASE_MS: u64 = 500;
 
 /// Attempts at a contended compare-and-swap before giving up until the next tick.
 const CAS_ATTEMPTS: usize = 8;
@@ -107,7 +115,10 @@ impl Coordinator {
             members_key: format!("{namespace}/members"),
             members_seq: 0,
             namespace: namespace.to_owned(),
-            lease_ms: interval_ms.saturating_mul(2).max(1),
+            lease_ms: interval_ms
+                .saturating_mul(LEASE_INTERVALS)
+                .max(MIN_LEASE_MS),
+            load_fresh_ms: interval_ms.saturating_mul(6).max(1),
             role: Role::Follower,
             published_seq: 0,
             applied_seq: 0,
@@ -115,6 +126,10 @@ impl Coordinator {
             snapshot_decodes: 0,
             others: Vec::new(),
         }
+    }
+
+    pub fn lease_ms(&self) -> u64 {
+        self.lease_ms
     }
 
     pub fn role(&self) -> Role {
@@ -230,7 +245,7 @@ impl Coordinator {
             endpoint.remote_in_flight = 0;
             endpoint.remote_in_flight_tokens = 0;
         }
-        let fresh_after = now_ms.saturating_sub(self.lease_ms.saturating_mul(3));
+        let fresh_after = now_ms.saturating_sub(self.load_fresh_ms);
         for &vm in &self.others {
             let key = format!("{}/load/{vm:x}", self.namespace);
             let Some(load) = read::<Load>(store, &key)? else {
@@ -451,10 +466,16 @@ mod tests {
             (Role::Scraper, false),
             "renewed"
         );
-        assert_eq!(b.elect(&store, 1120).unwrap().0, Role::Follower);
-        // a stops ticking; its lease (renewed at 1050) ends at 1150.
-        assert_eq!(b.elect(&store, 1150).unwrap(), (Role::Scraper, true));
-        assert_eq!(a.elect(&store, 1160).unwrap(), (Role::Follower, true));
+        // a stops ticking; its lease (renewed at 1050) ends MIN_LEASE_MS later.
+        let ends = 1050 + a.lease_ms();
+        assert_eq!(
+            a.lease_ms(),
+            MIN_LEASE_MS,
+            "4 intervals of 50 ms are below the minimum"
+        );
+        assert_eq!(b.elect(&store, ends - 1).unwrap().0, Role::Follower);
+        assert_eq!(b.elect(&store, ends).unwrap(), (Role::Scraper, true));
+        assert_eq!(a.elect(&store, ends + 10).unwrap(), (Role::Follower, true));
     }
 
     #[test]
@@ -502,7 +523,7 @@ mod tests {
         assert_eq!(pool_a.endpoints[0].total_in_flight_tokens(), 110);
         assert_eq!(pool_a.endpoints[1].total_in_flight(), 1);
         assert_eq!(pool_b.endpoints[0].remote_in_flight, 1);
-        // b goes away: after three lease periods its counts stop counting.
+        // b goes away: after six intervals its counts stop counting.
         a.exchange_load(&store, &mut pool_a, 1000 + 301).unwrap();
         assert_eq!(pool_a.endpoints[1].total_in_flight(), 0);
     }

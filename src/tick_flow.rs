@@ -231,7 +231,7 @@ impl TickFlow {
                     );
                 }
             }
-            Scraped::Failed => {}
+            Scraped::Failed | Scraped::TimedOut => {}
         }
         let ok = ok == Scraped::Ok;
         self.unpublished = true;
@@ -534,6 +534,8 @@ enum Scraped {
     Oversized,
     /// Any other failure.
     Failed,
+    /// Envoy gave up waiting (504, or no answer): the metrics age, several in a row fail.
+    TimedOut,
 }
 
 /// Feeds one `/metrics` answer to the director. The body's size is known before it is
@@ -552,6 +554,11 @@ fn record_scrape(
             "inference-picker: scrape of {address} failed: {}",
             describe_status(status.as_deref())
         );
+        // A refused connection is Envoy's 503 and leaves at once; a slow pod is not dead.
+        if matches!(status.as_deref(), None | Some(b"504")) {
+            director.on_scrape_timed_out(index);
+            return Scraped::TimedOut;
+        }
         director.on_scrape_failed(index);
         return Scraped::Failed;
     }
