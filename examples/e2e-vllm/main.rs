@@ -34,6 +34,7 @@ fn main() {
         model_dir: arg("--model-dir", "target/vllm-model"),
         log_dir: repo().join("target/e2e-vllm"),
     };
+    let _ = std::fs::remove_dir_all(&setup.log_dir);
     std::fs::create_dir_all(&setup.log_dir).expect("log dir");
     println!(
         "e2e-vllm: vLLM 0.32.0 (CPU) x2 + Envoy 1.40 with the shipped envoy/envoy.yaml; \
@@ -592,7 +593,7 @@ fn check_streaming(rig: &mut Rig, report: &mut Report) {
                         pod.name
                     ));
                 }
-                let dump = rig.setup.log_dir.join(format!("{id}.via-envoy.sse"));
+                let dump = rig.setup.log_dir.join(format!("{id}.envoy.sse"));
                 let _ = std::fs::write(&dump, &routed.response.body);
                 let _ = std::fs::write(dump.with_extension("direct.sse"), &direct.body);
                 if (via.text.as_str(), via.finish.as_str(), via.usage.as_str())
@@ -825,7 +826,7 @@ fn check_load_avoidance(rig: &mut Rig, report: &mut Report) {
         let mut picks = Vec::new();
         let mut decision = String::new();
         for n in 0..6 {
-            let body = short(MODEL, format!("Quick question {n}?"));
+            let body = short(MODEL, format!("A quick question, number {n}, please?"));
             let routed = rig.via_envoy("load", "/v1/completions", &body);
             if routed.response.status != 200 {
                 return Err(format!(
