@@ -595,7 +595,8 @@ fn check_streaming(rig: &mut Rig, report: &mut Report) {
                 }
                 let dump = rig.setup.log_dir.join(format!("{id}.envoy.sse"));
                 let _ = std::fs::write(&dump, &routed.response.body);
-                let _ = std::fs::write(dump.with_extension("direct.sse"), &direct.body);
+                let direct_dump = rig.setup.log_dir.join(format!("{id}.direct.sse"));
+                let _ = std::fs::write(direct_dump, &direct.body);
                 if (via.text.as_str(), via.finish.as_str(), via.usage.as_str())
                     != (
                         straight.text.as_str(),
@@ -812,7 +813,7 @@ fn idle(text: &str) -> bool {
 
 fn check_load_avoidance(rig: &mut Rig, report: &mut Report) {
     let name = "load avoidance (real queue/KV metrics)";
-    // Load the pod the prefix check stuck to (or the first): 8 long streams, 4 run and 4 wait.
+    // 8 long streams straight to vllm-a: 4 run (--max-num-seqs 4) and 4 wait.
     let loaded = 0;
     let other = 1;
     let load = Load::start(&rig.pods[loaded].address, "load", MODEL, 8, 1500);
