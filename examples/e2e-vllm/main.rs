@@ -34,6 +34,7 @@ fn main() {
         model_dir: arg("--model-dir", "target/vllm-model"),
         log_dir: repo().join("target/e2e-vllm"),
     };
+    let _ = std::fs::remove_dir_all(&setup.log_dir);
     std::fs::create_dir_all(&setup.log_dir).expect("log dir");
     println!(
         "e2e-vllm: vLLM 0.32.0 (CPU) x2 + Envoy 1.40 with the shipped envoy/envoy.yaml; \
@@ -592,9 +593,10 @@ fn check_streaming(rig: &mut Rig, report: &mut Report) {
                         pod.name
                     ));
                 }
-                let dump = rig.setup.log_dir.join(format!("{id}.via-envoy.sse"));
+                let dump = rig.setup.log_dir.join(format!("{id}.envoy.sse"));
                 let _ = std::fs::write(&dump, &routed.response.body);
-                let _ = std::fs::write(dump.with_extension("direct.sse"), &direct.body);
+                let direct_dump = rig.setup.log_dir.join(format!("{id}.direct.sse"));
+                let _ = std::fs::write(direct_dump, &direct.body);
                 if (via.text.as_str(), via.finish.as_str(), via.usage.as_str())
                     != (
                         straight.text.as_str(),
@@ -811,7 +813,7 @@ fn idle(text: &str) -> bool {
 
 fn check_load_avoidance(rig: &mut Rig, report: &mut Report) {
     let name = "load avoidance (real queue/KV metrics)";
-    // Load the pod the prefix check stuck to (or the first): 8 long streams, 4 run and 4 wait.
+    // 8 long streams straight to vllm-a: 4 run (--max-num-seqs 4) and 4 wait.
     let loaded = 0;
     let other = 1;
     let load = Load::start(&rig.pods[loaded].address, "load", MODEL, 8, 1500);
@@ -825,7 +827,7 @@ fn check_load_avoidance(rig: &mut Rig, report: &mut Report) {
         let mut picks = Vec::new();
         let mut decision = String::new();
         for n in 0..6 {
-            let body = short(MODEL, format!("Quick question {n}?"));
+            let body = short(MODEL, format!("A quick question, number {n}, please?"));
             let routed = rig.via_envoy("load", "/v1/completions", &body);
             if routed.response.status != 200 {
                 return Err(format!(

@@ -27,6 +27,7 @@ pub struct Vllm {
     port: u16,
     core: u32,
     child: Option<Child>,
+    child_started: bool,
     log: PathBuf,
 }
 
@@ -42,6 +43,7 @@ impl Vllm {
             port,
             core,
             child: None,
+            child_started: false,
             log,
         };
         server.start(setup);
@@ -51,6 +53,11 @@ impl Vllm {
     fn start(&mut self, setup: &Setup) {
         let model = setup.model_dir.join("tiny-llama");
         let adapter = setup.model_dir.join(ADAPTER);
+        // A restart writes its own log, beside the first run's.
+        if self.child_started {
+            self.log = setup.log_dir.join(format!("{}.restarted.log", self.name));
+        }
+        self.child_started = true;
         let log = File::create(&self.log).expect("vLLM log file");
         let child = Command::new(&setup.python)
             .args(["-m", "vllm.entrypoints.openai.api_server"])
