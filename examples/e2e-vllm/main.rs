@@ -394,7 +394,8 @@ fn check_completions(rig: &mut Rig, report: &mut Report) {
         |json| {
             let tokens = json["usage"]["completion_tokens"].as_u64()?;
             json["choices"][0]["text"].as_str()?;
-            (tokens == 8).then(|| format!("{tokens} tokens, header = envoy.lb, first pick = upstream"))
+            (tokens == 8)
+                .then(|| format!("{tokens} tokens, header = envoy.lb, first pick = upstream"))
         },
     );
 }
