@@ -17,7 +17,7 @@ WBG_RUNNER := $(TOOLS)/bin/wasm-bindgen-test-runner
 FUZZ_SECONDS ?= 60
 FUZZ_TARGETS := body_parser prometheus_parser config_loader
 
-.PHONY: all build sim envoy toolchain wasm-bindgen-runner lint unit wasm-unit integration test demo e2e-vllm soak bench extproc bench-quick bench-schedule bench-hop bench-quality bench-memory bench-scaleout fuzz check compose-up compose-down image clean
+.PHONY: all build sim envoy toolchain wasm-bindgen-runner lint unit wasm-unit integration test demo e2e-vllm vllm-scrape-cost soak bench extproc bench-quick bench-schedule bench-hop bench-quality bench-memory bench-scaleout fuzz check compose-up compose-down image clean
 
 all: build
 
@@ -91,6 +91,12 @@ e2e-vllm: build envoy
 	@bash tests/vllm/install.sh $(VLLM_VENV)
 	@$(VLLM_VENV)/bin/python tests/vllm/make_model.py $(VLLM_MODEL)
 	$(CARGO) run --quiet --example e2e-vllm -- --venv $(VLLM_VENV) --model-dir $(VLLM_MODEL)
+
+## vllm-scrape-cost: an idle real vLLM's CPU with no scrapes and with one every 1000/200/100/50 ms
+vllm-scrape-cost:
+	@bash tests/vllm/install.sh $(VLLM_VENV)
+	@$(VLLM_VENV)/bin/python tests/vllm/make_model.py $(VLLM_MODEL)
+	$(VLLM_VENV)/bin/python tests/vllm/scrape_cost.py $(VLLM_VENV)/bin/python $(VLLM_MODEL) 15
 
 ## soak: 200k requests, Envoy --concurrency 4; pods killed, refusing connections, stopped gracefully, and
 ## back; errors per event, retries, picks, Envoy memory; writes bench/results/soak.md
