@@ -81,6 +81,39 @@ pub struct PluginSpec {
 }
 
 impl PluginSpec {
+    /// A spec with no aliases that consumes and produces nothing; the builders below add those.
+    pub const fn new(
+        type_name: &'static str,
+        kind: Kind,
+        build: Builder,
+        effective: Effective,
+    ) -> Self {
+        PluginSpec {
+            type_name,
+            aliases: &[],
+            kind,
+            build,
+            effective,
+            consumes: &[],
+            produces: &[],
+        }
+    }
+
+    pub const fn with_aliases(mut self, aliases: &'static [&'static str]) -> Self {
+        self.aliases = aliases;
+        self
+    }
+
+    pub const fn consuming(mut self, data: &'static [Data]) -> Self {
+        self.consumes = data;
+        self
+    }
+
+    pub const fn producing(mut self, data: &'static [Data]) -> Self {
+        self.produces = data;
+        self
+    }
+
     pub fn answers_to(&self, type_name: &str) -> bool {
         self.type_name == type_name || self.aliases.contains(&type_name)
     }

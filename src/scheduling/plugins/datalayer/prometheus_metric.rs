@@ -10,15 +10,8 @@ use std::collections::BTreeMap;
 pub const TYPE: &str = "prometheus-metric";
 
 /// The registry's entry for this plugin.
-pub const SPEC: PluginSpec = PluginSpec {
-    type_name: TYPE,
-    aliases: &[],
-    kind: Kind::DataLayer,
-    build,
-    effective: effective::<Parameters>,
-    consumes: &[],
-    produces: &[Data::CustomMetric],
-};
+pub const SPEC: PluginSpec = PluginSpec::new(TYPE, Kind::DataLayer, build, effective::<Parameters>)
+    .producing(&[Data::CustomMetric]);
 
 #[derive(Debug, Clone, Default, PartialEq, serde::Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase", default)]

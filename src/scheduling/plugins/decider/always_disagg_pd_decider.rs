@@ -7,15 +7,8 @@ use serde_yaml::Value;
 pub const TYPE: &str = "always-disagg-pd-decider";
 
 /// The registry's entry for this plugin.
-pub const SPEC: PluginSpec = PluginSpec {
-    type_name: TYPE,
-    aliases: &[],
-    kind: Kind::PdDecider,
-    build,
-    effective: effective::<NoParameters>,
-    consumes: &[],
-    produces: &[],
-};
+pub const SPEC: PluginSpec =
+    PluginSpec::new(TYPE, Kind::PdDecider, build, effective::<NoParameters>);
 
 pub struct AlwaysDisaggPdDecider;
 

@@ -8,15 +8,8 @@ use serde_yaml::Value;
 pub const TYPE: &str = "by-label";
 
 /// The registry's entry for this plugin.
-pub const SPEC: PluginSpec = PluginSpec {
-    type_name: TYPE,
-    aliases: &[],
-    kind: Kind::Filter,
-    build,
-    effective: effective::<Parameters>,
-    consumes: &[Data::EndpointLabels],
-    produces: &[],
-};
+pub const SPEC: PluginSpec = PluginSpec::new(TYPE, Kind::Filter, build, effective::<Parameters>)
+    .consuming(&[Data::EndpointLabels]);
 
 #[derive(Debug, Clone, Default, PartialEq, serde::Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase", default)]

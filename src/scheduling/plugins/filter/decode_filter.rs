@@ -10,15 +10,8 @@ use serde_yaml::Value;
 pub const TYPE: &str = "decode-filter";
 
 /// The registry's entry for this plugin.
-pub const SPEC: PluginSpec = PluginSpec {
-    type_name: TYPE,
-    aliases: &[],
-    kind: Kind::Filter,
-    build,
-    effective: effective::<NoParameters>,
-    consumes: &[Data::EndpointLabels],
-    produces: &[],
-};
+pub const SPEC: PluginSpec = PluginSpec::new(TYPE, Kind::Filter, build, effective::<NoParameters>)
+    .consuming(&[Data::EndpointLabels]);
 
 /// Keeps endpoints whose role is one of `roles` (or unlabelled, when `unlabelled` is set).
 pub struct RoleFilter {

@@ -11,15 +11,8 @@ use serde_yaml::Value;
 pub const TYPE: &str = "header-based-testing-filter";
 
 /// The registry's entry for this plugin.
-pub const SPEC: PluginSpec = PluginSpec {
-    type_name: TYPE,
-    aliases: &[],
-    kind: Kind::Filter,
-    build,
-    effective: effective::<NoParameters>,
-    consumes: &[Data::RequestHeader(TEST_SELECTION_HEADER)],
-    produces: &[],
-};
+pub const SPEC: PluginSpec = PluginSpec::new(TYPE, Kind::Filter, build, effective::<NoParameters>)
+    .consuming(&[Data::RequestHeader(TEST_SELECTION_HEADER)]);
 
 pub struct HeaderBasedTestingFilter;
 

@@ -13,15 +13,9 @@ pub const TYPE: &str = "label-selector-filter";
 pub const ALIAS_TYPE: &str = "by-label-selector";
 
 /// The registry's entry for this plugin.
-pub const SPEC: PluginSpec = PluginSpec {
-    type_name: TYPE,
-    aliases: &[ALIAS_TYPE],
-    kind: Kind::Filter,
-    build,
-    effective: effective::<Selector>,
-    consumes: &[Data::EndpointLabels],
-    produces: &[],
-};
+pub const SPEC: PluginSpec = PluginSpec::new(TYPE, Kind::Filter, build, effective::<Selector>)
+    .with_aliases(&[ALIAS_TYPE])
+    .consuming(&[Data::EndpointLabels]);
 
 pub struct LabelSelectorFilter {
     selector: Selector,

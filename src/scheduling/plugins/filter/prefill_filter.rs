@@ -9,15 +9,8 @@ use serde_yaml::Value;
 pub const TYPE: &str = "prefill-filter";
 
 /// The registry's entry for this plugin.
-pub const SPEC: PluginSpec = PluginSpec {
-    type_name: TYPE,
-    aliases: &[],
-    kind: Kind::Filter,
-    build,
-    effective: effective::<NoParameters>,
-    consumes: &[Data::EndpointLabels],
-    produces: &[],
-};
+pub const SPEC: PluginSpec = PluginSpec::new(TYPE, Kind::Filter, build, effective::<NoParameters>)
+    .consuming(&[Data::EndpointLabels]);
 
 pub fn build(parameters: &Value) -> Result<Plugin, String> {
     build_role_filter(

@@ -9,15 +9,8 @@ use serde_yaml::Value;
 pub const TYPE: &str = "prefix-cache-affinity-filter";
 
 /// The registry's entry for this plugin.
-pub const SPEC: PluginSpec = PluginSpec {
-    type_name: TYPE,
-    aliases: &[],
-    kind: Kind::Filter,
-    build,
-    effective: effective::<Parameters>,
-    consumes: &[Data::PrefixMatches],
-    produces: &[],
-};
+pub const SPEC: PluginSpec = PluginSpec::new(TYPE, Kind::Filter, build, effective::<Parameters>)
+    .consuming(&[Data::PrefixMatches]);
 
 #[derive(Debug, Clone, Copy, PartialEq, serde::Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase", default)]

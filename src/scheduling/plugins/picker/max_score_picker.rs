@@ -12,15 +12,9 @@ pub const TYPE: &str = "max-score-picker";
 pub const LEGACY_TYPE: &str = "max-score";
 
 /// The registry's entry for this plugin.
-pub const SPEC: PluginSpec = PluginSpec {
-    type_name: TYPE,
-    aliases: &[LEGACY_TYPE],
-    kind: Kind::Picker,
-    build,
-    effective: effective::<PickerParameters>,
-    consumes: &[],
-    produces: &[],
-};
+pub const SPEC: PluginSpec =
+    PluginSpec::new(TYPE, Kind::Picker, build, effective::<PickerParameters>)
+        .with_aliases(&[LEGACY_TYPE]);
 
 pub struct MaxScorePicker {
     parameters: PickerParameters,

@@ -9,15 +9,8 @@ use serde_yaml::Value;
 pub const TYPE: &str = "random-picker";
 
 /// The registry's entry for this plugin.
-pub const SPEC: PluginSpec = PluginSpec {
-    type_name: TYPE,
-    aliases: &[],
-    kind: Kind::Picker,
-    build,
-    effective: effective::<PickerParameters>,
-    consumes: &[],
-    produces: &[],
-};
+pub const SPEC: PluginSpec =
+    PluginSpec::new(TYPE, Kind::Picker, build, effective::<PickerParameters>);
 
 pub struct RandomPicker {
     parameters: PickerParameters,

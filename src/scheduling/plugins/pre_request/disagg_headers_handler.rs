@@ -10,15 +10,8 @@ pub const TYPE: &str = "disagg-headers-handler";
 pub const LEGACY_TYPE: &str = "prefill-header-handler";
 
 /// The registry's entry for this plugin.
-pub const SPEC: PluginSpec = PluginSpec {
-    type_name: TYPE,
-    aliases: &[LEGACY_TYPE],
-    kind: Kind::BuiltIn,
-    build,
-    effective: effective::<Parameters>,
-    consumes: &[],
-    produces: &[],
-};
+pub const SPEC: PluginSpec = PluginSpec::new(TYPE, Kind::BuiltIn, build, effective::<Parameters>)
+    .with_aliases(&[LEGACY_TYPE]);
 
 #[derive(Debug, Default, serde::Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]

@@ -16,15 +16,8 @@ use std::collections::BTreeMap;
 pub const TYPE: &str = "disagg-profile-handler";
 
 /// The registry's entry for this plugin.
-pub const SPEC: PluginSpec = PluginSpec {
-    type_name: TYPE,
-    aliases: &[],
-    kind: Kind::ProfileHandler,
-    build,
-    effective: effective::<Parameters>,
-    consumes: &[],
-    produces: &[],
-};
+pub const SPEC: PluginSpec =
+    PluginSpec::new(TYPE, Kind::ProfileHandler, build, effective::<Parameters>);
 
 #[derive(Debug, Clone, PartialEq, serde::Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase", default)]

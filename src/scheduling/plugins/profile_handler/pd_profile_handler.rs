@@ -10,15 +10,9 @@ use serde_yaml::Value;
 pub const TYPE: &str = "pd-profile-handler";
 
 /// The registry's entry for this plugin.
-pub const SPEC: PluginSpec = PluginSpec {
-    type_name: TYPE,
-    aliases: &[],
-    kind: Kind::ProfileHandler,
-    build,
-    effective: effective::<Parameters>,
-    consumes: &[Data::PrefixMatches],
-    produces: &[],
-};
+pub const SPEC: PluginSpec =
+    PluginSpec::new(TYPE, Kind::ProfileHandler, build, effective::<Parameters>)
+        .consuming(&[Data::PrefixMatches]);
 
 #[derive(Debug, Clone, PartialEq, serde::Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase", default)]

@@ -12,15 +12,9 @@ pub const TYPE: &str = "single-profile-handler";
 pub const LEGACY_TYPE: &str = "single-profile";
 
 /// The registry's entry for this plugin.
-pub const SPEC: PluginSpec = PluginSpec {
-    type_name: TYPE,
-    aliases: &[LEGACY_TYPE],
-    kind: Kind::ProfileHandler,
-    build,
-    effective: effective::<NoParameters>,
-    consumes: &[],
-    produces: &[],
-};
+pub const SPEC: PluginSpec =
+    PluginSpec::new(TYPE, Kind::ProfileHandler, build, effective::<NoParameters>)
+        .with_aliases(&[LEGACY_TYPE]);
 
 pub struct SingleProfileHandler;
 

@@ -11,15 +11,13 @@ use serde_yaml::Value;
 pub const TYPE: &str = "concurrency-detector";
 
 /// The registry's entry for this plugin.
-pub const SPEC: PluginSpec = PluginSpec {
-    type_name: TYPE,
-    aliases: &[],
-    kind: Kind::SaturationDetector,
+pub const SPEC: PluginSpec = PluginSpec::new(
+    TYPE,
+    Kind::SaturationDetector,
     build,
-    effective: effective::<Parameters>,
-    consumes: &[Data::InFlight],
-    produces: &[],
-};
+    effective::<Parameters>,
+)
+.consuming(&[Data::InFlight]);
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
 #[serde(rename_all = "lowercase")]

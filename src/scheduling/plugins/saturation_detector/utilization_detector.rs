@@ -14,18 +14,16 @@ use std::time::Duration;
 pub const TYPE: &str = "utilization-detector";
 
 /// The registry's entry for this plugin.
-pub const SPEC: PluginSpec = PluginSpec {
-    type_name: TYPE,
-    aliases: &[],
-    kind: Kind::SaturationDetector,
+pub const SPEC: PluginSpec = PluginSpec::new(
+    TYPE,
+    Kind::SaturationDetector,
     build,
-    effective: effective::<Parameters>,
-    consumes: &[
-        Data::Metric(Signal::WaitingQueue),
-        Data::Metric(Signal::KvCacheUsage),
-    ],
-    produces: &[],
-};
+    effective::<Parameters>,
+)
+.consuming(&[
+    Data::Metric(Signal::WaitingQueue),
+    Data::Metric(Signal::KvCacheUsage),
+]);
 
 #[derive(Debug, Clone, PartialEq, serde::Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase", default)]

@@ -14,15 +14,8 @@ use std::time::Duration;
 pub const TYPE: &str = "active-request-scorer";
 
 /// The registry's entry for this plugin.
-pub const SPEC: PluginSpec = PluginSpec {
-    type_name: TYPE,
-    aliases: &[],
-    kind: Kind::Scorer,
-    build,
-    effective: effective::<Parameters>,
-    consumes: &[Data::InFlight],
-    produces: &[],
-};
+pub const SPEC: PluginSpec = PluginSpec::new(TYPE, Kind::Scorer, build, effective::<Parameters>)
+    .consuming(&[Data::InFlight]);
 
 #[derive(Debug, Clone, PartialEq, serde::Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase", default)]

@@ -9,15 +9,9 @@ pub const TYPE: &str = "kv-cache-utilization-scorer";
 pub const LEGACY_TYPE: &str = "kv-cache-scorer";
 
 /// The registry's entry for this plugin.
-pub const SPEC: PluginSpec = PluginSpec {
-    type_name: TYPE,
-    aliases: &[LEGACY_TYPE],
-    kind: Kind::Scorer,
-    build,
-    effective: effective::<NoParameters>,
-    consumes: &[Data::Metric(Signal::KvCacheUsage)],
-    produces: &[],
-};
+pub const SPEC: PluginSpec = PluginSpec::new(TYPE, Kind::Scorer, build, effective::<NoParameters>)
+    .with_aliases(&[LEGACY_TYPE])
+    .consuming(&[Data::Metric(Signal::KvCacheUsage)]);
 
 pub struct KvCacheUtilizationScorer;
 

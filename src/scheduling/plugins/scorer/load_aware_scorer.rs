@@ -8,15 +8,8 @@ use serde_yaml::Value;
 pub const TYPE: &str = "load-aware-scorer";
 
 /// The registry's entry for this plugin.
-pub const SPEC: PluginSpec = PluginSpec {
-    type_name: TYPE,
-    aliases: &[],
-    kind: Kind::Scorer,
-    build,
-    effective: effective::<Parameters>,
-    consumes: &[Data::Metric(Signal::WaitingQueue)],
-    produces: &[],
-};
+pub const SPEC: PluginSpec = PluginSpec::new(TYPE, Kind::Scorer, build, effective::<Parameters>)
+    .consuming(&[Data::Metric(Signal::WaitingQueue)]);
 
 #[derive(Debug, Clone, Copy, PartialEq, serde::Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase", default)]

@@ -11,15 +11,8 @@ use serde_yaml::Value;
 pub const TYPE: &str = "lora-affinity-scorer";
 
 /// The registry's entry for this plugin.
-pub const SPEC: PluginSpec = PluginSpec {
-    type_name: TYPE,
-    aliases: &[],
-    kind: Kind::Scorer,
-    build,
-    effective: effective::<NoParameters>,
-    consumes: &[Data::Metric(Signal::LoraAdapters)],
-    produces: &[],
-};
+pub const SPEC: PluginSpec = PluginSpec::new(TYPE, Kind::Scorer, build, effective::<NoParameters>)
+    .consuming(&[Data::Metric(Signal::LoraAdapters)]);
 
 const RUNNING: f64 = 1.0;
 const FREE_SLOT: f64 = 0.8;

@@ -12,15 +12,8 @@ use serde_yaml::Value;
 pub const TYPE: &str = "metric-scorer";
 
 /// The registry's entry for this plugin.
-pub const SPEC: PluginSpec = PluginSpec {
-    type_name: TYPE,
-    aliases: &[],
-    kind: Kind::Scorer,
-    build,
-    effective: effective::<Parameters>,
-    consumes: &[Data::CustomMetric],
-    produces: &[],
-};
+pub const SPEC: PluginSpec = PluginSpec::new(TYPE, Kind::Scorer, build, effective::<Parameters>)
+    .consuming(&[Data::CustomMetric]);
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
 pub enum OptimizationMode {

@@ -19,15 +19,10 @@ pub const TYPE: &str = "prefix-cache-scorer";
 pub const LEGACY_TYPE: &str = "prefix-cache";
 
 /// The registry's entry for this plugin.
-pub const SPEC: PluginSpec = PluginSpec {
-    type_name: TYPE,
-    aliases: &[LEGACY_TYPE],
-    kind: Kind::Scorer,
-    build,
-    effective: effective::<Parameters>,
-    consumes: &[Data::Metric(Signal::CacheConfig)],
-    produces: &[Data::PrefixMatches],
-};
+pub const SPEC: PluginSpec = PluginSpec::new(TYPE, Kind::Scorer, build, effective::<Parameters>)
+    .with_aliases(&[LEGACY_TYPE])
+    .consuming(&[Data::Metric(Signal::CacheConfig)])
+    .producing(&[Data::PrefixMatches]);
 
 #[derive(Debug, Clone, PartialEq, serde::Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase", default)]

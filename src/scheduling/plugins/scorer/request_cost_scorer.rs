@@ -21,22 +21,15 @@ use serde_yaml::Value;
 pub const TYPE: &str = "request-cost-scorer";
 
 /// The registry's entry for this plugin.
-pub const SPEC: PluginSpec = PluginSpec {
-    type_name: TYPE,
-    aliases: &[],
-    kind: Kind::Scorer,
-    build,
-    effective: effective::<Parameters>,
-    consumes: &[
+pub const SPEC: PluginSpec = PluginSpec::new(TYPE, Kind::Scorer, build, effective::<Parameters>)
+    .consuming(&[
         Data::PrefixMatches,
         Data::Metric(Signal::KvCacheUsage),
         Data::Metric(Signal::WaitingQueue),
         Data::Metric(Signal::CacheConfig),
         Data::InFlight,
         Data::EndpointLabels,
-    ],
-    produces: &[],
-};
+    ]);
 
 #[derive(Debug, Clone, PartialEq, serde::Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase", default)]

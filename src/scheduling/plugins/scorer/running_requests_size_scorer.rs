@@ -8,15 +8,8 @@ use serde_yaml::Value;
 pub const TYPE: &str = "running-requests-size-scorer";
 
 /// The registry's entry for this plugin.
-pub const SPEC: PluginSpec = PluginSpec {
-    type_name: TYPE,
-    aliases: &[],
-    kind: Kind::Scorer,
-    build,
-    effective: effective::<NoParameters>,
-    consumes: &[Data::Metric(Signal::RunningRequests)],
-    produces: &[],
-};
+pub const SPEC: PluginSpec = PluginSpec::new(TYPE, Kind::Scorer, build, effective::<NoParameters>)
+    .consuming(&[Data::Metric(Signal::RunningRequests)]);
 
 pub struct RunningRequestsSizeScorer;
 

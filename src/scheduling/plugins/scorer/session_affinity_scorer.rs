@@ -11,15 +11,8 @@ use serde_yaml::Value;
 pub const TYPE: &str = "session-affinity-scorer";
 
 /// The registry's entry for this plugin.
-pub const SPEC: PluginSpec = PluginSpec {
-    type_name: TYPE,
-    aliases: &[],
-    kind: Kind::Scorer,
-    build,
-    effective: effective::<NoParameters>,
-    consumes: &[Data::RequestHeader(SESSION_TOKEN_HEADER)],
-    produces: &[],
-};
+pub const SPEC: PluginSpec = PluginSpec::new(TYPE, Kind::Scorer, build, effective::<NoParameters>)
+    .consuming(&[Data::RequestHeader(SESSION_TOKEN_HEADER)]);
 
 pub struct SessionAffinityScorer;
 
