@@ -200,6 +200,11 @@ impl Director {
         served: Option<&str>,
         failed: bool,
     ) -> Vec<String> {
+        // The usual answer: the first pick served it. Nothing to avoid or move, nothing to
+        // allocate.
+        if !failed && served.is_none_or(|served| served == routed.destination) {
+            return Vec::new();
+        }
         let listed: Vec<&str> = std::iter::once(routed.destination.as_str())
             .chain(routed.fallbacks.split(',').filter(|a| !a.is_empty()))
             .collect();

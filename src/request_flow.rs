@@ -185,7 +185,12 @@ impl RequestFlow {
         };
         let status = host.response_header(":status").unwrap_or_default();
         let failed = status.first() == Some(&b'5');
-        let served = host.upstream_address();
+        // Without fallbacks Envoy had nowhere else to send it: no host call to ask.
+        let served = if routed.fallbacks.is_empty() {
+            None
+        } else {
+            host.upstream_address()
+        };
         let backoff = director.settings().passive_health_backoff;
         for address in director.report_response(routed, served.as_deref(), failed) {
             if failed && served.as_deref().unwrap_or(&routed.destination) == address {
