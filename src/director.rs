@@ -1,7 +1,7 @@
 //! The director: one VM's picker state: the pool, the scheduler and the scrape bookkeeping.
 //! Plain data in, plain data out; the host edge feeds it ticks, scrape bodies and requests.
 
-use crate::config::{FilterConfig, PoolConfig};
+use crate::config::{FilterConfig, LoadSignals, PoolConfig};
 use crate::duration::duration_ms;
 use crate::endpoint::{EndpointState, Health, HealthTransition, Pool};
 use crate::error_response::RequestError;
@@ -107,7 +107,8 @@ impl Director {
             static_count: count,
             header_use,
             selector_warned: vec![false; config.metric_selectors.len()],
-            pool: Pool::new(endpoints),
+            pool: Pool::new(endpoints)
+                .with_live_load(config.pool.load_signals == LoadSignals::Live),
             scheduler: config.scheduler,
             settings: config.pool,
             selectors: config.metric_selectors,

@@ -90,6 +90,13 @@ pub struct EndpointState {
     /// The same two counts from the other Envoy workers, as of their last tick.
     pub remote_in_flight: u32,
     pub remote_in_flight_tokens: u64,
+    /// Both totals when the current metrics were taken: what was placed since, less what
+    /// ended, is load the scrape cannot show yet (see [`EndpointState::waiting`]).
+    pub in_flight_at_scrape: u32,
+    pub in_flight_tokens_at_scrape: u64,
+    /// Requests the pod ran at the last scrape that showed a queue: an engine queues only
+    /// when its sequence slots (or its KV cache) are full, so that is how many it runs at once.
+    pub running_capacity: Option<f64>,
     /// Host time (ms) until which the endpoint is avoided after answering a request with 5xx
     /// or refusing the connection (passive health).
     pub backoff_until_ms: u64,
@@ -117,6 +124,9 @@ impl EndpointState {
             placed_tokens_since_scrape: 0,
             remote_in_flight: 0,
             remote_in_flight_tokens: 0,
+            in_flight_at_scrape: 0,
+            in_flight_tokens_at_scrape: 0,
+            running_capacity: None,
             backoff_until_ms: 0,
             removed: false,
         }
@@ -150,6 +160,65 @@ impl EndpointState {
         self.labels.get(key).map(String::as_str)
     }
 
+    /// Requests this Envoy placed there since the metrics were taken, less those that ended
+    /// since: negative when the pod has drained. Between two scrapes every pick reads the
+    /// same metrics, so without this a burst herds onto whichever pod scraped best.
+    pub fn placed_since_scrape(&self) -> f64 {
+        f64::from(self.total_in_flight()) - f64::from(self.in_flight_at_scrape)
+    }
+
+    fn placed_tokens_since_metrics(&self) -> f64 {
+        self.total_in_flight_tokens() as f64 - self.in_flight_tokens_at_scrape as f64
+    }
+
+    /// Requests running and waiting there now, as far as the filter can tell: with `live`, the
+    /// scraped counts plus [`Self::placed_since_scrape`], the total split at the pod's
+    /// [`Self::running_capacity`] (a request placed at a pod with a free slot runs; one placed
+    /// at a full pod waits). A pod never seen full keeps its scraped queue: what was placed
+    /// since is taken to run. `None` when the pod reports neither count.
+    fn load_now(&self, live: bool) -> (Option<f64>, Option<f64>) {
+        let (running, waiting) = (self.metrics.running(), self.metrics.waiting());
+        if !live {
+            return (running, waiting);
+        }
+        let placed = self.placed_since_scrape();
+        let (Some(running), Some(waiting)) = (running, waiting) else {
+            return (running.map(|r| (r + placed).max(0.0)), waiting);
+        };
+        let total = (running + waiting + placed).max(0.0);
+        match self.running_capacity {
+            Some(slots) => (Some(total.min(slots)), Some((total - slots).max(0.0))),
+            None => (Some((running + placed).max(0.0)), Some(waiting)),
+        }
+    }
+
+    /// Waiting requests (see [`Self::load_now`]); `None` when the pod reports no queue.
+    pub fn waiting(&self, live: bool) -> Option<f64> {
+        self.load_now(live).1
+    }
+
+    /// Running requests (see [`Self::load_now`]).
+    pub fn running(&self, live: bool) -> Option<f64> {
+        self.load_now(live).0
+    }
+
+    /// KV-cache utilisation in 0..1; with `live` and a pod that reports its cache size
+    /// (`vllm:cache_config_info`), plus the tokens placed since the scrape less those ended.
+    pub fn kv_usage(&self, live: bool) -> Option<f64> {
+        let usage = self.metrics.kv_usage()?;
+        let capacity = self
+            .metrics
+            .cache_config
+            .map(|c| c.num_gpu_blocks.saturating_mul(u64::from(c.block_size)))
+            .filter(|&tokens| tokens > 0);
+        match capacity {
+            Some(tokens) if live => {
+                Some((usage + self.placed_tokens_since_metrics() / tokens as f64).clamp(0.0, 1.0))
+            }
+            _ => Some(usage),
+        }
+    }
+
     fn health_at(&self, now_ms: u64, staleness_ms: u64) -> Health {
         if self.last_scrape_failed {
             return Health::Unreachable;
@@ -171,9 +240,12 @@ pub struct HealthTransition {
 }
 
 /// The endpoints the filter may route to, in configuration order.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct Pool {
     pub endpoints: Vec<EndpointState>,
+    /// Load signals include what was placed since each scrape (`pool.loadSignals: live`);
+    /// false reads the scraped metrics only, as GIE's picker does.
+    pub live_load: bool,
     /// Address -> index, so lookups by address (snapshots, membership lists) stay linear in
     /// the pool rather than quadratic. Endpoints are only ever appended, by `set_members`.
     by_address: HashMap<String, usize>,
@@ -181,6 +253,12 @@ pub struct Pool {
     now_ms: u64,
     /// Health changes since the last `refresh_health`, for the log.
     transitions: Vec<HealthTransition>,
+}
+
+impl Default for Pool {
+    fn default() -> Self {
+        Pool::new(Vec::new())
+    }
 }
 
 impl Pool {
@@ -192,10 +270,17 @@ impl Pool {
             .collect();
         Pool {
             endpoints,
+            live_load: true,
             by_address,
             now_ms: 0,
             transitions: Vec::new(),
         }
+    }
+
+    /// See [`Pool::live_load`].
+    pub fn with_live_load(mut self, live: bool) -> Self {
+        self.live_load = live;
+        self
     }
 
     pub fn now_ms(&self) -> u64 {
@@ -223,6 +308,19 @@ impl Pool {
 
     pub fn get(&self, index: usize) -> Option<&EndpointState> {
         self.endpoints.get(index)
+    }
+
+    /// `index`'s waiting queue as scorers should see it (see [`EndpointState::waiting`]).
+    pub fn waiting(&self, index: usize) -> Option<f64> {
+        self.get(index)?.waiting(self.live_load)
+    }
+
+    pub fn running(&self, index: usize) -> Option<f64> {
+        self.get(index)?.running(self.live_load)
+    }
+
+    pub fn kv_usage(&self, index: usize) -> Option<f64> {
+        self.get(index)?.kv_usage(self.live_load)
     }
 
     /// Applies a membership list: listed addresses are (re)joined with their labels, new ones
@@ -276,8 +374,15 @@ impl Pool {
     /// Fresh metrics: the endpoint is routable at once, not only after the next tick.
     pub fn record_scrape_ok(&mut self, index: usize, now_ms: u64, metrics: EndpointMetrics) {
         if let Some(endpoint) = self.endpoints.get_mut(index) {
+            if let (Some(waiting), Some(running)) = (metrics.waiting(), metrics.running()) {
+                if waiting > 0.0 && running > 0.0 {
+                    endpoint.running_capacity = Some(running);
+                }
+            }
             endpoint.metrics = metrics;
             endpoint.placed_tokens_since_scrape = 0;
+            endpoint.in_flight_at_scrape = endpoint.total_in_flight();
+            endpoint.in_flight_tokens_at_scrape = endpoint.total_in_flight_tokens();
             endpoint.last_scrape_ok_ms = Some(now_ms);
             endpoint.last_scrape_failed = false;
             endpoint.scrape_timeouts_in_a_row = 0;
@@ -502,5 +607,57 @@ mod tests {
         );
         pool.record_scrape_ok(0, 1, EndpointMetrics::default());
         assert_eq!(pool.endpoints[0].placed_tokens_since_scrape, 0);
+    }
+
+    #[test]
+    fn live_load_adds_what_was_placed_since_the_scrape_less_what_ended() {
+        use crate::metrics::CacheConfig;
+        let mut pool = pool(1);
+        pool.add_in_flight(0, 100);
+        let scrape = |running: f64, waiting: f64| EndpointMetrics {
+            waiting_queue: Some(waiting),
+            running_requests: Some(running),
+            kv_cache_usage: Some(0.5),
+            cache_config: Some(CacheConfig {
+                block_size: 16,
+                num_gpu_blocks: 100,
+            }),
+            ..EndpointMetrics::default()
+        };
+        pool.record_scrape_ok(0, 1, scrape(2.0, 0.0));
+        assert_eq!(pool.waiting(0), Some(0.0), "already in the scrape");
+        pool.add_in_flight(0, 400);
+        pool.endpoints[0].remote_in_flight = 1;
+        pool.endpoints[0].remote_in_flight_tokens = 400;
+        assert_eq!(
+            (pool.running(0), pool.waiting(0)),
+            (Some(4.0), Some(0.0)),
+            "never seen full: one placed here and one by another worker run"
+        );
+        assert_eq!(pool.kv_usage(0), Some(0.5 + 800.0 / 1600.0));
+
+        pool.endpoints[0].remote_in_flight = 0;
+        pool.endpoints[0].remote_in_flight_tokens = 0;
+        pool.record_scrape_ok(0, 2, scrape(3.0, 1.0));
+        assert_eq!(pool.endpoints[0].running_capacity, Some(3.0));
+        pool.add_in_flight(0, 400);
+        pool.add_in_flight(0, 400);
+        assert_eq!(
+            (pool.running(0), pool.waiting(0)),
+            (Some(3.0), Some(3.0)),
+            "seen full at 3: what is placed since waits"
+        );
+        for _ in 0..4 {
+            pool.release_in_flight(0, 400);
+        }
+        assert_eq!(
+            (pool.running(0), pool.waiting(0)),
+            (Some(2.0), Some(0.0)),
+            "two of the scraped ones ended too: the queue drains first"
+        );
+        let mut scraped_only = pool.clone().with_live_load(false);
+        scraped_only.add_in_flight(0, 400);
+        assert_eq!(scraped_only.waiting(0), Some(1.0));
+        assert_eq!(scraped_only.kv_usage(0), Some(0.5));
     }
 }

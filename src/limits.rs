@@ -226,6 +226,14 @@ pub const LRU_CAPACITY_PER_SERVER: CountBounds = CountBounds {
     why: "~400 bytes of VM memory per block; 2,097,152 blocks exceed any GPU's KV cache",
 };
 
+/// `affinityQueueLimit` of `prefix-cache-scorer` (0 disables).
+pub const AFFINITY_QUEUE_LIMIT: CountBounds = CountBounds {
+    min: 0,
+    max: 100_000,
+    unit: "requests",
+    why: "a queue that long ahead of a cached prefix is never worth joining",
+};
+
 /// True when `text` can be sent as a header value: visible ASCII, no spaces or controls.
 pub fn is_token(text: &str) -> bool {
     !text.is_empty() && text.bytes().all(|b| b.is_ascii_graphic())

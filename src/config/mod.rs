@@ -11,7 +11,7 @@ mod raw;
 mod validate;
 
 pub use error::ConfigError;
-pub use pool::{EndpointConfig, ObjectiveConfig, PoolConfig};
+pub use pool::{EndpointConfig, LoadSignals, ObjectiveConfig, PoolConfig};
 
 use crate::metrics::MetricSelector;
 use crate::scheduling::Scheduler;

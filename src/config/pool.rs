@@ -69,6 +69,21 @@ pub struct PoolConfig {
     /// How long an endpoint is avoided after a request there got a 5xx or no connection.
     #[serde(with = "serde_go")]
     pub passive_health_backoff: Duration,
+    /// What load-reading plugins see between two scrapes.
+    pub load_signals: LoadSignals,
+}
+
+/// `pool.loadSignals`: scraped metrics alone go stale the moment the picker routes a request,
+/// so by default they are corrected with what this Envoy placed and saw end since.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LoadSignals {
+    /// Scraped queue, running count and KV usage plus the requests (and their tokens) every
+    /// worker of this Envoy placed there since the scrape, less those that ended.
+    #[default]
+    Live,
+    /// The last scrape as it was, as GIE's endpoint picker reads it.
+    Scraped,
 }
 
 impl Default for PoolConfig {
@@ -87,6 +102,7 @@ impl Default for PoolConfig {
             destination_list: false,
             discovery: None,
             passive_health_backoff: Duration::from_secs(5),
+            load_signals: LoadSignals::Live,
         }
     }
 }

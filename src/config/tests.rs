@@ -622,3 +622,23 @@ fn saturation_detector_reference_is_resolved() {
     assert!(error_text("saturationDetector: {pluginRef: nothing}\n")
         .contains("saturationDetector.pluginRef"));
 }
+
+#[test]
+fn load_signals_are_live_unless_set_to_scraped() {
+    let config = load(POOL, 1).unwrap();
+    assert_eq!(config.pool.load_signals, LoadSignals::Live);
+    let text = format!("{POOL}  loadSignals: scraped\n");
+    assert_eq!(
+        load(&text, 1).unwrap().pool.load_signals,
+        LoadSignals::Scraped
+    );
+    let message = pool_error("  loadSignals: guessed");
+    assert!(
+        message.contains("loadSignals") || message.contains("unknown variant"),
+        "{message}"
+    );
+    assert!(
+        message.contains("live") && message.contains("scraped"),
+        "{message}"
+    );
+}

@@ -11,7 +11,7 @@ pub const LEGACY_TYPE: &str = "kv-cache-scorer";
 /// The registry's entry for this plugin.
 pub const SPEC: PluginSpec = PluginSpec::new(TYPE, Kind::Scorer, build, effective::<NoParameters>)
     .with_aliases(&[LEGACY_TYPE])
-    .consuming(&[Data::Metric(Signal::KvCacheUsage)]);
+    .consuming(&[Data::Metric(Signal::KvCacheUsage), Data::InFlight]);
 
 pub struct KvCacheUtilizationScorer;
 
@@ -24,12 +24,7 @@ impl Scorer for KvCacheUtilizationScorer {
     fn score(&mut self, ctx: &SchedulingContext<'_>, candidates: &[usize], scores: &mut [f64]) {
         for (score, &i) in scores.iter_mut().zip(candidates) {
             // Unknown usage counts as a full cache.
-            *score = 1.0
-                - ctx
-                    .pool
-                    .get(i)
-                    .and_then(|e| e.metrics.kv_usage())
-                    .unwrap_or(1.0);
+            *score = 1.0 - ctx.pool.kv_usage(i).unwrap_or(1.0);
         }
     }
 }

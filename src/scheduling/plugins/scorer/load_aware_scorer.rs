@@ -9,7 +9,7 @@ pub const TYPE: &str = "load-aware-scorer";
 
 /// The registry's entry for this plugin.
 pub const SPEC: PluginSpec = PluginSpec::new(TYPE, Kind::Scorer, build, effective::<Parameters>)
-    .consuming(&[Data::Metric(Signal::WaitingQueue)]);
+    .consuming(&[Data::Metric(Signal::WaitingQueue), Data::InFlight]);
 
 #[derive(Debug, Clone, Copy, PartialEq, serde::Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase", default)]
@@ -52,8 +52,7 @@ impl Scorer for LoadAwareScorer {
             // An unknown queue scores as a full one.
             *score = ctx
                 .pool
-                .get(i)
-                .and_then(|e| e.metrics.waiting())
+                .waiting(i)
                 .map_or(0.0, |queue| load_score(queue, self.parameters.threshold));
         }
     }

@@ -21,7 +21,11 @@ pub const LEGACY_TYPE: &str = "prefix-cache";
 /// The registry's entry for this plugin.
 pub const SPEC: PluginSpec = PluginSpec::new(TYPE, Kind::Scorer, build, effective::<Parameters>)
     .with_aliases(&[LEGACY_TYPE])
-    .consuming(&[Data::Metric(Signal::CacheConfig)])
+    .consuming(&[
+        Data::Metric(Signal::CacheConfig),
+        Data::Metric(Signal::WaitingQueue),
+        Data::InFlight,
+    ])
     .producing(&[Data::PrefixMatches]);
 
 #[derive(Debug, Clone, PartialEq, serde::Deserialize, serde::Serialize)]
@@ -36,6 +40,12 @@ pub struct Parameters {
     pub lru_capacity_per_server: usize,
     /// Size each pod's LRU from its `vllm:cache_config_info` when it reports one.
     pub auto_tune: bool,
+    /// Waiting requests beyond the shortest candidate queue at which a cached prefix stops
+    /// counting: a hit saves one prefill, a queue costs every request ahead, so an endpoint
+    /// holding a hot prefix sheds the overflow to the next best pod, which then caches the
+    /// prefix too. The score falls linearly to zero at this excess; 0 (or
+    /// `pool.loadSignals: scraped`) keeps GIE's load-blind score.
+    pub affinity_queue_limit: usize,
 }
 
 impl Default for Parameters {
@@ -46,11 +56,27 @@ impl Default for Parameters {
             max_prefix_blocks_to_match: 256,
             lru_capacity_per_server: 31_250,
             auto_tune: true,
+            affinity_queue_limit: DEFAULT_AFFINITY_QUEUE_LIMIT,
         }
     }
 }
 
+/// See [`Parameters::affinity_queue_limit`].
+pub const DEFAULT_AFFINITY_QUEUE_LIMIT: usize = 4;
+
 impl Parameters {
+    /// How much of a hit counts at an endpoint with `waiting` requests when the shortest
+    /// candidate queue is `shortest`.
+    fn affinity_weight(&self, waiting: Option<f64>, shortest: f64) -> f64 {
+        let (Some(waiting), limit) = (waiting, self.affinity_queue_limit) else {
+            return 1.0;
+        };
+        if limit == 0 || !shortest.is_finite() {
+            return 1.0;
+        }
+        (1.0 - (waiting - shortest) / limit as f64).clamp(0.0, 1.0)
+    }
+
     fn block_chars(&self) -> usize {
         self.hash_block_size
             .unwrap_or(self.block_size_tokens.saturating_mul(CHARS_PER_TOKEN))
@@ -98,6 +124,11 @@ impl PrefixCacheScorer {
                 "lruCapacityPerServer",
                 p.lru_capacity_per_server,
                 limits::LRU_CAPACITY_PER_SERVER,
+            ),
+            (
+                "affinityQueueLimit",
+                p.affinity_queue_limit,
+                limits::AFFINITY_QUEUE_LIMIT,
             ),
         ];
         for (key, value, bounds) in checks {
@@ -194,8 +225,20 @@ impl Scorer for PrefixCacheScorer {
     }
 
     fn score(&mut self, ctx: &SchedulingContext<'_>, candidates: &[usize], scores: &mut [f64]) {
+        // `pool.loadSignals: scraped` is GIE's picker exactly: a load-blind prefix score.
+        let shortest = if ctx.pool.live_load {
+            candidates
+                .iter()
+                .filter_map(|&i| ctx.pool.waiting(i))
+                .fold(f64::INFINITY, f64::min)
+        } else {
+            f64::INFINITY
+        };
         for (score, &candidate) in scores.iter_mut().zip(candidates) {
-            *score = ctx.cycle.hit_ratio(candidate);
+            let weight = self
+                .parameters
+                .affinity_weight(ctx.pool.waiting(candidate), shortest);
+            *score = ctx.cycle.hit_ratio(candidate) * weight;
         }
     }
 
@@ -237,7 +280,7 @@ mod tests {
     use super::*;
     use crate::harness::test;
     use crate::metrics::{CacheConfig, EndpointMetrics};
-    use crate::scheduling::test_support::pool_with;
+    use crate::scheduling::test_support::{pool_with, queues};
 
     fn request(prompt: &str) -> InferenceRequest {
         InferenceRequest {
@@ -298,6 +341,61 @@ mod tests {
         scorer.score(&ctx, &[0, 1], &mut scores);
         assert_eq!(scores, [0.0, 2.0 / 3.0]);
         assert_eq!(cycle.cached_tokens(1), 2, "two one-token blocks held");
+    }
+
+    #[test]
+    fn a_hit_counts_less_the_longer_its_queue_is_beyond_the_shortest() {
+        let mut pool = queues(&[6.0, 2.0, 3.0]);
+        let mut scorer = PrefixCacheScorer::new(Parameters {
+            block_size_tokens: 1,
+            ..Parameters::default()
+        })
+        .unwrap();
+        let held = request("aaaabbbbcccc");
+        let mut cycle = CycleState::default();
+        scorer.prepare(&held, &pool, &mut cycle);
+        for endpoint in 0..3 {
+            scorer.on_picked(&SchedulingContext::new(&held, &pool), endpoint);
+        }
+        let scores = |scorer: &mut PrefixCacheScorer, pool: &Pool, candidates: &[usize]| {
+            let mut cycle = CycleState::default();
+            scorer.prepare(&held, pool, &mut cycle);
+            let ctx = SchedulingContext {
+                request: &held,
+                pool,
+                cycle: &cycle,
+            };
+            let mut out = vec![0.0; candidates.len()];
+            scorer.score(&ctx, candidates, &mut out);
+            out
+        };
+        // Four (the default limit) beyond the shortest: nothing; one beyond: three quarters.
+        assert_eq!(scores(&mut scorer, &pool, &[0, 1, 2]), [0.0, 1.0, 0.75]);
+        assert_eq!(
+            scores(&mut scorer, &pool, &[0, 2]),
+            [0.25, 1.0],
+            "measured against the candidates only"
+        );
+        pool.endpoints[1].metrics.running_requests = Some(2.0);
+        pool.endpoints[1].running_capacity = Some(2.0);
+        pool.endpoints[1].in_flight = 2;
+        assert_eq!(
+            scores(&mut scorer, &pool, &[0, 1, 2]),
+            [0.25, 0.75, 1.0],
+            "requests placed since the scrape at a full pod count as queued"
+        );
+        let scraped = pool.clone().with_live_load(false);
+        assert_eq!(
+            scores(&mut scorer, &scraped, &[0, 1, 2]),
+            [1.0, 1.0, 1.0],
+            "scraped load signals keep GIE's load-blind score"
+        );
+        scorer.parameters.affinity_queue_limit = 0;
+        assert_eq!(
+            scores(&mut scorer, &pool, &[0, 1, 2]),
+            [1.0, 1.0, 1.0],
+            "so does a limit of 0"
+        );
     }
 
     #[test]

@@ -9,7 +9,7 @@ pub const TYPE: &str = "queue-scorer";
 
 /// The registry's entry for this plugin.
 pub const SPEC: PluginSpec = PluginSpec::new(TYPE, Kind::Scorer, build, effective::<NoParameters>)
-    .consuming(&[Data::Metric(Signal::WaitingQueue)]);
+    .consuming(&[Data::Metric(Signal::WaitingQueue), Data::InFlight]);
 
 pub struct QueueScorer;
 
@@ -20,7 +20,7 @@ pub fn build(parameters: &Value) -> Result<Plugin, String> {
 
 impl Scorer for QueueScorer {
     fn score(&mut self, ctx: &SchedulingContext<'_>, candidates: &[usize], scores: &mut [f64]) {
-        let queue = |&i: &usize| ctx.pool.get(i).and_then(|e| e.metrics.waiting());
+        let queue = |&i: &usize| ctx.pool.waiting(i);
         score_lower_is_better(candidates.iter().map(queue), scores);
     }
 }

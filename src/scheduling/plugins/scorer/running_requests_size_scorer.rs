@@ -9,7 +9,7 @@ pub const TYPE: &str = "running-requests-size-scorer";
 
 /// The registry's entry for this plugin.
 pub const SPEC: PluginSpec = PluginSpec::new(TYPE, Kind::Scorer, build, effective::<NoParameters>)
-    .consuming(&[Data::Metric(Signal::RunningRequests)]);
+    .consuming(&[Data::Metric(Signal::RunningRequests), Data::InFlight]);
 
 pub struct RunningRequestsSizeScorer;
 
@@ -20,7 +20,7 @@ pub fn build(parameters: &Value) -> Result<Plugin, String> {
 
 impl Scorer for RunningRequestsSizeScorer {
     fn score(&mut self, ctx: &SchedulingContext<'_>, candidates: &[usize], scores: &mut [f64]) {
-        let running = |&i: &usize| ctx.pool.get(i).and_then(|e| e.metrics.running());
+        let running = |&i: &usize| ctx.pool.running(i);
         score_lower_is_better(candidates.iter().map(running), scores);
     }
 }
