@@ -91,7 +91,20 @@ pub struct PeerRouter {
 impl PeerRouter {
     /// Starts the router on a free loopback port (its Prometheus listener on another) with
     /// `--policy policy` and nothing else set, and waits until it reports every pod healthy.
+    /// A free port can be taken between choosing it and binding it, so a start that fails to
+    /// bind is retried on new ports.
     fn start(peer: Peer, policy: &str, sims: &[&Sim]) -> PeerRouter {
+        for _ in 0..3 {
+            match PeerRouter::try_start(peer, policy, sims) {
+                Ok(router) => return router,
+                Err(log) if log.contains("ddress already in use") => continue,
+                Err(log) => panic!("the router exited:\n{log}"),
+            }
+        }
+        panic!("the router could not bind its ports three times");
+    }
+
+    fn try_start(peer: Peer, policy: &str, sims: &[&Sim]) -> Result<PeerRouter, String> {
         let venv = repo().join(".venv-peers/bin");
         let (program, mut args, log_level) = match peer {
             Peer::Sglang => (
@@ -129,24 +142,24 @@ impl PeerRouter {
             .spawn()
             .unwrap_or_else(|e| panic!("start {}: {e}", program.display()));
         let mut router = PeerRouter { child, port, dir };
-        router.wait_ready(sims.len());
-        router
+        router.wait_ready(sims.len())?;
+        Ok(router)
     }
 
-    /// Polls `/readiness` (both routers serve it) until it counts `pods` healthy workers;
-    /// at most 30 s.
-    fn wait_ready(&mut self, pods: usize) {
+    /// Polls `/readiness` (both routers serve it) until it counts `pods` healthy workers, at
+    /// most 30 s; the router's log if it exited instead.
+    fn wait_ready(&mut self, pods: usize) -> Result<(), String> {
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
             if let Ok(Some(status)) = self.child.try_wait() {
-                panic!("the router exited ({status}):\n{}", self.log());
+                return Err(format!("exit status {status}\n{}", self.log()));
             }
             if let Ok(response) = try_request(&self.address(), "GET", "/readiness", &[], b"") {
                 let healthy = serde_json::from_slice::<serde_json::Value>(&response.body)
                     .ok()
                     .and_then(|body| body["healthy_workers"].as_u64());
                 if response.status == 200 && healthy == Some(pods as u64) {
-                    return;
+                    return Ok(());
                 }
             }
             assert!(
