@@ -17,7 +17,7 @@ WBG_RUNNER := $(TOOLS)/bin/wasm-bindgen-test-runner
 FUZZ_SECONDS ?= 60
 FUZZ_TARGETS := body_parser prometheus_parser config_loader
 
-.PHONY: all build sim envoy toolchain wasm-bindgen-runner lint unit wasm-unit integration test demo e2e-vllm vllm-scrape-cost soak bench extproc bench-quick bench-schedule bench-hop bench-quality bench-memory bench-scaleout fuzz check compose-up compose-down image clean
+.PHONY: all build sim envoy toolchain wasm-bindgen-runner lint unit wasm-unit integration test demo e2e-vllm vllm-scrape-cost soak bench extproc bench-quick bench-schedule bench-hop bench-quality bench-memory bench-scaleout peers fuzz check compose-up compose-down image clean
 
 all: build
 
@@ -103,9 +103,23 @@ vllm-scrape-cost:
 soak: build sim envoy
 	$(CARGO) run --release --example soak
 
+## peers: the peer LLM routers the routing-quality part compares (SGLang's and the vLLM project's,
+## both Rust routers shipped as PyPI wheels), pinned, in the git-ignored .venv-peers (once)
+PEERS_VENV := .venv-peers
+SGLANG_ROUTER_VERSION := 0.3.2
+VLLM_ROUTER_VERSION := 0.1.17
+PEERS := $(PEERS_VENV)/.peers-sglang-router-$(SGLANG_ROUTER_VERSION)-vllm-router-$(VLLM_ROUTER_VERSION)
+peers: $(PEERS)
+
+$(PEERS):
+	python3 -m venv $(PEERS_VENV)
+	$(PEERS_VENV)/bin/pip install --quiet --disable-pip-version-check \
+	  sglang-router==$(SGLANG_ROUTER_VERSION) vllm-router==$(VLLM_ROUTER_VERSION)
+	@touch $@
+
 ## bench: scheduling cost, hop cost (vs an ext_proc picker), routing quality, memory, scale-out;
 ## writes bench/RESULTS.md (+ CSV, SVG)
-bench: build sim envoy extproc
+bench: build sim envoy extproc peers
 	$(CARGO) run --release --example bench -- all
 
 ## extproc: the ext_proc baseline picker (bench/extproc), our scheduling core behind gRPC
@@ -113,7 +127,7 @@ extproc:
 	$(CARGO) build --release --manifest-path bench/extproc/Cargo.toml --target-dir target
 
 ## bench-quick: every part, small (under five minutes), into bench/RESULTS-quick.md
-bench-quick: build sim envoy extproc
+bench-quick: build sim envoy extproc peers
 	$(CARGO) run --release --example bench -- quick
 
 bench-schedule:
@@ -122,7 +136,7 @@ bench-schedule:
 bench-hop: build sim envoy extproc
 	$(CARGO) run --release --example bench -- hop
 
-bench-quality: build sim envoy
+bench-quality: build sim envoy peers
 	$(CARGO) run --release --example bench -- quality
 
 bench-memory: build sim envoy
@@ -168,4 +182,4 @@ fuzz:
 
 clean:
 	$(CARGO) clean
-	rm -rf $(VENV) $(VLLM_VENV)
+	rm -rf $(VENV) $(VLLM_VENV) $(PEERS_VENV)

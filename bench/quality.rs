@@ -5,7 +5,7 @@ use crate::chart::bar_chart;
 use crate::load::{open_loop, sorted, Percentiles};
 use crate::report::{csv_table, goal, markdown_table, Cell, Column, Part, Row};
 use crate::setup::Gateway;
-use crate::support::{Envoy, Sim};
+use crate::support::Sim;
 use crate::workloads::{
     best_hit_rate, lora_workload, mixed_workload, shared_prefix_workload, LORA_SIM, QUALITY_SIM,
 };
@@ -55,13 +55,13 @@ pub fn run_on(
         .map(|i| Sim::start(&format!("pod-{i}"), sim_args))
         .collect();
     let refs: Vec<&Sim> = sims.iter().collect();
-    let gateways: Vec<Envoy> = (0..replicas).map(|_| gateway.start(&refs)).collect();
+    let gateways: Vec<_> = (0..replicas).map(|_| gateway.start(&refs)).collect();
     if let Gateway::Picker(_) = gateway {
         for sim in &refs {
             sim.wait_for_scrapes(2 * replicas as u64);
         }
     }
-    let addresses: Vec<String> = gateways.iter().map(Envoy::address).collect();
+    let addresses: Vec<String> = gateways.iter().map(|g| g.address()).collect();
     let load = open_loop(&addresses, requests, rate, 11);
     let mut picks = BTreeMap::new();
     for e in &load.ok {
@@ -167,6 +167,9 @@ fn gateways(quick: bool) -> &'static [Gateway] {
             Gateway::Envoy("ROUND_ROBIN"),
             Gateway::Envoy("LEAST_REQUEST"),
             Gateway::Picker("prefix-and-load.yaml"),
+            Gateway::Sglang("cache_aware"),
+            Gateway::Sglang("round_robin"),
+            Gateway::VllmRouter("cache_aware"),
         ]
     } else {
         &[
@@ -176,6 +179,9 @@ fn gateways(quick: bool) -> &'static [Gateway] {
             Gateway::Picker("default"),
             Gateway::Picker("prefix-and-load.yaml"),
             Gateway::Picker("request-cost.yaml"),
+            Gateway::Sglang("cache_aware"),
+            Gateway::Sglang("round_robin"),
+            Gateway::VllmRouter("cache_aware"),
         ]
     }
 }

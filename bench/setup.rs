@@ -1,13 +1,15 @@
 //! The processes a part starts besides the pods of `support`: Envoy as a plain load balancer,
-//! and Envoy with the `ext_proc` filter and its picker.
+//! Envoy with the `ext_proc` filter and its picker, and the peer LLM routers (SGLang's and
+//! vLLM's, from PyPI into `.venv-peers`).
 
 use crate::support::{
-    example_config, repo, shipped_picker_config, static_cluster, with_endpoints, Envoy, Sim,
-    TempDir,
+    example_config, free_port, repo, shipped_picker_config, static_cluster, try_request,
+    with_endpoints, Envoy, Sim, TempDir,
 };
 use serde_yaml::Value;
 use std::io::BufRead as _;
 use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
 
 /// A gateway of the routing-quality and scale-out parts.
 #[derive(Clone, Copy)]
@@ -17,6 +19,12 @@ pub enum Gateway {
     /// Envoy with the filter and this picker config (`default`: the shipped one; otherwise a
     /// file of `examples/`).
     Picker(&'static str),
+    /// SGLang's router (`sglang-router`) with this `--policy`, its other settings at their
+    /// defaults.
+    Sglang(&'static str),
+    /// The vLLM project's router (`vllm-router`) with this `--policy`, its other settings at
+    /// their defaults.
+    VllmRouter(&'static str),
 }
 
 impl Gateway {
@@ -24,21 +32,157 @@ impl Gateway {
         match self {
             Gateway::Envoy(policy) => format!("Envoy {policy}"),
             Gateway::Picker(config) => format!("picker {}", config.trim_end_matches(".yaml")),
+            Gateway::Sglang(policy) => format!("SGLang {policy}"),
+            Gateway::VllmRouter(policy) => format!("vllm-router {policy}"),
         }
     }
 
-    pub fn start(self, sims: &[&Sim]) -> Envoy {
+    pub fn start(self, sims: &[&Sim]) -> Running {
         match self {
-            Gateway::Envoy(policy) => plain_envoy(sims, policy),
+            Gateway::Envoy(policy) => Running::Envoy(plain_envoy(sims, policy)),
             Gateway::Picker(config) => {
                 let text = if config == "default" {
                     shipped_picker_config()
                 } else {
                     example_config(config)
                 };
-                Envoy::start(&with_endpoints(&text, sims), 2)
+                Running::Envoy(Envoy::start(&with_endpoints(&text, sims), 2))
+            }
+            Gateway::Sglang(policy) => {
+                Running::Router(PeerRouter::start(Peer::Sglang, policy, sims))
+            }
+            Gateway::VllmRouter(policy) => {
+                Running::Router(PeerRouter::start(Peer::Vllm, policy, sims))
             }
         }
+    }
+}
+
+/// A started gateway: an Envoy, or a peer router process; either is stopped when dropped.
+pub enum Running {
+    Envoy(Envoy),
+    Router(PeerRouter),
+}
+
+impl Running {
+    /// Where clients send their requests.
+    pub fn address(&self) -> String {
+        match self {
+            Running::Envoy(envoy) => envoy.address(),
+            Running::Router(router) => router.address(),
+        }
+    }
+}
+
+/// The peer routers, installed by `make peers` into `.venv-peers` at pinned versions.
+#[derive(Clone, Copy)]
+enum Peer {
+    Sglang,
+    Vllm,
+}
+
+/// A peer LLM router in front of the pods, on loopback.
+pub struct PeerRouter {
+    child: Child,
+    port: u16,
+    dir: TempDir,
+}
+
+impl PeerRouter {
+    /// Starts the router on a free loopback port (its Prometheus listener on another) with
+    /// `--policy policy` and nothing else set, and waits until it reports every pod healthy.
+    /// A free port can be taken between choosing it and binding it, so a start that fails to
+    /// bind is retried on new ports.
+    fn start(peer: Peer, policy: &str, sims: &[&Sim]) -> PeerRouter {
+        for _ in 0..3 {
+            match PeerRouter::try_start(peer, policy, sims) {
+                Ok(router) => return router,
+                Err(log) if log.contains("ddress already in use") => continue,
+                Err(log) => panic!("the router exited:\n{log}"),
+            }
+        }
+        panic!("the router could not bind its ports three times");
+    }
+
+    fn try_start(peer: Peer, policy: &str, sims: &[&Sim]) -> Result<PeerRouter, String> {
+        let venv = repo().join(".venv-peers/bin");
+        let (program, mut args, log_level) = match peer {
+            Peer::Sglang => (
+                venv.join("python"),
+                vec!["-m".to_string(), "sglang_router.launch_router".to_string()],
+                "warn",
+            ),
+            Peer::Vllm => (venv.join("vllm-router"), Vec::new(), "warning"),
+        };
+        assert!(
+            program.exists(),
+            "{} is missing: run `make peers` (make bench does it)",
+            program.display()
+        );
+        let (port, metrics_port) = (free_port(), free_port());
+        args.push("--worker-urls".into());
+        args.extend(sims.iter().map(|sim| format!("http://{}", sim.address)));
+        for (flag, value) in [
+            ("--policy", policy.to_string()),
+            ("--host", "127.0.0.1".into()),
+            ("--port", port.to_string()),
+            ("--prometheus-host", "127.0.0.1".into()),
+            ("--prometheus-port", metrics_port.to_string()),
+            ("--log-level", log_level.into()),
+        ] {
+            args.extend([flag.to_string(), value]);
+        }
+        let dir = TempDir::new("peer-router");
+        let log = std::fs::File::create(dir.0.join("router.log")).expect("router log");
+        let child = Command::new(&program)
+            .args(&args)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("router log"))
+            .stderr(log)
+            .spawn()
+            .unwrap_or_else(|e| panic!("start {}: {e}", program.display()));
+        let mut router = PeerRouter { child, port, dir };
+        router.wait_ready(sims.len())?;
+        Ok(router)
+    }
+
+    /// Polls `/readiness` (both routers serve it) until it counts `pods` healthy workers, at
+    /// most 30 s; the router's log if it exited instead.
+    fn wait_ready(&mut self, pods: usize) -> Result<(), String> {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return Err(format!("exit status {status}\n{}", self.log()));
+            }
+            if let Ok(response) = try_request(&self.address(), "GET", "/readiness", &[], b"") {
+                let healthy = serde_json::from_slice::<serde_json::Value>(&response.body)
+                    .ok()
+                    .and_then(|body| body["healthy_workers"].as_u64());
+                if response.status == 200 && healthy == Some(pods as u64) {
+                    return Ok(());
+                }
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the router did not report {pods} healthy pods in 30 s:\n{}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    pub fn address(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.0.join("router.log")).unwrap_or_default()
+    }
+}
+
+impl Drop for PeerRouter {
+    fn drop(&mut self) {
+        stop(&mut self.child);
     }
 }
 
