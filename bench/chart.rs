@@ -164,7 +164,7 @@ pub fn line_chart(
     svg
 }
 
-/// A y axis from the decade at or below `min` to the decade at or above `max`.
+/// A y axis, in log10, from the 1-2-5 step at or below `min` to the one at or above `max`.
 struct LogScale {
     low: f64,
     high: f64,
@@ -177,9 +177,19 @@ impl LogScale {
         } else {
             (1.0, 10.0)
         };
-        let low = min.log10().floor();
-        let high = max.log10().ceil().max(low + 1.0);
-        LogScale { low, high }
+        let steps = |decade: f64| [1.0, 2.0, 5.0, 10.0].map(|s| (s * 10f64.powf(decade)).log10());
+        let low = steps(min.log10().floor())
+            .into_iter()
+            .filter(|&s| s <= min.log10() + 1e-9)
+            .fold(f64::NEG_INFINITY, f64::max);
+        let high = steps(max.log10().floor())
+            .into_iter()
+            .find(|&s| s >= max.log10() - 1e-9)
+            .unwrap_or(max.log10().ceil());
+        LogScale {
+            low,
+            high: high.max(low + 0.3),
+        }
     }
 
     fn y(&self, value: f64) -> f64 {
@@ -188,14 +198,15 @@ impl LogScale {
     }
 }
 
-/// Lines at 1, 2 and 5 of each decade, the decades labelled.
+/// Labelled lines at 1, 2 and 5 of each decade within the scale, darker at the decades.
 fn log_grid(svg: &mut String, scale: &LogScale) {
     let right = LEFT + LINE_PLOT_WIDTH;
-    for decade in scale.low as i32..scale.high as i32 + 1 {
+    for decade in scale.low.floor() as i32..=scale.high.ceil() as i32 {
         for step in [1.0, 2.0, 5.0] {
             let value = step * 10f64.powi(decade);
-            if value.log10() > scale.high + 1e-9 {
-                break;
+            let log = value.log10();
+            if log < scale.low - 1e-9 || log > scale.high + 1e-9 {
+                continue;
             }
             let y = scale.y(value);
             let stroke = if step == 1.0 { "#bbb" } else { "#eee" };
@@ -243,4 +254,21 @@ fn axis_labels(svg: &mut String, x_label: &str, y_label: &str) {
         svg,
         "<text x=\"{x}\" y=\"{y:.1}\" text-anchor=\"middle\" transform=\"rotate(-90 {x} {y:.1})\">{y_label}</text>"
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_log_scale_spans_the_nearest_1_2_5_steps() {
+        let scale = LogScale::covering(184.0, 1137.0);
+        assert!((scale.low - 2.0).abs() < 1e-9, "{}", scale.low);
+        assert!(
+            (scale.high - 2000f64.log10()).abs() < 1e-9,
+            "{}",
+            scale.high
+        );
+        assert!((scale.y(100.0) - (TOP + PLOT_HEIGHT)).abs() < 1e-6);
+    }
 }

@@ -63,7 +63,7 @@ impl Workload {
 }
 
 /// Every workload. Full cells hold at least 1,000 requests; quick ones about 150. Rates: the
-/// shared prefix from light load (30 req/s) past ROUND_ROBIN's knee (~62 req/s, where its
+/// shared prefix from light load (35 req/s) past ROUND_ROBIN's knee (~62 req/s, where its
 /// TTFT p90 passes 500 ms) to 100 req/s, 96 % of the perfect-router ceiling (~104 req/s), so
 /// the 95 %-of-ceiling goal can be met; the others at two rates, below and past
 /// ROUND_ROBIN's knee on each (measured with the quick setting, multi-turn with its full 16
@@ -71,7 +71,7 @@ impl Workload {
 const WORKLOADS: [Workload; 6] = [
     Workload {
         name: SHARED_PREFIX,
-        rates: &[30.0, 50.0, 65.0, 80.0, 100.0],
+        rates: &[35.0, 50.0, 65.0, 80.0, 100.0],
         quick_rates: &[30.0, 60.0, 90.0],
         knee: 62.0,
         lora: false,
@@ -189,20 +189,24 @@ const CONTENDERS: &[Contender] = &[
 const SEEDS: [u64; 2] = [1, 2];
 
 /// Seconds a cell spends besides sending its requests and draining the last ones: 8 pods and
-/// a gateway started, the picker's first scrapes, everything stopped (measured: under 1 s).
-const CELL_OVERHEAD_S: f64 = 1.0;
+/// a gateway started, the picker's first scrapes, everything stopped (measured: ~1 s for
+/// plain Envoy, ~3 s for the picker).
+const CELL_OVERHEAD_S: f64 = 2.0;
 
 // The full run's time budget on 2 cores, as `estimate_seconds` works it out: a cell takes
 // CELL_OVERHEAD_S + requests / min(rate, knee) (past ROUND_ROBIN's knee the pods drain the
 // backlog at about the knee; better routers drain faster, so this errs long). Per gateway
 // and seed:
-//   shared prefix, 1,024 requests at 30/50/65/80/100 req/s: 34 + 20 + 17 + 17 + 17 + 5 = 107 s
-//   multi-turn, 1,024 at 45/60: 23 + 21 + 2 = 46 s;  hot prefix, 1,024 at 45/65: 41 s
-//   mixed, 1,000 at 50/75: 35 s;  LoRA, 1,000 at 40/55: 47 s;  burst: 2 s
-//   = 278 s. The four gateways the goals need, on both seeds: 8 x 278 s = 37 min; the four
+//   shared prefix, 1,024 requests at 35/50/65/80/100 req/s: 29 + 20 + 17 + 17 + 17 + 10
+//     = 110 s
+//   multi-turn, 1,024 at 45/60: 23 + 21 + 4 = 48 s;  hot prefix, 1,024 at 45/65: 43 s
+//   mixed, 1,000 at 50/75: 37 s;  LoRA, 1,000 at 40/55: 48 s;  burst: 3 s
+//   = 289 s. The four gateways the goals need (Envoy ROUND_ROBIN and LEAST_REQUEST, picker
+//   default, SGLang cache_aware) on every cell and both seeds: 8 x 289 s = 38.5 min; the four
 //   others (RANDOM, picker prefix-and-load, SGLang round_robin, vllm-router) on the shared
-//   prefix and one seed: 4 x 107 s = 7 min; 44 min in all. Every gateway on every cell would
-//   take 16 x 278 s = 74 min; vllm-router on every workload, one seed, adds 3 min.
+//   prefix and one seed: 4 x 110 s = 7.3 min; ~46 min in all. Every gateway on every cell
+//   would take 16 x 289 s = 77 min; one more gateway on every workload and one seed adds
+//   3 min (289 - 110 s).
 
 /// What one run of a workload measured.
 pub struct QualityRun {

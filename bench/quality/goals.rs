@@ -3,7 +3,7 @@
 //! A goal against a gateway that did not run reads "not measured".
 
 use super::goodput::{Ceiling, GoodputRow, Point, CEILING_SLO_MS, SLOS_MS};
-use super::{rate_label, BURST, HOT_PREFIX, LORA, MIXED, MULTI_TURN, SHARED_PREFIX};
+use super::{BURST, HOT_PREFIX, LORA, MIXED, MULTI_TURN, SHARED_PREFIX};
 use crate::report::goal;
 
 const OURS: &str = "picker default";
@@ -64,8 +64,13 @@ fn goodput_of<'g>(rows: &'g [GoodputRow], gateway: &str) -> Option<&'g GoodputRo
 /// Shared prefix: our goodput at least `factor` x `other`'s at each of `slos`.
 fn goodput_at_least(rows: &[GoodputRow], other: &str, factor: f64, slos: &[f64]) -> String {
     let (first, last) = (slos[0], slos[slos.len() - 1]);
+    let times = if factor == 1.0 {
+        String::new()
+    } else {
+        format!("{factor}x ")
+    };
     let text = format!(
-        "shared prefix, goodput at least {factor}x {other}'s at every TTFT p90 SLO from {first:.0} to {last:.0} ms"
+        "shared prefix, goodput at least {times}{other}'s at every TTFT p90 SLO from {first:.0} to {last:.0} ms"
     );
     let (Some(ours), Some(theirs)) = (goodput_of(rows, OURS), goodput_of(rows, other)) else {
         return goal(&text, None, &format!("{OURS} or {other} did not run"));
@@ -120,12 +125,12 @@ fn saturation_goals(points: &[Point], best_hit: f64) -> String {
     let (Some(ours), Some(rr), Some(lr)) = (at(OURS), at(ROUND_ROBIN), at(LEAST_REQUEST)) else {
         return goal("shared prefix at ROUND_ROBIN's saturation", None, "not run");
     };
-    let rate = rate_label(ours.rate);
+    let rate = at_rate(ours.rate);
     let p90 = ours.ttft.p90;
     let lower = |text: &str, theirs: &Point, factor: f64| {
         let ratio = theirs.ttft.p90 / p90;
         goal(
-            &format!("shared prefix at ROUND_ROBIN's saturation ({rate} req/s), TTFT p90 at least {factor}x lower than {text}"),
+            &format!("shared prefix at ROUND_ROBIN's saturation ({rate}), TTFT p90 at least {factor}x lower than {text}"),
             Some(ratio >= factor),
             &format!("{p90:.0} ms vs {:.0} ms, {ratio:.1}x", theirs.ttft.p90),
         )
@@ -133,12 +138,18 @@ fn saturation_goals(points: &[Point], best_hit: f64) -> String {
     lower("ROUND_ROBIN", rr, 5.0)
         + &lower("LEAST_REQUEST", lr, 3.0)
         + &goal(
-            &format!("shared prefix at {rate} req/s, prefix-cache hit rate within 5 % of the best achievable"),
+            &format!(
+                "shared prefix at {rate}, prefix-cache hit rate within 5 % of the best achievable"
+            ),
             Some(ours.hit_rate >= 0.95 * best_hit),
-            &format!("{:.1} % vs {:.1} % achievable", ours.hit_rate * 100.0, best_hit * 100.0),
+            &format!(
+                "{:.1} % vs {:.1} % achievable",
+                ours.hit_rate * 100.0,
+                best_hit * 100.0
+            ),
         )
         + &goal(
-            &format!("shared prefix at {rate} req/s, busiest pod within 1.25x the mean"),
+            &format!("shared prefix at {rate}, busiest pod within 1.25x the mean"),
             Some(ours.busiest_over_mean <= 1.25),
             &format!("{:.2}x", ours.busiest_over_mean),
         )
@@ -187,11 +198,7 @@ fn tail_goals(points: &[Point], workload: &str) -> String {
         Some((p, sg)) => goal(
             &text,
             Some(sg.ttft.p99 >= 1.25 * p.ttft.p99),
-            &format!(
-                "at {} req/s: {}",
-                rate_label(p.rate),
-                p99_figures(&[(p, sg)])
-            ),
+            &format!("near saturation, {}", p99_figures(&[(p, sg)])),
         ),
         None => goal(
             &text,
@@ -207,8 +214,8 @@ fn p99_figures(pairs: &[(&Point, &Point)]) -> String {
         .iter()
         .map(|(p, other)| {
             format!(
-                "{} req/s: {:.0} vs {:.0} ms",
-                rate_label(p.rate),
+                "{}: {:.0} vs {:.0} ms",
+                at_rate(p.rate),
                 p.ttft.p99,
                 other.ttft.p99
             )
@@ -240,8 +247,8 @@ fn no_worse_goal(points: &[Point], workload: &str) -> String {
         };
         let (p50, p90) = (best(|q| q.ttft.p50), best(|q| q.ttft.p90));
         figures.push(format!(
-            "{} req/s: p50 {:.0} vs {p50:.0} ms, p90 {:.0} vs {p90:.0} ms",
-            rate_label(p.rate),
+            "{}: p50 {:.0} vs {p50:.0} ms, p90 {:.0} vs {p90:.0} ms",
+            at_rate(p.rate),
             p.ttft.p50,
             p.ttft.p90
         ));
@@ -256,4 +263,13 @@ fn no_worse_goal(points: &[Point], workload: &str) -> String {
         figures.push(format!("{SGLANG} or LEAST_REQUEST did not run"));
     }
     goal(&text, met, &figures.join("; "))
+}
+
+/// A rate in a goal's figures: "60 req/s", or "all at once".
+fn at_rate(rate: f64) -> String {
+    if rate.is_finite() {
+        format!("{rate:.0} req/s")
+    } else {
+        "all at once".into()
+    }
 }
