@@ -381,7 +381,7 @@ impl Row for CellRow {
     }
 }
 
-fn intro(quick: bool, seeds: usize) -> String {
+fn intro(quick: bool) -> String {
     let size = if quick {
         "this quick run: ~150 requests per cell, one seed"
     } else {
@@ -391,9 +391,9 @@ fn intro(quick: bool, seeds: usize) -> String {
         "## 3. Routing quality\n\n8 simulated pods (`max-num-seqs 2`, prefill 400 µs per \
          uncached token, decode 10 ms per token slowed 2 % per running sequence, time scale 0.2, \
          prefix cache of 1,024 blocks of 16 tokens); every cell starts fresh pods and gateway. \
-         Open-loop Poisson arrivals swept from light load to past saturation ({size}: \
-         {seeds} seed(s), each with its own arrival times and request order); for each rate \
-         and seed every gateway runs in turn. Streaming; TTFT = time to the first token chunk; \
+         Open-loop Poisson arrivals swept from light load to past saturation ({size}; a \
+         seed draws its own arrival times and request order); for each rate and seed every \
+         gateway runs in turn. Streaming; TTFT = time to the first token chunk; \
          TPOT = (last byte - first token) / 63 (64 tokens out); hit rate = prompt tokens \
          served from the pods' prefix caches (their own counters) / prompt tokens.\n\n\
          Workloads: **shared prefix** (groups of chats sharing a ~2,048-token system prompt, \
@@ -436,7 +436,7 @@ pub fn run(quick: bool) -> Part {
     let ceiling = shared_prefix_ceiling(quick);
     let goodput = goodput_rows(&points, &ceiling);
     Part {
-        markdown: report(&points, &goodput, &ceiling, quick, seeds.len()),
+        markdown: report(&points, &goodput, &ceiling, quick),
         csv: csv_table(&cells),
         charts: charts(&points, &goodput, &ceiling),
     }
@@ -562,14 +562,8 @@ fn shared_prefix_ceiling(quick: bool) -> Ceiling {
     Ceiling::of(&Sim::start("oracle", &QUALITY_SIM), &requests)
 }
 
-fn report(
-    points: &[Point],
-    goodput: &[GoodputRow],
-    ceiling: &Ceiling,
-    quick: bool,
-    seeds: usize,
-) -> String {
-    let mut out = intro(quick, seeds);
+fn report(points: &[Point], goodput: &[GoodputRow], ceiling: &Ceiling, quick: bool) -> String {
+    let mut out = intro(quick);
     for workload in &WORKLOADS {
         let rows: Vec<Point> = points
             .iter()
