@@ -1,9 +1,11 @@
-//! The SVG bar chart beside a part's report.
+//! The SVG charts beside a part's report: grouped bars, and lines on a log scale. Hand-written
+//! SVG, no dependencies.
 
 use std::fmt::Write as _;
 
-const COLORS: [&str; 6] = [
-    "#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948",
+const COLORS: [&str; 10] = [
+    "#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1", "#ff9da7",
+    "#9c755f", "#bab0ac",
 ];
 const WIDTH: f64 = 900.0;
 const HEIGHT: f64 = 420.0;
@@ -89,5 +91,184 @@ fn legend(svg: &mut String, series: &[&str]) {
             COLORS[s % COLORS.len()],
             LEFT + 18.0
         );
+    }
+}
+
+/// Room right of a line chart's plot for its legend.
+const LEGEND_WIDTH: f64 = 200.0;
+const LINE_PLOT_WIDTH: f64 = WIDTH - LEFT - LEGEND_WIDTH;
+
+/// One polyline per `(name, points)` over a linear x axis and a logarithmic y axis (decades,
+/// with 2x and 5x lines between), both labelled, a legend on the right. Points whose y is not
+/// positive and finite are left out.
+pub fn line_chart(
+    title: &str,
+    x_label: &str,
+    y_label: &str,
+    series: &[(String, Vec<(f64, f64)>)],
+) -> String {
+    let points = || series.iter().flat_map(|(_, p)| p.iter().copied());
+    let drawable = |&(x, y): &(f64, f64)| x.is_finite() && y.is_finite() && y > 0.0;
+    let x_max = points()
+        .filter(drawable)
+        .map(|(x, _)| x)
+        .fold(0.0f64, f64::max);
+    let (y_min, y_max) = points()
+        .filter(drawable)
+        .fold((f64::INFINITY, 0.0f64), |(lo, hi), (_, y)| {
+            (lo.min(y), hi.max(y))
+        });
+    let scale = LogScale::covering(y_min, y_max);
+    let x_of = |x: f64| LEFT + LINE_PLOT_WIDTH * x / x_max.max(1e-9);
+    let mut svg = format!(
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{WIDTH}\" height=\"{HEIGHT}\" font-family=\"sans-serif\" font-size=\"12\">\n\
+         <text x=\"{LEFT}\" y=\"24\" font-size=\"15\">{title}</text>\n"
+    );
+    log_grid(&mut svg, &scale);
+    x_ticks(&mut svg, points().filter(drawable).map(|(x, _)| x), &x_of);
+    axis_labels(&mut svg, x_label, y_label);
+    for (s, (name, line)) in series.iter().enumerate() {
+        let color = COLORS[s % COLORS.len()];
+        let coords: Vec<(f64, f64)> = line
+            .iter()
+            .filter(|p| drawable(p))
+            .map(|&(x, y)| (x_of(x), scale.y(y)))
+            .collect();
+        let path: Vec<String> = coords
+            .iter()
+            .map(|(x, y)| format!("{x:.1},{y:.1}"))
+            .collect();
+        let _ = writeln!(
+            svg,
+            "<polyline points=\"{}\" fill=\"none\" stroke=\"{color}\" stroke-width=\"2\"><title>{name}</title></polyline>",
+            path.join(" ")
+        );
+        for (x, y) in coords {
+            let _ = writeln!(
+                svg,
+                "<circle cx=\"{x:.1}\" cy=\"{y:.1}\" r=\"3\" fill=\"{color}\"/>"
+            );
+        }
+        let y = TOP + 10.0 + 20.0 * s as f64;
+        let x = LEFT + LINE_PLOT_WIDTH + 20.0;
+        let _ = writeln!(
+            svg,
+            "<line x1=\"{x:.1}\" y1=\"{:.1}\" x2=\"{:.1}\" y2=\"{:.1}\" stroke=\"{color}\" stroke-width=\"3\"/><text x=\"{:.1}\" y=\"{y:.1}\">{name}</text>",
+            y - 4.0,
+            x + 18.0,
+            y - 4.0,
+            x + 24.0
+        );
+    }
+    svg.push_str("</svg>\n");
+    svg
+}
+
+/// A y axis, in log10, from the 1-2-5 step at or below `min` to the one at or above `max`.
+struct LogScale {
+    low: f64,
+    high: f64,
+}
+
+impl LogScale {
+    fn covering(min: f64, max: f64) -> LogScale {
+        let (min, max) = if min.is_finite() && max > 0.0 {
+            (min, max)
+        } else {
+            (1.0, 10.0)
+        };
+        let steps = |decade: f64| [1.0, 2.0, 5.0, 10.0].map(|s| (s * 10f64.powf(decade)).log10());
+        let low = steps(min.log10().floor())
+            .into_iter()
+            .filter(|&s| s <= min.log10() + 1e-9)
+            .fold(f64::NEG_INFINITY, f64::max);
+        let high = steps(max.log10().floor())
+            .into_iter()
+            .find(|&s| s >= max.log10() - 1e-9)
+            .unwrap_or(max.log10().ceil());
+        LogScale {
+            low,
+            high: high.max(low + 0.3),
+        }
+    }
+
+    fn y(&self, value: f64) -> f64 {
+        let share = (value.log10() - self.low) / (self.high - self.low);
+        TOP + PLOT_HEIGHT - PLOT_HEIGHT * share
+    }
+}
+
+/// Labelled lines at 1, 2 and 5 of each decade within the scale, darker at the decades.
+fn log_grid(svg: &mut String, scale: &LogScale) {
+    let right = LEFT + LINE_PLOT_WIDTH;
+    for decade in scale.low.floor() as i32..=scale.high.ceil() as i32 {
+        for step in [1.0, 2.0, 5.0] {
+            let value = step * 10f64.powi(decade);
+            let log = value.log10();
+            if log < scale.low - 1e-9 || log > scale.high + 1e-9 {
+                continue;
+            }
+            let y = scale.y(value);
+            let stroke = if step == 1.0 { "#bbb" } else { "#eee" };
+            let _ = writeln!(
+                svg,
+                "<line x1=\"{LEFT}\" y1=\"{y:.1}\" x2=\"{right:.1}\" y2=\"{y:.1}\" stroke=\"{stroke}\"/><text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"end\">{value}</text>",
+                LEFT - 6.0,
+                y + 4.0
+            );
+        }
+    }
+}
+
+/// A tick and label under each distinct x.
+fn x_ticks(svg: &mut String, xs: impl Iterator<Item = f64>, x_of: &dyn Fn(f64) -> f64) {
+    let mut xs: Vec<f64> = xs.collect();
+    xs.sort_by(f64::total_cmp);
+    xs.dedup();
+    let bottom = TOP + PLOT_HEIGHT;
+    let _ = writeln!(
+        svg,
+        "<line x1=\"{LEFT}\" y1=\"{bottom:.1}\" x2=\"{:.1}\" y2=\"{bottom:.1}\" stroke=\"#333\"/>",
+        LEFT + LINE_PLOT_WIDTH
+    );
+    for x in xs {
+        let at = x_of(x);
+        let _ = writeln!(
+            svg,
+            "<line x1=\"{at:.1}\" y1=\"{bottom:.1}\" x2=\"{at:.1}\" y2=\"{:.1}\" stroke=\"#333\"/><text x=\"{at:.1}\" y=\"{:.1}\" text-anchor=\"middle\">{x}</text>",
+            bottom + 5.0,
+            bottom + 18.0
+        );
+    }
+}
+
+fn axis_labels(svg: &mut String, x_label: &str, y_label: &str) {
+    let _ = writeln!(
+        svg,
+        "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\">{x_label}</text>",
+        LEFT + LINE_PLOT_WIDTH / 2.0,
+        TOP + PLOT_HEIGHT + 40.0
+    );
+    let (x, y) = (16.0, TOP + PLOT_HEIGHT / 2.0);
+    let _ = writeln!(
+        svg,
+        "<text x=\"{x}\" y=\"{y:.1}\" text-anchor=\"middle\" transform=\"rotate(-90 {x} {y:.1})\">{y_label}</text>"
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_log_scale_spans_the_nearest_1_2_5_steps() {
+        let scale = LogScale::covering(184.0, 1137.0);
+        assert!((scale.low - 2.0).abs() < 1e-9, "{}", scale.low);
+        assert!(
+            (scale.high - 2000f64.log10()).abs() < 1e-9,
+            "{}",
+            scale.high
+        );
+        assert!((scale.y(100.0) - (TOP + PLOT_HEIGHT)).abs() < 1e-6);
     }
 }

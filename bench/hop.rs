@@ -4,7 +4,7 @@
 use crate::chart::bar_chart;
 use crate::load::{closed_loop, percentile, sorted};
 use crate::procfs::cpu_seconds;
-use crate::report::{csv_table, goal, markdown_table, Cell, Column, Part, Row};
+use crate::report::{csv_table, goal, markdown_table, Cell, Chart, Column, Part, Row};
 use crate::setup::{ext_proc_envoy, plain_envoy, ExtProcPicker};
 use crate::support::{shipped_picker_config, with_endpoints, Envoy, Sim};
 use crate::workloads::padded_completion;
@@ -227,11 +227,11 @@ pub fn run(quick: bool) -> Part {
     Part {
         markdown: report(&rows, &histogram),
         csv: csv_table(&rows),
-        svg: Some(bar_chart(
+        charts: vec![Chart::main(bar_chart(
             "p50 latency, 1 client (ms)",
             &GATEWAY_NAMES,
             &one_client_bars(&rows),
-        )),
+        ))],
     }
 }
 

@@ -8,11 +8,10 @@
 //! - `hop`: added latency and CPU over Envoy routing with no filter, of the wasm filter and of
 //!   an ext_proc picker running the same core (`bench/extproc`); same near-instant pods,
 //!   bodies of 1 KB..1 MB, concurrency 1/16/64, interleaved.
-//! - `quality`: 8 simulated pods with real prefill/decode timing behind Envoy's ROUND_ROBIN,
-//!   LEAST_REQUEST and RANDOM, three picker configs, and the peer routers (SGLang's
-//!   `cache_aware` and `round_robin`, vllm-router's `cache_aware`, from `make peers`);
-//!   shared-prefix, mixed, LoRA-mix and burst workloads; TTFT, throughput, errors,
-//!   prefix-cache hit rate, picks per pod.
+//! - `quality`: open-loop rate sweeps of 8 simulated pods with real prefill/decode timing
+//!   behind Envoy's ROUND_ROBIN, LEAST_REQUEST and RANDOM, picker configs and peer routers;
+//!   shared-prefix, multi-turn, hot-prefix, mixed, LoRA-mix and burst workloads; TTFT, TPOT,
+//!   throughput, errors, hit rate, balance per cell; goodput under TTFT SLOs and the ceiling.
 //! - `memory`: Envoy RSS and the VMs' memory at 8/256/1,024 endpoints as the index fills;
 //!   large pools of 1,024/4,096/16,384 endpoints (configuration time, scrape rounds against
 //!   the interval, freshness, errors, memory, the admin port's `/stats`).

@@ -141,7 +141,7 @@ pub fn run(quick: bool) -> Part {
             large_pool_goals(&large)
         ),
         csv: csv_table(&rows) + "\n" + &csv_table(&large),
-        svg: None,
+        charts: Vec::new(),
     }
 }
 

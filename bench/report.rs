@@ -5,11 +5,32 @@
 use crate::support::repo;
 use std::path::Path;
 
-/// What a part hands back: its section of the report, its raw rows, an optional chart.
+/// What a part hands back: its section of the report, its raw rows, its charts.
 pub struct Part {
     pub markdown: String,
     pub csv: String,
-    pub svg: Option<String>,
+    pub charts: Vec<Chart>,
+}
+
+/// An SVG chart, written to `<part><suffix>.svg` (the main chart has no suffix).
+pub struct Chart {
+    pub suffix: String,
+    pub svg: String,
+}
+
+impl Chart {
+    /// The part's main chart, `<part>.svg`.
+    pub fn main(svg: String) -> Chart {
+        Chart::named("", svg)
+    }
+
+    /// Another chart of the part, `<part><suffix>.svg`.
+    pub fn named(suffix: &str, svg: String) -> Chart {
+        Chart {
+            suffix: suffix.to_string(),
+            svg,
+        }
+    }
 }
 
 /// One measured value. Markdown shows it for reading; CSV keeps one more decimal, fractions
@@ -195,14 +216,15 @@ pub fn goal(text: &str, met: Option<bool>, measured: &str) -> String {
     format!("- Goal: {text}: {verdict} ({measured})\n")
 }
 
-/// `<name>.md`, `.csv` and `.svg` in `dir`; the markdown opens with the command and machine.
+/// `<name>.md`, `.csv` and its charts' `.svg` in `dir`; the markdown opens with the command and machine.
 pub fn write_part(dir: &Path, name: &str, machine: &str, run: &str, part: Part) {
     let command = format!("cargo run --release --example bench -- {run}");
     let markdown = format!("_Command: `{command}`; {machine}._\n\n{}", part.markdown);
     std::fs::write(dir.join(format!("{name}.md")), markdown).expect("write md");
     std::fs::write(dir.join(format!("{name}.csv")), part.csv).expect("write csv");
-    if let Some(svg) = part.svg {
-        std::fs::write(dir.join(format!("{name}.svg")), svg).expect("write svg");
+    for chart in part.charts {
+        let file = format!("{name}{}.svg", chart.suffix);
+        std::fs::write(dir.join(file), chart.svg).expect("write svg");
     }
 }
 

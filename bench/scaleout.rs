@@ -76,7 +76,7 @@ pub fn run(quick: bool) -> Part {
             expectation(per_group, best, &hit_rates)
         ),
         csv: csv_table(&rows),
-        svg: None,
+        charts: Vec::new(),
     }
 }
 

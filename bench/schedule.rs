@@ -211,7 +211,7 @@ pub fn run() -> Part {
             markdown_table(&configures)
         ),
         csv: csv_table(&picks) + &csv_rows(&parses) + &csv_rows(&configures),
-        svg: None,
+        charts: Vec::new(),
     }
 }
 

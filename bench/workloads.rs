@@ -21,6 +21,19 @@ pub const QUALITY_SIM: [&str; 10] = [
     "1024",
 ];
 
+/// The value of `flag` in pod flags such as [`QUALITY_SIM`]; NaN if absent.
+pub fn flag_value(flags: &[&str], flag: &str) -> f64 {
+    flags
+        .iter()
+        .position(|f| *f == flag)
+        .and_then(|i| flags.get(i + 1)?.parse().ok())
+        .unwrap_or(f64::NAN)
+}
+
+/// Tokens every routing-quality chat asks for (`max_tokens`); the pods generate exactly this
+/// many.
+pub const OUTPUT_TOKENS: usize = 64;
+
 /// Pod flags for the LoRA workload: 12 adapters, room for 2, loading one takes 200 ms.
 pub const LORA_SIM: [&str; 6] = [
     "--adapters",
@@ -34,10 +47,27 @@ pub const LORA_SIM: [&str; 6] = [
 /// `groups` groups of `per_group` chats sharing a ~2048-token system prompt, each with its own
 /// ~128-token question, 64 tokens out; shuffled.
 pub fn shared_prefix_workload(groups: usize, per_group: usize, rng: &mut Rng) -> Vec<String> {
+    grouped_workload(&vec![per_group; groups], rng)
+}
+
+/// `total` chats over `groups` groups built as in [`shared_prefix_workload`], the group sizes
+/// Zipf-distributed with the exponent that gives the first group `hot_share` of them (one hot
+/// system prompt, a long tail of cold ones); shuffled.
+pub fn hot_prefix_workload(
+    groups: usize,
+    total: usize,
+    hot_share: f64,
+    rng: &mut Rng,
+) -> Vec<String> {
+    grouped_workload(&zipf_counts(groups, total, hot_share), rng)
+}
+
+/// Chats of group `g` for each `counts[g]`, shuffled.
+fn grouped_workload(counts: &[usize], rng: &mut Rng) -> Vec<String> {
     let mut requests = Vec::new();
-    for g in 0..groups {
+    for (g, &count) in counts.iter().enumerate() {
         let system = format!("Group {g} system prompt. ").repeat(8192 / 24);
-        for q in 0..per_group {
+        for q in 0..count {
             let question = format!("Question {q} of group {g}: ").repeat(512 / 24);
             requests.push(streamed_chat(&format!(
                 "{},{}",
@@ -50,6 +80,77 @@ pub fn shared_prefix_workload(groups: usize, per_group: usize, rng: &mut Rng) ->
     requests
 }
 
+/// `total` split over `groups` in proportion to `1 / rank^s`, with `s` found by bisection so
+/// that the first group gets `hot_share`; rounding is settled on the first group.
+fn zipf_counts(groups: usize, total: usize, hot_share: f64) -> Vec<usize> {
+    let weights = |s: f64| -> Vec<f64> { (1..=groups).map(|k| (k as f64).powf(-s)).collect() };
+    let top_share = |s: f64| 1.0 / weights(s).iter().sum::<f64>();
+    let (mut low, mut high) = (0.0f64, 8.0f64);
+    for _ in 0..60 {
+        let mid = (low + high) / 2.0;
+        if top_share(mid) < hot_share {
+            low = mid;
+        } else {
+            high = mid;
+        }
+    }
+    let weights = weights(low);
+    let sum: f64 = weights.iter().sum();
+    let mut counts: Vec<usize> = weights
+        .iter()
+        .map(|w| (w / sum * total as f64).round() as usize)
+        .collect();
+    let rest: usize = counts[1..].iter().sum();
+    counts[0] = total.saturating_sub(rest);
+    counts
+}
+
+/// Applications (system prompts) the multi-turn conversations share, 16 conversations each at
+/// 64 conversations.
+const CHAT_APPS: usize = 4;
+
+/// `conversations` chats of `turns` turns each. Turn `k` re-sends the whole history: the
+/// conversation's application system prompt (~512 tokens, one of [`CHAT_APPS`]), turns
+/// `0..k` (a ~64-token user message and a ~64-token assistant reply each; the reply is a
+/// stand-in of the length the pod generates, not its text: pods cache prompt blocks only, so
+/// the text of the reply does not change what hits) and a new ~64-token user message; 64
+/// tokens out.
+///
+/// Arrival order: round by round (turn 0 of every conversation, then turn 1, ...), the
+/// conversations in the same shuffled order every round, so the turns of a conversation are
+/// exactly `conversations` arrivals apart: at 60 req/s and 64 conversations, ~1 s, several
+/// times a turn's service time, so turn `k + 1` is sent after turn `k` finished unless the
+/// pods are far past saturation. The load stays open-loop.
+pub fn multi_turn_workload(conversations: usize, turns: usize, rng: &mut Rng) -> Vec<String> {
+    let mut order: Vec<usize> = (0..conversations).collect();
+    rng.shuffle(&mut order);
+    (0..turns)
+        .flat_map(|turn| order.iter().map(move |&c| chat_turn(c, turn)))
+        .collect()
+}
+
+/// Turn `turn` of conversation `c`, with the whole history before it.
+fn chat_turn(c: usize, turn: usize) -> String {
+    let app = c % CHAT_APPS;
+    let mut messages = vec![message(
+        "system",
+        &format!("App {app} system prompt. ").repeat(102),
+    )];
+    for t in 0..turn {
+        messages.push(user_turn(c, t));
+        messages.push(message(
+            "assistant",
+            &format!("Reply {t} to user {c} here. ").repeat(9),
+        ));
+    }
+    messages.push(user_turn(c, turn));
+    streamed_chat(&messages.join(","))
+}
+
+fn user_turn(c: usize, t: usize) -> String {
+    message("user", &format!("User {c} turn {t} asks this. ").repeat(9))
+}
+
 /// The best share of prompt tokens any router could have served from cache on `requests`
 /// (in order) against pods like `sim`: as if every request went where all earlier ones went
 /// and nothing was evicted. A request hits the full token blocks (never its last token, which
@@ -57,15 +158,14 @@ pub fn shared_prefix_workload(groups: usize, per_group: usize, rng: &mut Rng) ->
 /// tokens are the simulator's own (`/tokenize`: its tokenizer after its chat template), so the
 /// bound counts what the pods' `prefix_hits` count.
 pub fn best_hit_rate(sim: &Sim, requests: &[String]) -> f64 {
-    let block = sim.stats()["block_size"].as_u64().unwrap_or(16).max(1) as usize;
+    best_hit_rate_of(&prompt_tokens(sim, requests), block_size(sim))
+}
+
+/// [`best_hit_rate`] over prompts already tokenized, with blocks of `block` tokens.
+pub fn best_hit_rate_of(prompts: &[Vec<u64>], block: usize) -> f64 {
     let mut seen = HashSet::new();
     let (mut hits, mut total) = (0usize, 0usize);
-    for body in requests {
-        let tokens = request(&sim.address, "POST", "/tokenize", &[], body.as_bytes()).json();
-        let tokens: Vec<u64> = tokens["tokens"]
-            .as_array()
-            .map(|ids| ids.iter().filter_map(|id| id.as_u64()).collect())
-            .unwrap_or_default();
+    for tokens in prompts {
         total += tokens.len();
         let cacheable = tokens.len().saturating_sub(1) / block;
         let mut chain = 0u64;
@@ -81,6 +181,25 @@ pub fn best_hit_rate(sim: &Sim, requests: &[String]) -> f64 {
         }
     }
     hits as f64 / total.max(1) as f64
+}
+
+/// Each request's prompt as `sim` tokenizes it (its tokenizer after its chat template).
+pub fn prompt_tokens(sim: &Sim, requests: &[String]) -> Vec<Vec<u64>> {
+    requests
+        .iter()
+        .map(|body| {
+            let tokens = request(&sim.address, "POST", "/tokenize", &[], body.as_bytes()).json();
+            tokens["tokens"]
+                .as_array()
+                .map(|ids| ids.iter().filter_map(|id| id.as_u64()).collect())
+                .unwrap_or_default()
+        })
+        .collect()
+}
+
+/// Tokens per prefix-cache block of `sim`.
+pub fn block_size(sim: &Sim) -> usize {
+    sim.stats()["block_size"].as_u64().unwrap_or(16).max(1) as usize
 }
 
 /// A block's hash chained on its parent's, as prefix caches key blocks.
@@ -114,7 +233,9 @@ fn message(role: &str, content: &str) -> String {
 }
 
 fn streamed_chat(messages: &str) -> String {
-    format!(r#"{{"model":"{MODEL}","messages":[{messages}],"max_tokens":64,"stream":true}}"#)
+    format!(
+        r#"{{"model":"{MODEL}","messages":[{messages}],"max_tokens":{OUTPUT_TOKENS},"stream":true}}"#
+    )
 }
 
 /// A completions body of about `bytes` bytes, one token out.
