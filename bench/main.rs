@@ -79,7 +79,20 @@ const PARTS: [PartSpec; 5] = [
     },
 ];
 
+/// Release builds abort on panic, so the pods, Envoys and routers a part started would outlive
+/// it: a failed run stops every child of this process before it goes.
+fn stop_children_on_panic() {
+    let report = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        report(info);
+        let _ = std::process::Command::new("pkill")
+            .args(["-KILL", "-P", &std::process::id().to_string()])
+            .status();
+    }));
+}
+
 fn main() {
+    stop_children_on_panic();
     // Decision lines cost a formatted string and a log write per request: measure without.
     std::env::set_var("INFERENCE_PICKER_WASM_LOG", "info");
     let run = std::env::args().nth(1).unwrap_or_else(|| "all".into());
