@@ -43,8 +43,9 @@ pub struct Parameters {
     /// Waiting requests beyond the shortest candidate queue at which a cached prefix stops
     /// counting: a hit saves one prefill, a queue costs every request ahead, so an endpoint
     /// holding a hot prefix sheds the overflow to the next best pod, which then caches the
-    /// prefix too. The score falls linearly to zero at this excess; 0 (or
-    /// `pool.loadSignals: scraped`) keeps GIE's load-blind score.
+    /// prefix too. The hit counts `1 - (excess / limit)^2`: one request ahead barely matters
+    /// (a queue that short drains faster than a prefill), a few do, and at this excess the hit
+    /// counts nothing; 0 (or `pool.loadSignals: scraped`) keeps GIE's load-blind score.
     pub affinity_queue_limit: usize,
 }
 
@@ -74,7 +75,8 @@ impl Parameters {
         if limit == 0 || !shortest.is_finite() {
             return 1.0;
         }
-        (1.0 - (waiting - shortest) / limit as f64).clamp(0.0, 1.0)
+        let share = ((waiting - shortest) / limit as f64).clamp(0.0, 1.0);
+        1.0 - share * share
     }
 
     fn block_chars(&self) -> usize {
@@ -369,11 +371,11 @@ mod tests {
             scorer.score(&ctx, candidates, &mut out);
             out
         };
-        // Four (the default limit) beyond the shortest: nothing; one beyond: three quarters.
-        assert_eq!(scores(&mut scorer, &pool, &[0, 1, 2]), [0.0, 1.0, 0.75]);
+        // Four (the default limit) beyond the shortest: nothing; one beyond: 1 - (1/4)^2.
+        assert_eq!(scores(&mut scorer, &pool, &[0, 1, 2]), [0.0, 1.0, 0.9375]);
         assert_eq!(
             scores(&mut scorer, &pool, &[0, 2]),
-            [0.25, 1.0],
+            [0.4375, 1.0],
             "measured against the candidates only"
         );
         pool.endpoints[1].metrics.running_requests = Some(2.0);
@@ -381,7 +383,7 @@ mod tests {
         pool.endpoints[1].in_flight = 2;
         assert_eq!(
             scores(&mut scorer, &pool, &[0, 1, 2]),
-            [0.25, 0.75, 1.0],
+            [0.4375, 0.9375, 1.0],
             "requests placed since the scrape at a full pod count as queued"
         );
         let scraped = pool.clone().with_live_load(false);
