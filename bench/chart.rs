@@ -15,8 +15,25 @@ const TOP: f64 = 40.0;
 const PLOT_WIDTH: f64 = WIDTH - LEFT - 20.0;
 const PLOT_HEIGHT: f64 = HEIGHT - BOTTOM - TOP;
 
+/// Text as SVG character data: labels such as "p90 < 100 ms" must not open a tag.
+fn escape(text: &str) -> String {
+    text.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+}
+
 /// A grouped bar chart: one group per `(label, values)`, one bar per series.
 pub fn bar_chart(title: &str, series: &[&str], groups: &[(String, Vec<f64>)]) -> String {
+    let series: Vec<String> = series.iter().map(|s| escape(s)).collect();
+    let series: Vec<&str> = series.iter().map(String::as_str).collect();
+    let groups: Vec<(String, Vec<f64>)> = groups
+        .iter()
+        .map(|(label, values)| (escape(label), values.clone()))
+        .collect();
+    draw_bar_chart(&escape(title), &series, &groups)
+}
+
+fn draw_bar_chart(title: &str, series: &[&str], groups: &[(String, Vec<f64>)]) -> String {
     let max = groups
         .iter()
         .flat_map(|(_, v)| v.iter().copied())
@@ -102,6 +119,19 @@ const LINE_PLOT_WIDTH: f64 = WIDTH - LEFT - LEGEND_WIDTH;
 /// with 2x and 5x lines between), both labelled, a legend on the right. Points whose y is not
 /// positive and finite are left out.
 pub fn line_chart(
+    title: &str,
+    x_label: &str,
+    y_label: &str,
+    series: &[(String, Vec<(f64, f64)>)],
+) -> String {
+    let series: Vec<(String, Vec<(f64, f64)>)> = series
+        .iter()
+        .map(|(name, points)| (escape(name), points.clone()))
+        .collect();
+    draw_line_chart(&escape(title), &escape(x_label), &escape(y_label), &series)
+}
+
+fn draw_line_chart(
     title: &str,
     x_label: &str,
     y_label: &str,
@@ -270,5 +300,16 @@ mod tests {
             scale.high
         );
         assert!((scale.y(100.0) - (TOP + PLOT_HEIGHT)).abs() < 1e-6);
+    }
+
+    #[test]
+    fn labels_never_open_a_tag() {
+        let svg = bar_chart(
+            "a < b & c",
+            &["x<y"],
+            &[("p90 < 100 ms".to_string(), vec![1.0])],
+        );
+        assert!(svg.contains("p90 &lt; 100 ms") && svg.contains("a &lt; b &amp; c"));
+        assert!(!svg.contains("p90 < ") && !svg.contains("x<y"));
     }
 }

@@ -596,7 +596,7 @@ fn report(points: &[Point], goodput: &[GoodputRow], ceiling: &Ceiling, quick: bo
         "### Goodput\n\nGoodput: the highest swept rate at which the gateway kept TTFT p90 under \
          the SLO with errors under 1 %, at that rate and every lower one; per rate the worse \
          of the seeds' p90 counts. 0: not even the lowest rate.\n\n{}\n{}\n\n{}\n\
-         ![Goodput, shared prefix](results/3-quality-goodput.svg)\n\n### Goals\n\n{}",
+         ![Goodput, shared prefix](results/3-quality-goodput.svg)\n\n### Goals\n\n{}\n{PEERS}",
         ceiling.explanation(),
         goodput::ceiling_note(),
         markdown_table(goodput),
@@ -604,6 +604,30 @@ fn report(points: &[Point], goodput: &[GoodputRow], ceiling: &Ceiling, quick: bo
     );
     out
 }
+
+/// What the peers do that the picker does not, and the reverse: design facts, not figures.
+const PEERS: &str = "### What the peers do differently\n\n\
+    SGLang's router and vllm-router (a fork of it) keep a radix tree of the request text each \
+    worker was sent and route to the longest match above 30 % of the text, otherwise to the \
+    worker with the fewest requests in flight, counted exactly by the router itself; they read \
+    no engine metrics. Their balance rule switches to the least-loaded worker only when \
+    `max - min > 64` requests and `max > 1.5 x min`: thresholds sized for engines that run \
+    hundreds of sequences, which 2-slot pods never reach, so here a hot group or the shared \
+    system prompts of multi-turn chats stay on one pod however long its queue (they ran with \
+    their documented defaults; a run with thresholds scaled to these pods is not in this \
+    table). On unique prompts their exact per-request counts balance a slot-bound pod at \
+    least as well as our scores, which weigh KV tokens as well as requests. The picker reads \
+    each pod's queue, running count, KV usage and adapters from its metrics, corrected \
+    between scrapes by what every Envoy worker placed and saw end (`pool.loadSignals: \
+    live`), keeps a prefix index of block hashes learned from its own picks, and lets a \
+    prefix go when its pod queues well beyond the shortest candidate \
+    (`affinityQueueLimit`), so a hot prefix spills and gets cached on a second pod; it runs \
+    inside Envoy, with no hop, one picker per Envoy across workers. It has no KV-event \
+    feed (vllm-router's `kv_aware` needs vLLM's ZMQ events and the model's tokenizer) and \
+    no session-hash policy. Past saturation the spill costs hit rate (about 70 % against \
+    88 % at 80-100 req/s), so `picker gie-exact`, which never lets go, sustains more there; \
+    gateways other than the four the goals need ran the shared prefix on one seed only, \
+    which spares them the worse-seed rule.\n";
 
 fn slug(name: &str) -> String {
     name.chars()
