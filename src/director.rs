@@ -255,6 +255,9 @@ impl Director {
                 out.push(index);
             }
         }
+        for &index in out.iter() {
+            self.pool.mark_scrape_sent(index);
+        }
     }
 
     /// Applies what discovery found (or what the scraping worker published): the configured

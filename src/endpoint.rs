@@ -94,6 +94,9 @@ pub struct EndpointState {
     /// ended, is load the scrape cannot show yet (see [`EndpointState::waiting`]).
     pub in_flight_at_scrape: u32,
     pub in_flight_tokens_at_scrape: u64,
+    /// Both totals when the scrape in flight was sent: its metrics describe the pod from about
+    /// then, so what was placed while it travelled still counts once it lands.
+    pub in_flight_at_scrape_sent: Option<(u32, u64)>,
     /// Requests the pod ran at the last scrape that showed a queue: an engine queues only
     /// when its sequence slots (or its KV cache) are full, so that is how many it runs at once.
     pub running_capacity: Option<f64>,
@@ -126,6 +129,7 @@ impl EndpointState {
             remote_in_flight_tokens: 0,
             in_flight_at_scrape: 0,
             in_flight_tokens_at_scrape: 0,
+            in_flight_at_scrape_sent: None,
             running_capacity: None,
             backoff_until_ms: 0,
             removed: false,
@@ -371,6 +375,16 @@ impl Pool {
         (endpoint.address == address).then_some(index)
     }
 
+    /// A scrape of `index` is being sent now (see [`EndpointState::in_flight_at_scrape_sent`]).
+    pub fn mark_scrape_sent(&mut self, index: usize) {
+        if let Some(endpoint) = self.endpoints.get_mut(index) {
+            endpoint.in_flight_at_scrape_sent = Some((
+                endpoint.total_in_flight(),
+                endpoint.total_in_flight_tokens(),
+            ));
+        }
+    }
+
     /// Fresh metrics: the endpoint is routable at once, not only after the next tick.
     pub fn record_scrape_ok(&mut self, index: usize, now_ms: u64, metrics: EndpointMetrics) {
         if let Some(endpoint) = self.endpoints.get_mut(index) {
@@ -381,8 +395,12 @@ impl Pool {
             }
             endpoint.metrics = metrics;
             endpoint.placed_tokens_since_scrape = 0;
-            endpoint.in_flight_at_scrape = endpoint.total_in_flight();
-            endpoint.in_flight_tokens_at_scrape = endpoint.total_in_flight_tokens();
+            let (count, tokens) = endpoint.in_flight_at_scrape_sent.take().unwrap_or((
+                endpoint.total_in_flight(),
+                endpoint.total_in_flight_tokens(),
+            ));
+            endpoint.in_flight_at_scrape = count;
+            endpoint.in_flight_tokens_at_scrape = tokens;
             endpoint.last_scrape_ok_ms = Some(now_ms);
             endpoint.last_scrape_failed = false;
             endpoint.scrape_timeouts_in_a_row = 0;
@@ -638,7 +656,15 @@ mod tests {
 
         pool.endpoints[0].remote_in_flight = 0;
         pool.endpoints[0].remote_in_flight_tokens = 0;
+        pool.mark_scrape_sent(0);
+        pool.add_in_flight(0, 400);
         pool.record_scrape_ok(0, 2, scrape(3.0, 1.0));
+        assert_eq!(
+            pool.endpoints[0].placed_since_scrape(),
+            1.0,
+            "placed while the scrape travelled: not in its metrics, still counted"
+        );
+        pool.release_in_flight(0, 400);
         assert_eq!(pool.endpoints[0].running_capacity, Some(3.0));
         pool.add_in_flight(0, 400);
         pool.add_in_flight(0, 400);

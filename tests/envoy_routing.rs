@@ -66,6 +66,8 @@ fn a_burst_between_two_scrapes_spreads_by_what_was_placed() {
     for sim in &refs {
         sim.wait_for_scrapes(1);
     }
+    // The pods counted the scrape; let its answer reach the filter before the burst.
+    std::thread::sleep(Duration::from_millis(300));
     let scrapes_before: u64 = refs.iter().map(|sim| sim.metrics_scrapes()).sum();
     let body =
         |n: usize| format!(r#"{{"model":"{MODEL}","prompt":"burst request {n}","max_tokens":50}}"#);
