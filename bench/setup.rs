@@ -3,13 +3,13 @@
 //! vLLM's, from PyPI into `.venv-peers`).
 
 use crate::support::{
-    example_config, free_port, repo, shipped_picker_config, static_cluster, try_request,
-    with_endpoints, Envoy, Sim, TempDir,
+    example_config, free_port, repo, retry_bind, shipped_picker_config, static_cluster, stop,
+    try_request, wait_ready, with_endpoints, Envoy, Sim, TempDir,
 };
 use serde_yaml::Value;
 use std::io::BufRead as _;
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// A gateway of the routing-quality and scale-out parts.
 #[derive(Clone, Copy)]
@@ -94,14 +94,8 @@ impl PeerRouter {
     /// A free port can be taken between choosing it and binding it, so a start that fails to
     /// bind is retried on new ports.
     fn start(peer: Peer, policy: &str, sims: &[&Sim]) -> PeerRouter {
-        for _ in 0..3 {
-            match PeerRouter::try_start(peer, policy, sims) {
-                Ok(router) => return router,
-                Err(log) if log.contains("ddress already in use") => continue,
-                Err(log) => panic!("the router exited:\n{log}"),
-            }
-        }
-        panic!("the router could not bind its ports three times");
+        retry_bind("the router", || PeerRouter::try_start(peer, policy, sims))
+            .unwrap_or_else(|log| panic!("the router exited:\n{log}"))
     }
 
     fn try_start(peer: Peer, policy: &str, sims: &[&Sim]) -> Result<PeerRouter, String> {
@@ -149,34 +143,28 @@ impl PeerRouter {
     /// Polls `/readiness` (both routers serve it) until it counts `pods` healthy workers, at
     /// most 30 s; the router's log if it exited instead.
     fn wait_ready(&mut self, pods: usize) -> Result<(), String> {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            if let Ok(Some(status)) = self.child.try_wait() {
-                return Err(format!("exit status {status}\n{}", self.log()));
-            }
-            if let Ok(response) = try_request(&self.address(), "GET", "/readiness", &[], b"") {
+        let (address, log) = (self.address(), self.dir.0.join("router.log"));
+        let ready = || {
+            try_request(&address, "GET", "/readiness", &[], b"").is_ok_and(|response| {
                 let healthy = serde_json::from_slice::<serde_json::Value>(&response.body)
                     .ok()
                     .and_then(|body| body["healthy_workers"].as_u64());
-                if response.status == 200 && healthy == Some(pods as u64) {
-                    return Ok(());
-                }
-            }
-            assert!(
-                Instant::now() < deadline,
-                "the router did not report {pods} healthy pods in 30 s:\n{}",
-                self.log()
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
+                response.status == 200 && healthy == Some(pods as u64)
+            })
+        };
+        let log = || std::fs::read_to_string(&log).unwrap_or_default();
+        let what = format!("the router ({pods} healthy pods)");
+        wait_ready(
+            &mut self.child,
+            &what,
+            Duration::from_millis(100),
+            ready,
+            log,
+        )
     }
 
     pub fn address(&self) -> String {
         format!("127.0.0.1:{}", self.port)
-    }
-
-    pub fn log(&self) -> String {
-        std::fs::read_to_string(self.dir.0.join("router.log")).unwrap_or_default()
     }
 }
 
@@ -256,11 +244,6 @@ impl Drop for ExtProcPicker {
     fn drop(&mut self) {
         stop(&mut self.child);
     }
-}
-
-fn stop(child: &mut Child) {
-    let _ = child.kill();
-    let _ = child.wait();
 }
 
 /// The first `count` `listening on <address>` lines a child prints.

@@ -26,6 +26,6 @@ pub use envoy_config::{
 pub use http::{request, try_request, Response};
 pub use load::{completion, BackgroundLoad, Exchange, KeepAlive, Served, MODEL};
 pub use processes::{
-    envoy_binary, example_envoy, free_port, repo, sim_binary, wasm_path, Envoy, Sim, SimPool,
-    TempDir,
+    envoy_binary, example_envoy, free_port, repo, retry_bind, sim_binary, stop, wait_ready,
+    wasm_path, Envoy, Sim, SimPool, TempDir,
 };

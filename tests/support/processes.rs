@@ -67,9 +67,51 @@ impl Drop for TempDir {
 }
 
 /// Stops a child we started, by its pid, and reaps it.
-fn stop(child: &mut Child) {
+pub fn stop(child: &mut Child) {
     let _ = child.kill();
     let _ = child.wait();
+}
+
+/// Runs `try_start` up to three times: a free port can be taken (by a parallel test) between
+/// choosing it and binding it, so a start whose log says the address is in use is retried on
+/// new ports. Any other failure is returned with its log.
+pub fn retry_bind<T>(
+    what: &str,
+    mut try_start: impl FnMut() -> Result<T, String>,
+) -> Result<T, String> {
+    for _ in 0..3 {
+        match try_start() {
+            Err(log) if log.contains("ddress already in use") => continue,
+            result => return result,
+        }
+    }
+    panic!("{what} could not bind its ports three times");
+}
+
+/// Polls `ready` every `every` until it holds. If the child exits first, its exit status and
+/// `log()`; past 30 s, a panic with `log()`.
+pub fn wait_ready(
+    child: &mut Child,
+    what: &str,
+    every: Duration,
+    ready: impl Fn() -> bool,
+    log: impl Fn() -> String,
+) -> Result<(), String> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Ok(Some(status)) = child.try_wait() {
+            return Err(format!("exit status {status}\n{}", log()));
+        }
+        if ready() {
+            return Ok(());
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{what} not ready in 30 s:\n{}",
+            log()
+        );
+        std::thread::sleep(every);
+    }
 }
 
 /// One simulated model server.
@@ -304,27 +346,21 @@ impl Envoy {
         concurrency: u32,
         adjust: impl Fn(&mut EnvoyConfig),
     ) -> Envoy {
-        for _ in 0..3 {
-            match Envoy::try_start(base, picker_config, concurrency, &adjust) {
-                Ok(envoy) => return envoy,
-                Err(log) if log.contains("ddress already in use") => continue,
-                Err(log) => panic!("envoy exited:\n{log}"),
-            }
-        }
-        panic!("envoy could not bind its ports three times");
+        retry_bind("envoy", || {
+            Envoy::try_start(base, picker_config, concurrency, &adjust)
+        })
+        .unwrap_or_else(|log| panic!("envoy exited:\n{log}"))
     }
 
     /// Starts Envoy with a picker config it must refuse; returns Envoy's log. Panics if Envoy
     /// comes up instead.
     pub fn refused(picker_config: &str) -> String {
-        for _ in 0..3 {
-            match Envoy::try_start("envoy/envoy.yaml", picker_config, 1, &|_| {}) {
-                Ok(envoy) => panic!("envoy accepted the configuration:\n{}", envoy.log()),
-                Err(log) if log.contains("ddress already in use") => continue,
-                Err(log) => return log,
-            }
+        match retry_bind("envoy", || {
+            Envoy::try_start("envoy/envoy.yaml", picker_config, 1, &|_| {})
+        }) {
+            Ok(envoy) => panic!("envoy accepted the configuration:\n{}", envoy.log()),
+            Err(log) => log,
         }
-        panic!("envoy could not bind its ports three times");
     }
 
     fn try_start(
@@ -375,23 +411,17 @@ impl Envoy {
 
     /// Waits for `/ready`; the log if Envoy exited instead.
     fn wait_ready(&mut self) -> Result<(), String> {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            if let Ok(Some(status)) = self.child.try_wait() {
-                return Err(format!("exit status {status}\n{}", self.log()));
-            }
-            if let Ok(response) = try_request(&self.admin_address(), "GET", "/ready", &[], b"") {
-                if response.status == 200 {
-                    return Ok(());
-                }
-            }
-            assert!(
-                Instant::now() < deadline,
-                "envoy not ready:\n{}",
-                self.log()
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        let (admin, log) = (self.admin_address(), self.dir.0.join("envoy.log"));
+        let ready =
+            || try_request(&admin, "GET", "/ready", &[], b"").is_ok_and(|r| r.status == 200);
+        let log = || std::fs::read_to_string(&log).unwrap_or_default();
+        wait_ready(
+            &mut self.child,
+            "envoy",
+            Duration::from_millis(50),
+            ready,
+            log,
+        )
     }
 
     pub fn address(&self) -> String {
