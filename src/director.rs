@@ -5,11 +5,13 @@ use crate::config::{FilterConfig, LoadSignals, PoolConfig};
 use crate::duration::duration_ms;
 use crate::endpoint::{EndpointState, Health, HealthTransition, Pool};
 use crate::error_response::RequestError;
+use crate::flow_control::{Arrival, FlowControl, Pick};
 use crate::metrics::{self, ExtractError, MetricSelector};
 use crate::protocol::{SESSION_TOKEN_HEADER, TEST_SELECTION_HEADER};
 use crate::request::{parse_body, rewrite_model, ApiKind, InferenceRequest, RequestHeaders};
 use crate::scheduling::plugins::{self, scorer::session_affinity_scorer, Data};
 use crate::scheduling::{ScheduleError, Scheduler};
+use hashbrown::HashMap;
 
 /// Which optional protocol headers the configuration reads: each is a host call per request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -36,6 +38,49 @@ pub struct TickReport {
     pub all_unfresh: Option<bool>,
     /// The pool became saturated (true) or not (false), per the saturation detector.
     pub saturated: Option<bool>,
+}
+
+/// A parsed request, ready to be picked for (now, or when flow control releases it).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Prepared {
+    pub request: InferenceRequest,
+    /// The body to forward instead of the client's (after a model rewrite).
+    pub rewritten_body: Option<Vec<u8>>,
+    /// The client's body size, which a rewrite replaces.
+    pub body_size: usize,
+}
+
+/// What flow control says about a request that is ready to be picked for.
+#[derive(Debug, PartialEq)]
+pub enum Admission {
+    /// Pick now.
+    Now(Box<Prepared>),
+    /// Held: its stream stays paused until a [`Release`] names it.
+    Held,
+    /// Refused without waiting (the queue is full).
+    Refused(RequestError),
+}
+
+/// A held request's way out of the queue, for the host edge to carry out.
+#[derive(Debug, PartialEq)]
+pub enum Release {
+    /// Picked: write the decision into the held stream and resume it.
+    Routed {
+        id: u32,
+        request_id: String,
+        routed: Box<Routed>,
+        body_size: usize,
+        waited_ms: u64,
+    },
+    /// Refused (TTL, no endpoint after filters): answer the held stream with the error.
+    Refused {
+        id: u32,
+        request_id: String,
+        error: RequestError,
+        waited_ms: u64,
+    },
+    /// Another VM holds the request that goes next: wake it.
+    Wake(u64),
 }
 
 /// The routing outcome handed back to the host edge.
@@ -81,6 +126,11 @@ pub struct Director {
     selector_warned: Vec<bool>,
     /// The first endpoints come from `pool.endpoints` and are never removed by discovery.
     static_count: usize,
+    /// Flow control, when the `flowControl` gate is on; the requests it holds, and those it
+    /// released whose streams have not yet taken their decision back.
+    flow: Option<FlowControl>,
+    held: HashMap<u32, (Prepared, String)>,
+    dispatched: HashMap<u32, Routed>,
 }
 
 impl Director {
@@ -117,7 +167,130 @@ impl Director {
             all_unfresh: true,
             saturated: false,
             saturation_streak: 0,
+            flow: config.flow_control.map(|flow| FlowControl::new(flow, 0)),
+            held: HashMap::new(),
+            dispatched: HashMap::new(),
         }
+    }
+
+    pub fn flow_control(&self) -> Option<&FlowControl> {
+        self.flow.as_ref()
+    }
+
+    pub fn flow_control_mut(&mut self) -> Option<&mut FlowControl> {
+        self.flow.as_mut()
+    }
+
+    /// Flow control's gate: the pool's saturation is below the usage limit. Also tells the
+    /// queue whether the pool has an endpoint at all (which TTL applies).
+    fn has_room(&mut self, now_ms: u64) -> bool {
+        let saturation = self.scheduler.pool_saturation(&self.pool, now_ms);
+        let Some(flow) = self.flow.as_mut() else {
+            return true;
+        };
+        flow.set_has_endpoints(saturation.is_some(), now_ms);
+        saturation.is_some_and(|s| s < flow.config().usage_threshold)
+    }
+
+    /// The pool's saturation as flow control sees it (for the gauge and `explain`).
+    pub fn pool_saturation(&self, now_ms: u64) -> Option<f64> {
+        self.scheduler.pool_saturation(&self.pool, now_ms)
+    }
+
+    /// Flow control's say on a parsed request: pick now (gate off, or room and nothing
+    /// waiting anywhere), hold it as `id`, or refuse it (queue full).
+    pub fn admit(&mut self, id: u32, prepared: Prepared, wait: Arrival, now_ms: u64) -> Admission {
+        if self.flow.is_none() {
+            return Admission::Now(Box::new(prepared));
+        }
+        let room = self.has_room(now_ms);
+        let Some(flow) = self.flow.as_mut() else {
+            return Admission::Now(Box::new(prepared));
+        };
+        if room && flow.idle(now_ms) {
+            return Admission::Now(Box::new(prepared));
+        }
+        let request_id = wait.request_id.clone();
+        match flow.admit(Arrival { id, ..wait }, now_ms) {
+            Ok(()) => {
+                self.held.insert(id, (prepared, request_id));
+                Admission::Held
+            }
+            Err(dropped) => Admission::Refused(RequestError::Dropped(dropped)),
+        }
+    }
+
+    /// Held requests that leave the queue now: those whose TTL ran out, then, while the pool
+    /// has room, the next by priority, fairness and order (each picked for at once, so the
+    /// next look at the room counts it), or a wake for the VM that holds the next one.
+    pub fn releases(&mut self, now_ms: u64, out: &mut Vec<Release>) {
+        let Some(flow) = self.flow.as_mut() else {
+            return;
+        };
+        for (left, dropped) in flow.expire(now_ms) {
+            let request_id = self.held.remove(&left.id).map(|h| h.1).unwrap_or_default();
+            out.push(Release::Refused {
+                id: left.id,
+                request_id,
+                error: RequestError::Dropped(dropped),
+                waited_ms: left.waited_ms,
+            });
+        }
+        let bound = self.held.len() + 1;
+        for _ in 0..bound {
+            if !self.has_room(now_ms) {
+                return;
+            }
+            let Some(flow) = self.flow.as_mut() else {
+                return;
+            };
+            let left = match flow.pick(now_ms) {
+                None => return,
+                Some(Pick::Remote(vm)) => {
+                    out.push(Release::Wake(vm));
+                    return;
+                }
+                Some(Pick::Local(id)) => flow.dispatch(id, now_ms),
+            };
+            let Some(left) = left else {
+                return;
+            };
+            let Some((prepared, request_id)) = self.held.remove(&left.id) else {
+                continue;
+            };
+            let body_size = prepared.body_size;
+            out.push(match self.route_prepared(prepared) {
+                Ok(routed) => Release::Routed {
+                    id: left.id,
+                    request_id,
+                    routed: Box::new(routed),
+                    body_size,
+                    waited_ms: left.waited_ms,
+                },
+                Err(error) => Release::Refused {
+                    id: left.id,
+                    request_id,
+                    error,
+                    waited_ms: left.waited_ms,
+                },
+            });
+        }
+    }
+
+    /// A held request's client went away: it leaves the queue; returns how long it waited.
+    pub fn abandon(&mut self, id: u32, now_ms: u64) -> Option<u64> {
+        self.held.remove(&id);
+        let left = self.flow.as_mut()?.remove(id, now_ms)?;
+        Some(left.waited_ms)
+    }
+
+    /// The host edge resumed a released request; its stream takes the decision back later.
+    pub fn record_dispatched(&mut self, id: u32, routed: Routed) {
+        self.dispatched.insert(id, routed);
+    }
+
+    pub fn take_dispatched(&mut self, id: u32) -> Option<Routed> {
+        self.dispatched.remove(&id)
     }
 
     pub fn pool(&self) -> &Pool {
@@ -402,6 +575,17 @@ impl Director {
         body: Option<&[u8]>,
         headers: RequestHeaders,
     ) -> Result<Routed, RequestError> {
+        let prepared = self.prepare(api, body, headers)?;
+        self.route_prepared(prepared)
+    }
+
+    /// Parses the body and resolves the model rewrite and priority: everything but the pick.
+    pub fn prepare(
+        &mut self,
+        api: ApiKind,
+        body: Option<&[u8]>,
+        headers: RequestHeaders,
+    ) -> Result<Prepared, RequestError> {
         let mut request = match (api.is_inference(), body) {
             (true, Some(body)) => {
                 if body.len() > self.settings.max_request_body_bytes {
@@ -423,13 +607,23 @@ impl Director {
         };
         request.priority = self.settings.priority_of(headers.objective.as_deref());
         request.headers = headers;
-        let mut routed = self.route_parsed(&request)?;
-        routed.rewritten_body = rewritten_body;
+        Ok(Prepared {
+            request,
+            rewritten_body,
+            body_size: body.map_or(0, <[u8]>::len),
+        })
+    }
+
+    pub fn route_prepared(&mut self, prepared: Prepared) -> Result<Routed, RequestError> {
+        let mut routed = self.route_parsed(&prepared.request)?;
+        routed.rewritten_body = prepared.rewritten_body;
         Ok(routed)
     }
 
     pub fn route_parsed(&mut self, request: &InferenceRequest) -> Result<Routed, RequestError> {
+        // With flow control on, sheddable requests wait in their band like the others.
         if request.priority < 0
+            && self.flow.is_none()
             && self
                 .scheduler
                 .pool_saturated(&self.pool, self.pool.now_ms())

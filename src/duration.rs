@@ -60,6 +60,21 @@ pub mod serde_go {
     pub fn serialize<S: Serializer>(value: &Duration, serializer: S) -> Result<S::Ok, S::Error> {
         serializer.serialize_str(&super::format_duration(*value))
     }
+
+    /// The same for optional fields (use with `#[serde(default)]`).
+    pub mod option {
+        use serde::{Deserialize, Deserializer};
+        use std::time::Duration;
+
+        pub fn deserialize<'de, D: Deserializer<'de>>(
+            deserializer: D,
+        ) -> Result<Option<Duration>, D::Error> {
+            let text = String::deserialize(deserializer)?;
+            crate::duration::parse_duration(&text)
+                .map(Some)
+                .map_err(serde::de::Error::custom)
+        }
+    }
 }
 
 /// Formats a duration the way Go prints short ones (`50ms`, `2s`).

@@ -13,6 +13,54 @@ pub enum RequestError {
     TooManyRequests(String),
     /// No endpoint can take the request (503).
     NoEndpoint(String),
+    /// Flow control dropped the request instead of dispatching it (429 or 503).
+    Dropped(Dropped),
+}
+
+/// Why flow control let a held request go without dispatching it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Dropped {
+    /// The queue (global or the request's band) was full when it arrived (429).
+    QueueFull,
+    /// The pool had no endpoint when it arrived and the queue was full (503).
+    QueueFullNoEndpoints,
+    /// It waited `defaultRequestTTL` (429).
+    TtlExpired,
+    /// It waited `noEndpointRequestTTL` while the pool had no endpoint (503).
+    NoEndpointTtlExpired,
+}
+
+impl Dropped {
+    pub fn status(self) -> u16 {
+        match self {
+            Dropped::QueueFull | Dropped::TtlExpired => 429,
+            Dropped::QueueFullNoEndpoints | Dropped::NoEndpointTtlExpired => 503,
+        }
+    }
+
+    /// The `x-llm-d-request-dropped-reason` value, as llm-d sends it.
+    pub fn reason(self) -> &'static str {
+        match self {
+            Dropped::QueueFull => "rejected-saturated",
+            Dropped::TtlExpired => "rejected-ttl-expired",
+            Dropped::QueueFullNoEndpoints | Dropped::NoEndpointTtlExpired => {
+                "rejected-no-endpoints"
+            }
+        }
+    }
+
+    fn message(self) -> &'static str {
+        match self {
+            Dropped::QueueFull => "request rejected pre-queue: queue at capacity",
+            Dropped::QueueFullNoEndpoints => {
+                "no endpoints available: request rejected pre-queue: queue at capacity"
+            }
+            Dropped::TtlExpired => "request timed out in queue: request TTL expired",
+            Dropped::NoEndpointTtlExpired => {
+                "request timed out in queue and no endpoints are available"
+            }
+        }
+    }
 }
 
 #[derive(Serialize)]
@@ -35,6 +83,7 @@ impl RequestError {
             RequestError::BodyTooLarge { .. } => 413,
             RequestError::TooManyRequests(_) => 429,
             RequestError::NoEndpoint(_) => 503,
+            RequestError::Dropped(dropped) => dropped.status(),
         }
     }
 
@@ -45,6 +94,8 @@ impl RequestError {
             }
             RequestError::TooManyRequests(_) => "rate_limit_exceeded",
             RequestError::NoEndpoint(_) => "service_unavailable",
+            RequestError::Dropped(dropped) if dropped.status() == 429 => "rate_limit_exceeded",
+            RequestError::Dropped(_) => "service_unavailable",
         }
     }
 
@@ -56,6 +107,15 @@ impl RequestError {
             RequestError::BodyTooLarge { limit } => {
                 format!("request body is larger than the limit of {limit} bytes")
             }
+            RequestError::Dropped(dropped) => dropped.message().to_owned(),
+        }
+    }
+
+    /// The `x-llm-d-request-dropped-reason` header's value, for flow-control refusals.
+    pub fn dropped_reason(&self) -> Option<&'static str> {
+        match self {
+            RequestError::Dropped(dropped) => Some(dropped.reason()),
+            _ => None,
         }
     }
 
@@ -98,5 +158,15 @@ mod tests {
         assert_eq!(RequestError::BodyTooLarge { limit: 1 }.status(), 413);
         assert_eq!(RequestError::TooManyRequests(String::new()).status(), 429);
         assert_eq!(RequestError::NoEndpoint(String::new()).status(), 503);
+        let expired = RequestError::Dropped(Dropped::TtlExpired);
+        assert_eq!(
+            (expired.status(), expired.dropped_reason()),
+            (429, Some("rejected-ttl-expired"))
+        );
+        let empty = RequestError::Dropped(Dropped::NoEndpointTtlExpired);
+        assert_eq!(
+            (empty.status(), empty.dropped_reason()),
+            (503, Some("rejected-no-endpoints"))
+        );
     }
 }

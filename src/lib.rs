@@ -14,6 +14,7 @@ pub mod discovery;
 pub mod duration;
 pub mod endpoint;
 pub mod error_response;
+pub mod flow_control;
 pub mod hash;
 pub mod host;
 pub mod label_selector;

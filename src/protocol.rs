@@ -16,5 +16,14 @@ pub const REQUEST_ID_HEADER: &str = "x-request-id";
 pub const TEST_SELECTION_HEADER: &str = "test-epp-endpoint-selection";
 /// The request's inference objective (priority), when `pool.objectives` declares any.
 pub const OBJECTIVE_HEADER: &str = "x-gateway-inference-objective";
+/// llm-d's name for the objective header; read first when both are present.
+pub const LLMD_OBJECTIVE_HEADER: &str = "x-llm-d-inference-objective";
+/// The tenant a request belongs to, for flow control's fairness (llm-d's name first).
+pub const LLMD_FAIRNESS_ID_HEADER: &str = "x-llm-d-inference-fairness-id";
 pub const FAIRNESS_ID_HEADER: &str = "x-gateway-inference-fairness-id";
+/// A request's TTFT objective in milliseconds (`slo-deadline-ordering-policy`).
+pub const SLO_TTFT_HEADER: &str = "x-llm-d-slo-ttft-ms";
+pub const SLO_TTFT_LEGACY_HEADER: &str = "x-slo-ttft-ms";
+/// On a flow-control refusal: why the request was dropped (as llm-d labels it).
+pub const DROPPED_REASON_HEADER: &str = "x-llm-d-request-dropped-reason";
 pub const MODEL_REWRITE_HEADER: &str = "x-gateway-model-name-rewrite";

@@ -1,15 +1,17 @@
 //! One request's life in the filter, written against a small host trait so it runs natively
 //! in tests: pause the headers, buffer the body, route once, answer errors as JSON.
 
-use crate::director::{Director, Routed};
+use crate::director::{Admission, Director, Prepared, Release, Routed};
 use crate::error_response::RequestError;
+use crate::flow_control::{Arrival, DEFAULT_FAIRNESS_ID};
 use crate::request::{ApiKind, RequestHeaders};
 
 use crate::host::{HostError, HttpHost};
 use crate::protocol::{
     DESTINATION_HEADER, FAIRNESS_ID_HEADER, FALLBACKS_HEADER, FALLBACK_HEADER,
-    MODEL_REWRITE_HEADER, OBJECTIVE_HEADER, PREFILLER_HEADER, REQUEST_ID_HEADER,
-    SESSION_TOKEN_HEADER, TEST_SELECTION_HEADER,
+    LLMD_FAIRNESS_ID_HEADER, MODEL_REWRITE_HEADER, OBJECTIVE_HEADER, PREFILLER_HEADER,
+    REQUEST_ID_HEADER, SESSION_TOKEN_HEADER, SLO_TTFT_HEADER, SLO_TTFT_LEGACY_HEADER,
+    TEST_SELECTION_HEADER,
 };
 
 /// Whether the host should hold the request or let it go on.
@@ -25,9 +27,13 @@ pub enum Outcome {
     Pending,
     Routed(Routed),
     Rejected(RequestError),
+    /// Flow control holds it; the decision comes back through the director.
+    Held,
 }
 
 pub struct RequestFlow {
+    /// The host's context id: flow control names the held request by it.
+    id: u32,
     api: ApiKind,
     headers: RequestHeaders,
     pub request_id: String,
@@ -41,6 +47,7 @@ pub struct RequestFlow {
 impl Default for RequestFlow {
     fn default() -> Self {
         RequestFlow {
+            id: 0,
             api: ApiKind::Other,
             headers: RequestHeaders::default(),
             request_id: String::new(),
@@ -62,6 +69,13 @@ fn header_text(host: &impl HttpHost, name: &str) -> Option<String> {
 }
 
 impl RequestFlow {
+    pub fn new(id: u32) -> Self {
+        RequestFlow {
+            id,
+            ..RequestFlow::default()
+        }
+    }
+
     pub fn on_headers(
         &mut self,
         host: &impl HttpHost,
@@ -157,7 +171,10 @@ impl RequestFlow {
                 self.request_id,
                 routed.model,
                 routed.priority,
-                header_text(host, FAIRNESS_ID_HEADER).as_deref().unwrap_or("-"),
+                header_text(host, LLMD_FAIRNESS_ID_HEADER)
+                    .or_else(|| header_text(host, FAIRNESS_ID_HEADER))
+                    .as_deref()
+                    .unwrap_or("-"),
                 routed.destination,
                 if routed.fallbacks.is_empty() { "-" } else { &routed.fallbacks },
                 routed.prefill.as_deref().unwrap_or("-"),
@@ -172,6 +189,12 @@ impl RequestFlow {
                 "inference-picker: rejected request_id={} {error}",
                 self.request_id
             ),
+            Outcome::Held => log::debug!(
+                "inference-picker: held request_id={} waiting_here={} pool_saturation={:.2} (flow control: the pool is saturated or others wait first)",
+                self.request_id,
+                director.flow_control().map_or(0, |flow| flow.local_len()),
+                director.pool_saturation(host.now_ms()).unwrap_or(f64::NAN),
+            ),
         }
     }
 
@@ -180,6 +203,7 @@ impl RequestFlow {
     /// destination list) and the one that answered 5xx (or Envoy's own 5xx when it could not
     /// connect); the session token goes back so the client can stick to the pod.
     pub fn on_response_headers(&mut self, host: &impl HttpHost, director: &mut Director) {
+        self.take_back_dispatched(director);
         let Outcome::Routed(routed) = &mut self.outcome else {
             return;
         };
@@ -212,12 +236,31 @@ impl RequestFlow {
         }
     }
 
-    /// The request ended, however it ended: give back its in-flight slot, exactly once.
-    pub fn on_done(&mut self, director: &mut Director) {
+    /// A held request that flow control dispatched becomes a routed one.
+    fn take_back_dispatched(&mut self, director: &mut Director) {
+        if self.outcome == Outcome::Held {
+            if let Some(routed) = director.take_dispatched(self.id) {
+                self.outcome = Outcome::Routed(routed);
+            }
+        }
+    }
+
+    /// The request ended, however it ended: give back its in-flight slot, exactly once; a
+    /// request still held (its client went away) leaves the queue. Returns how long such a
+    /// request had waited.
+    pub fn on_done(&mut self, director: &mut Director, now_ms: u64) -> Option<u64> {
+        self.take_back_dispatched(director);
+        if self.outcome == Outcome::Held {
+            self.outcome = Outcome::Rejected(RequestError::NoEndpoint(
+                "the client went away while the request was held".into(),
+            ));
+            return director.abandon(self.id, now_ms);
+        }
         if let (Outcome::Routed(routed), false) = (&self.outcome, self.released) {
             director.release(routed);
             self.released = true;
         }
+        None
     }
 
     fn finish(
@@ -226,8 +269,57 @@ impl RequestFlow {
         director: &mut Director,
         body: Option<&[u8]>,
     ) -> Flow {
-        let body_size = body.map_or(0, <[u8]>::len);
-        let routed = match director.route(self.api, body, std::mem::take(&mut self.headers)) {
+        let prepared = match director.prepare(self.api, body, std::mem::take(&mut self.headers)) {
+            Ok(prepared) => prepared,
+            Err(error) => return self.reject(host, error),
+        };
+        if director.flow_control().is_none() || !self.api.is_inference() {
+            return self.route_now(host, director, prepared);
+        }
+        let arrival = self.arrival(host, director, &prepared);
+        match director.admit(self.id, prepared, arrival, host.now_ms()) {
+            Admission::Now(prepared) => self.route_now(host, director, *prepared),
+            Admission::Held => {
+                self.outcome = Outcome::Held;
+                Flow::Pause
+            }
+            Admission::Refused(error) => self.reject(host, error),
+        }
+    }
+
+    /// What flow control needs to queue the request: its flow (fairness id and priority),
+    /// size and TTFT objective. The headers are read only with flow control on.
+    fn arrival(&self, host: &impl HttpHost, director: &Director, prepared: &Prepared) -> Arrival {
+        let fairness_id = header_text(host, LLMD_FAIRNESS_ID_HEADER)
+            .or_else(|| header_text(host, FAIRNESS_ID_HEADER))
+            .unwrap_or_else(|| DEFAULT_FAIRNESS_ID.to_owned());
+        let slo_ttft_ms = director
+            .flow_control()
+            .is_some_and(|flow| flow.reads_slo_header())
+            .then(|| {
+                header_text(host, SLO_TTFT_HEADER)
+                    .or_else(|| header_text(host, SLO_TTFT_LEGACY_HEADER))
+            })
+            .flatten()
+            .and_then(|text| text.parse().ok());
+        Arrival {
+            id: self.id,
+            request_id: self.request_id.clone(),
+            priority: prepared.request.priority,
+            fairness_id,
+            bytes: prepared.body_size as u64,
+            slo_ttft_ms,
+        }
+    }
+
+    fn route_now(
+        &mut self,
+        host: &impl HttpHost,
+        director: &mut Director,
+        prepared: Prepared,
+    ) -> Flow {
+        let body_size = prepared.body_size;
+        let routed = match director.route_prepared(prepared) {
             Ok(routed) => routed,
             Err(error) => return self.reject(host, error),
         };
@@ -244,7 +336,7 @@ impl RequestFlow {
     }
 
     fn reject(&mut self, host: &impl HttpHost, error: RequestError) -> Flow {
-        if let Err(host_error) = host.send_local_reply(error.status(), &error.to_json()) {
+        if let Err(host_error) = host.send_error(&error) {
             log::error!(
                 "inference-picker: sending the {} reply: {host_error}",
                 error.status()
@@ -252,6 +344,56 @@ impl RequestFlow {
         }
         self.outcome = Outcome::Rejected(error);
         Flow::Pause
+    }
+}
+
+/// Carries out flow control's release of a held request on its stream (the host is that
+/// stream's): writes the decision, or answers with the refusal. Returns true when the stream
+/// must be resumed.
+pub fn carry_out(host: &impl HttpHost, director: &mut Director, release: Release) -> bool {
+    match release {
+        Release::Routed {
+            id,
+            routed,
+            body_size,
+            waited_ms,
+            request_id,
+        } => {
+            if let Err(error) = apply_routing(host, &routed, body_size) {
+                log::error!("inference-picker: applying a released decision: {error}");
+                director.release(&routed);
+                let refusal = RequestError::NoEndpoint("the destination could not be set".into());
+                let _ = host.send_error(&refusal);
+                return false;
+            }
+            log::debug!(
+                "inference-picker: flow control released request_id={request_id} waited_ms={waited_ms} reason=dispatched picked={} priority={} {}",
+                routed.destination,
+                routed.priority,
+                director.explain_last()
+            );
+            director.record_dispatched(id, *routed);
+            true
+        }
+        Release::Refused {
+            error,
+            waited_ms,
+            request_id,
+            ..
+        } => {
+            log::debug!(
+                "inference-picker: flow control refused request_id={request_id} waited_ms={waited_ms} reason={} {error}",
+                error.dropped_reason().unwrap_or("no-endpoint")
+            );
+            if let Err(host_error) = host.send_error(&error) {
+                log::error!(
+                    "inference-picker: sending the {} reply: {host_error}",
+                    error.status()
+                );
+            }
+            false
+        }
+        Release::Wake(_) => false,
     }
 }
 
@@ -330,8 +472,8 @@ mod tests {
         );
         assert_eq!(host.headers.borrow()[DESTINATION_HEADER], "127.0.0.1:8001");
         assert_eq!(director.pool().endpoints[0].in_flight, 1);
-        flow.on_done(&mut director);
-        flow.on_done(&mut director);
+        flow.on_done(&mut director, 0);
+        flow.on_done(&mut director, 0);
         assert_eq!(
             director.pool().endpoints[0].in_flight,
             0,
@@ -515,7 +657,7 @@ mod tests {
             .borrow_mut()
             .insert(":status".into(), "503".into());
         flow.on_response_headers(&host, &mut director);
-        flow.on_done(&mut director);
+        flow.on_done(&mut director, 0);
         assert!(director.pool().endpoints[0].backoff_until_ms > 0);
         // The only pod is backing off: the request still goes somewhere (degraded).
         let flow = routed(&host, &mut director);
@@ -585,7 +727,7 @@ mod tests {
             [0, 1, 0],
             "the count moved to the pod serving it"
         );
-        flow.on_done(&mut director);
+        flow.on_done(&mut director, 0);
         assert!(director.pool().endpoints.iter().all(|e| e.in_flight == 0));
         // The next request is not offered to the pod that could not take the last one.
         let host = host_with("/v1/completions", r#"{"model":"m","prompt":"y"}"#, &[]);
@@ -603,12 +745,12 @@ mod tests {
         let mut flow = routed(&host, &mut director);
         respond(&host, &mut flow, &mut director, "200", "127.0.0.1:8001");
         assert_eq!(backing_off(&director), [false, false, false]);
-        flow.on_done(&mut director);
+        flow.on_done(&mut director, 0);
         // Every attempt failed; Envoy's 503 comes after the last one, on the third address.
         let mut flow = routed(&host, &mut director);
         respond(&host, &mut flow, &mut director, "503", "127.0.0.1:8003");
         assert_eq!(backing_off(&director), [true, true, true]);
-        flow.on_done(&mut director);
+        flow.on_done(&mut director, 0);
         assert!(director.pool().endpoints.iter().all(|e| e.in_flight == 0));
     }
 
@@ -619,7 +761,7 @@ mod tests {
         let mut flow = routed(&host, &mut director);
         respond(&host, &mut flow, &mut director, "200", "10.9.9.9:80");
         assert_eq!(backing_off(&director), [false, false, false]);
-        flow.on_done(&mut director);
+        flow.on_done(&mut director, 0);
         assert!(director.pool().endpoints.iter().all(|e| e.in_flight == 0));
     }
 

@@ -128,6 +128,15 @@ impl Coordinator {
         }
     }
 
+    /// The other VMs of this Envoy, as of the last registration (every tick).
+    pub fn others(&self) -> &[u64] {
+        &self.others
+    }
+
+    pub fn namespace(&self) -> &str {
+        &self.namespace
+    }
+
     pub fn lease_ms(&self) -> u64 {
         self.lease_ms
     }

@@ -4,7 +4,7 @@
 
 use crate::director::Director;
 use crate::endpoint::Health;
-use crate::error_response::RequestError;
+use crate::error_response::{Dropped, RequestError};
 use crate::host::{MetricKind, Metrics};
 use crate::shared_state::Role;
 use crate::tick_flow::{CalloutOutcome, TickFlow, TickOutcome};
@@ -44,6 +44,40 @@ pub struct Stats<H: Metrics> {
     vms: Option<u32>,
     /// When the scraper last set the per-endpoint gauges.
     gauges_set_ms: Cell<u64>,
+    /// Flow control's stats, when its gate is on.
+    flow: Option<FlowStats>,
+}
+
+/// How a request left flow control's queue.
+#[derive(Debug, Clone, PartialEq)]
+pub enum FlowExit {
+    /// Picked for and resumed, to the pool index `primary`.
+    Dispatched { primary: usize },
+    /// Refused on the way out (TTL, or no endpoint left after filters).
+    Refused(RequestError),
+    /// Its client went away while it was held.
+    Abandoned,
+}
+
+/// One band's queue gauges, and the requests and bytes this VM last added to them (every
+/// VM adds its own share).
+struct BandGauges {
+    size: Option<u32>,
+    bytes: Option<u32>,
+    size_added: u64,
+    bytes_added: u64,
+}
+
+struct FlowStats {
+    held: Option<u32>,
+    dispatched: Option<u32>,
+    expired: Option<u32>,
+    rejected: Option<u32>,
+    abandoned: Option<u32>,
+    queue_time_ms: Option<u32>,
+    pool_saturation_pct: Option<u32>,
+    bands: RefCell<Vec<BandGauges>>,
+    saturation_set: Cell<Option<u64>>,
 }
 
 impl<H: Metrics> Stats<H> {
@@ -65,6 +99,48 @@ impl<H: Metrics> Stats<H> {
             vm_memory_bytes: define(MetricKind::Gauge, "inference_picker.vm_memory_bytes"),
             vms: define(MetricKind::Gauge, "inference_picker.vms"),
             gauges_set_ms: Cell::new(0),
+            flow: director.flow_control().map(|flow| {
+                let counter = |what: &str| {
+                    define(
+                        MetricKind::Counter,
+                        &format!("inference_picker.flow_control.{what}"),
+                    )
+                };
+                let band_gauge = |priority: i32, what: &str| {
+                    define(
+                        MetricKind::Gauge,
+                        &format!("inference_picker.flow_control.band.{priority}.{what}"),
+                    )
+                };
+                FlowStats {
+                    held: counter("held"),
+                    dispatched: counter("dispatched"),
+                    expired: counter("expired"),
+                    rejected: counter("rejected"),
+                    abandoned: counter("abandoned"),
+                    queue_time_ms: define(
+                        MetricKind::Histogram,
+                        "inference_picker.flow_control.queue_time_ms",
+                    ),
+                    pool_saturation_pct: define(
+                        MetricKind::Gauge,
+                        "inference_picker.flow_control.pool_saturation_percent",
+                    ),
+                    bands: RefCell::new(
+                        flow.config()
+                            .bands
+                            .iter()
+                            .map(|band| BandGauges {
+                                size: band_gauge(band.priority, "queue_size"),
+                                bytes: band_gauge(band.priority, "queue_bytes"),
+                                size_added: 0,
+                                bytes_added: 0,
+                            })
+                            .collect(),
+                    ),
+                    saturation_set: Cell::new(None),
+                }
+            }),
             host,
         };
         stats.cover(director);
@@ -142,7 +218,7 @@ impl<H: Metrics> Stats<H> {
 
     /// A routed request; `scheduling_us` when its decision was timed.
     pub fn routed(&self, primary: usize, scheduling_us: Option<u64>) {
-        self.bump(self.decisions.first().copied().flatten());
+        self.routed_count();
         self.bump(self.endpoint(primary, |e| e.picks));
         if let (Some(id), Some(us)) = (self.scheduling_us, scheduling_us) {
             let _ = self.host.record(id, us);
@@ -153,9 +229,82 @@ impl<H: Metrics> Stats<H> {
         let status = error.status().to_string();
         let slot = OUTCOMES.iter().position(|o| *o == status);
         self.bump(slot.and_then(|i| self.decisions.get(i).copied().flatten()));
+        if let RequestError::Dropped(Dropped::QueueFull | Dropped::QueueFullNoEndpoints) = error {
+            self.bump(self.flow.as_ref().and_then(|f| f.rejected));
+        }
         if matches!(error, RequestError::TooManyRequests(message) if message.contains("saturated"))
         {
             self.bump(self.shed);
+        }
+    }
+
+    fn routed_count(&self) {
+        self.bump(self.decisions.first().copied().flatten());
+    }
+
+    /// A request flow control held.
+    pub fn held(&self) {
+        self.bump(self.flow.as_ref().and_then(|f| f.held));
+    }
+
+    /// A held request left the queue after `waited_ms`.
+    pub fn flow_left(&self, exit: FlowExit, waited_ms: u64) {
+        let Some(flow) = &self.flow else {
+            return;
+        };
+        match &exit {
+            FlowExit::Dispatched { primary } => {
+                self.bump(flow.dispatched);
+                self.routed_count();
+                self.bump(self.endpoint(*primary, |e| e.picks));
+            }
+            FlowExit::Abandoned => self.bump(flow.abandoned),
+            FlowExit::Refused(error) => {
+                if let RequestError::Dropped(Dropped::TtlExpired | Dropped::NoEndpointTtlExpired) =
+                    error
+                {
+                    self.bump(flow.expired);
+                }
+                self.rejected(error);
+            }
+        }
+        if let Some(id) = flow.queue_time_ms {
+            let _ = self.host.record(id, waited_ms);
+        }
+    }
+
+    /// This VM's share of the per-band queue gauges (added as a difference, so the gauges
+    /// sum every VM's), and the pool's saturation.
+    pub fn flow_gauges(&self, director: &Director, now_ms: u64) {
+        let (Some(flow), Some(control)) = (&self.flow, director.flow_control()) else {
+            return;
+        };
+        if let Ok(mut bands) = flow.bands.try_borrow_mut() {
+            for ((_, size, bytes), gauges) in control.band_load().into_iter().zip(bands.iter_mut())
+            {
+                self.add_difference(gauges.size, &mut gauges.size_added, size);
+                self.add_difference(gauges.bytes, &mut gauges.bytes_added, bytes);
+            }
+        }
+        let percent = director
+            .pool_saturation(now_ms)
+            .map_or(0, |s| (s * 100.0).round().clamp(0.0, 1e9) as u64);
+        if flow.saturation_set.get() != Some(percent) {
+            flow.saturation_set.set(Some(percent));
+            if let Some(id) = flow.pool_saturation_pct {
+                let _ = self.host.record(id, percent);
+            }
+        }
+    }
+
+    fn add_difference(&self, id: Option<u32>, reported: &mut u64, now: u64) {
+        let (Some(id), Ok(now_i), Ok(reported_i)) =
+            (id, i64::try_from(now), i64::try_from(*reported))
+        else {
+            return;
+        };
+        if now_i != reported_i && self.host.increment(id, now_i - reported_i).is_ok() {
+            *reported = now;
         }
     }
 

@@ -34,8 +34,12 @@ pub fn configure(text: &[u8], vm_seed: u64) -> Result<Configured, String> {
     // A config update starts a fresh namespace, so old VMs' leases do not interfere.
     let namespace = format!("inference-picker/{:x}", hash_bytes(0, text.as_bytes()));
     let coordinator = Coordinator::new(&namespace, vm_seed, tick_ms);
+    let mut director = Director::new(loaded);
+    if let Some(flow) = director.flow_control_mut() {
+        flow.attach(&namespace, vm_seed);
+    }
     Ok(Configured {
-        director: Director::new(loaded),
+        director,
         ticks: TickFlow::new(Some(coordinator)),
         tick_ms: u32::try_from(tick_ms).unwrap_or(u32::MAX),
     })
@@ -178,6 +182,9 @@ impl TickFlow {
     ) -> TickOutcome {
         self.last_tick_ms = host.now_ms().unwrap_or(self.last_tick_ms);
         let (role, members_changed) = self.coordinate(host, director);
+        if let (Some(coordinator), Some(flow)) = (&self.coordinator, director.flow_control_mut()) {
+            flow.set_peers(coordinator.others());
+        }
         let report = director.on_tick(self.last_tick_ms);
         self.log_unsent();
         if role == Role::Scraper {

@@ -6,6 +6,7 @@ use super::error::ConfigError;
 use super::pool::PoolConfig;
 use super::raw::{RawConfig, RawPlugin, RawProfile};
 use super::validate::weight;
+use crate::flow_control::FlowControlConfig;
 use crate::scheduling::plugins::{self, profile_handler::single_profile_handler};
 use crate::scheduling::{
     DataLayerPlugin, Plugin, PluginInstance, PluginSummary, Profile, WeightedScorer, Wiring,
@@ -15,6 +16,12 @@ use serde_yaml::Value;
 pub(super) fn build_plugins(raw: &[RawPlugin]) -> Result<Vec<PluginInstance>, ConfigError> {
     let mut instances: Vec<PluginInstance> = Vec::with_capacity(raw.len() + 2);
     for (i, spec) in raw.iter().enumerate() {
+        if let Some(why) = plugins::not_supported(&spec.type_name) {
+            return Err(ConfigError::invalid(
+                format!("plugins[{i}].type"),
+                format!("plugin type {:?} is not supported: {why}", spec.type_name),
+            ));
+        }
         let type_name = plugins::known_type(&spec.type_name).ok_or_else(|| {
             ConfigError::invalid(
                 format!("plugins[{i}].type"),
@@ -184,7 +191,58 @@ pub(super) fn saturation_detector(
     raw: &RawConfig,
     instances: &mut Vec<PluginInstance>,
 ) -> Result<usize, ConfigError> {
-    let Some(reference) = &raw.saturation_detector else {
+    // llm-d moved the reference under `flowControl`; that one wins when both are set.
+    let nested = raw
+        .flow_control
+        .as_ref()
+        .and_then(|section| section.saturation_detector.as_ref());
+    let (key, reference) = match (nested, &raw.saturation_detector) {
+        (Some(nested), _) => (
+            "flowControl.saturationDetector.pluginRef",
+            &nested.plugin_ref,
+        ),
+        (None, Some(top)) => ("saturationDetector.pluginRef", &top.plugin_ref),
+        (None, None) => return default_saturation_detector(instances),
+    };
+    resolve_detector(key, reference, instances)
+}
+
+/// The `flowControl` section, when the `flowControl` gate is on (else `None`, with a warning
+/// if the section is there: llm-d ignores it too).
+pub(super) fn flow_control(
+    raw: &RawConfig,
+    instances: &[PluginInstance],
+    pool: &PoolConfig,
+    warnings: &mut Vec<String>,
+) -> Result<Option<FlowControlConfig>, ConfigError> {
+    let gated = raw.feature_gates.iter().any(|g| g == FLOW_CONTROL_GATE);
+    if !gated {
+        if raw.flow_control.is_some() {
+            warnings.push(
+                "the flowControl section is ignored without `featureGates: [flowControl]`".into(),
+            );
+        }
+        return Ok(None);
+    }
+    let section = raw.flow_control.clone().unwrap_or_default();
+    let lookup = |name: &str| {
+        instances
+            .iter()
+            .find(|instance| instance.name == name)
+            .and_then(|instance| match &instance.plugin {
+                Plugin::FlowPolicy(policy) => Some(*policy),
+                _ => None,
+            })
+            .or_else(|| crate::flow_control::config::default_policy(name))
+    };
+    let priorities: Vec<i32> = pool.objectives.iter().map(|o| o.priority).collect();
+    crate::flow_control::config::build(&section, &priorities, &lookup)
+        .map(Some)
+        .map_err(|(key, reason)| ConfigError::invalid(key, reason))
+}
+
+fn default_saturation_detector(instances: &mut Vec<PluginInstance>) -> Result<usize, ConfigError> {
+    {
         instances.push(PluginInstance {
             name: "utilization-detector (default)".into(),
             type_name: plugins::saturation_detector::utilization_detector::TYPE,
@@ -194,10 +252,15 @@ pub(super) fn saturation_detector(
             )
             .map_err(|reason| ConfigError::invalid("saturationDetector", reason))?,
         });
-        return Ok(instances.len() - 1);
-    };
-    let key = "saturationDetector.pluginRef";
-    let name = &reference.plugin_ref;
+        Ok(instances.len() - 1)
+    }
+}
+
+fn resolve_detector(
+    key: &str,
+    name: &str,
+    instances: &[PluginInstance],
+) -> Result<usize, ConfigError> {
     match instances.iter().position(|p| p.name == *name) {
         Some(index) => match instances.get(index).map(|p| &p.plugin) {
             Some(Plugin::SaturationDetector(_)) => Ok(index),
@@ -215,6 +278,7 @@ pub(super) fn saturation_detector(
 }
 
 pub(super) const DATA_LAYER_GATE: &str = "dataLayer";
+pub(super) const FLOW_CONTROL_GATE: &str = "flowControl";
 
 /// Wires `dataLayer.sources[].extractors[]` (the seed's `data:`) into the scrape: the sources
 /// say which path is scraped, the extractors which custom series are kept.

@@ -16,8 +16,8 @@ pub use pool::{EndpointConfig, LoadSignals, ObjectiveConfig, PoolConfig};
 use crate::metrics::MetricSelector;
 use crate::scheduling::Scheduler;
 use build::{
-    build_plugins, build_profiles, profile_handler, resolve_scorers, saturation_detector,
-    wire_data_layer,
+    build_plugins, build_profiles, flow_control, profile_handler, resolve_scorers,
+    saturation_detector, wire_data_layer,
 };
 use defaults::with_defaults;
 use raw::RawConfig;
@@ -31,6 +31,8 @@ pub struct FilterConfig {
     /// Custom series the scrape must extract, in `EndpointMetrics::custom` order.
     pub metric_selectors: Vec<MetricSelector>,
     pub feature_gates: Vec<String>,
+    /// Flow control's settings when the `flowControl` gate is on.
+    pub flow_control: Option<crate::flow_control::FlowControlConfig>,
     /// Not fatal, but worth a log line (e.g. a plugin no profile uses).
     pub warnings: Vec<String>,
 }
@@ -72,6 +74,7 @@ fn load_document(
     warn_unused(&instances, &profiles, handler, &mut warnings);
     warn_missing_prefix_scorer(&instances, &mut warnings);
     let detector = saturation_detector(&raw, &mut instances)?;
+    let flow_control = flow_control(&raw, &instances, &pool, &mut warnings)?;
     let effective = with_effective
         .then(|| effective::document(&raw, &raw_plugins, &instances, &profiles, detector, &pool));
     let mut scheduler = Scheduler::new(instances, profiles, handler, seed);
@@ -81,6 +84,7 @@ fn load_document(
         pool,
         metric_selectors: wiring.extractors.into_iter().map(|(_, s)| s).collect(),
         feature_gates: raw.feature_gates,
+        flow_control,
         warnings,
     };
     Ok((config, effective))

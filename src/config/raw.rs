@@ -19,6 +19,7 @@ pub(super) struct RawConfig {
     #[serde(alias = "data")]
     pub(super) data_layer: Option<RawDataLayer>,
     pub(super) pool: Option<PoolConfig>,
+    pub(super) flow_control: Option<crate::flow_control::config::RawFlowControl>,
 }
 
 #[derive(Debug, Clone, Deserialize)]

@@ -69,6 +69,7 @@ pub(super) fn warn_unused(
                 | Plugin::PdDecider(_)
                 | Plugin::BuiltIn(_)
                 | Plugin::SaturationDetector(_)
+                | Plugin::FlowPolicy(_)
         );
         let used = index == handler
             || wired_elsewhere

@@ -5,10 +5,15 @@
 mod abi;
 
 use crate::director::Director;
+use crate::director::Release;
+use crate::error_response::RequestError;
+use crate::flow_control::FlowControl;
 use crate::host::{
     Clock, HostError, HttpCallouts, HttpHost, MetricKind, Metrics, SharedData, LOG_CRITICAL,
 };
-use crate::request_flow::{Flow, Outcome, RequestFlow};
+use crate::protocol::DROPPED_REASON_HEADER;
+use crate::request_flow::{self, Flow, Outcome, RequestFlow};
+use crate::stats::FlowExit;
 use crate::stats::Stats;
 use crate::tick_flow::{self, TickFlow};
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
@@ -86,6 +91,8 @@ struct PickerRoot {
     context_id: u32,
     director: Option<SharedDirector>,
     stats: Option<Rc<Stats<EnvoyHost>>>,
+    /// Flow control's wake-ups between VMs (set when the gate is on).
+    waker: Option<Rc<Waker>>,
     ticks: TickFlow,
     /// This VM's linear memory as last added to the shared `vm_memory_bytes` gauge.
     vm_memory_reported: u64,
@@ -97,6 +104,7 @@ impl PickerRoot {
             context_id,
             director: None,
             stats: None,
+            waker: None,
             ticks: TickFlow::new(None),
             vm_memory_reported: 0,
         }
@@ -124,6 +132,10 @@ impl Context for PickerRoot {
             .on_callout_response(&EnvoyHost, &mut director, token, body_size);
         if let Some(stats) = &self.stats {
             stats.after_callout(&director, &mut self.ticks, outcome);
+        }
+        // A scrape that shows room lets held requests go at once, not at the next tick.
+        if let Some(waker) = &self.waker {
+            release_held(&mut director, self.stats.as_deref(), waker, self.context_id);
         }
     }
 }
@@ -163,10 +175,28 @@ impl RootContext for PickerRoot {
             defined_ns.saturating_sub(loaded_ns) / 1_000_000,
             configured.tick_ms
         );
+        self.waker = configured
+            .director
+            .flow_control()
+            .and_then(|flow| Waker::register(flow).map(Rc::new));
         self.ticks = configured.ticks;
         self.stats = Some(Rc::new(stats));
         self.director = Some(Rc::new(RefCell::new(configured.director)));
         true
+    }
+
+    fn on_queue_ready(&mut self, queue_id: u32) {
+        // Another VM saw room while this one holds the next request: drain the wake-ups
+        // and let out what fits.
+        while let Ok(Some(_)) = abi::dequeue_shared_queue(queue_id) {}
+        let (Some(shared), Some(waker)) = (self.director.clone(), &self.waker) else {
+            return;
+        };
+        let Ok(mut director) = shared.try_borrow_mut() else {
+            return;
+        };
+        refresh_flow(&mut director);
+        release_held(&mut director, self.stats.as_deref(), waker, self.context_id);
     }
 
     fn on_tick(&mut self) {
@@ -184,18 +214,157 @@ impl RootContext for PickerRoot {
         if let Some(stats) = &self.stats {
             stats.after_tick(&director, &mut self.ticks, &outcome);
         }
+        // The backstop: TTLs, and whatever no request end or scrape let out.
+        if let Some(waker) = &self.waker {
+            refresh_flow(&mut director);
+            release_held(&mut director, self.stats.as_deref(), waker, self.context_id);
+        }
     }
 
-    fn create_http_context(&self, _context_id: u32) -> Option<Box<dyn HttpContext>> {
+    fn create_http_context(&self, context_id: u32) -> Option<Box<dyn HttpContext>> {
         Some(Box::new(PickerHttp {
+            context_id,
             director: self.director.clone(),
             stats: self.stats.clone(),
-            flow: RequestFlow::default(),
+            waker: self.waker.clone(),
+            flow: RequestFlow::new(context_id),
         }))
     }
 
     fn get_type(&self) -> Option<ContextType> {
         Some(ContextType::HttpContext)
+    }
+}
+
+/// Wakes another worker VM through its shared queue when it holds the request that goes
+/// next (flow control); `on_queue_ready` then runs on that VM's thread.
+struct Waker {
+    /// The plugin's `vm_id`: shared queues are named within it.
+    vm_id: String,
+}
+
+impl Waker {
+    /// Registers this VM's wake-up queue; without one the others' wake-ups cannot reach it
+    /// and its held requests go on ticks only (logged).
+    fn register(flow: &FlowControl) -> Option<Waker> {
+        if let Err(error) = abi::register_shared_queue(&flow.wake_queue(flow.vm())) {
+            log::warn!("inference-picker: flow control: no wake-up queue, held requests go on ticks: {error}");
+        }
+        let vm_id = abi::property(&["plugin_vm_id"])
+            .ok()
+            .flatten()
+            .and_then(|bytes| String::from_utf8(bytes).ok())
+            .unwrap_or_default();
+        Some(Waker { vm_id })
+    }
+
+    fn wake(&self, flow: &FlowControl, vm: u64) {
+        let name = flow.wake_queue(vm);
+        match abi::resolve_shared_queue(&self.vm_id, &name) {
+            Ok(Some(queue)) => {
+                if let Err(error) = abi::enqueue_shared_queue(queue, b"w") {
+                    log::debug!("inference-picker: waking VM {vm:x}: {error}");
+                }
+            }
+            Ok(None) => log::debug!("inference-picker: VM {vm:x} has no wake-up queue"),
+            Err(error) => log::debug!("inference-picker: waking VM {vm:x}: {error}"),
+        }
+    }
+}
+
+/// Reads what the other VMs hold.
+fn refresh_flow(director: &mut Director) {
+    if let Some(flow) = director.flow_control_mut() {
+        if let Err(error) = flow.refresh(&EnvoyHost) {
+            log::debug!("inference-picker: flow control: reading the other VMs' queues: {error}");
+        }
+    }
+}
+
+/// Flow control's part of a callback: lets out what may go (resuming or answering this VM's
+/// held streams, waking the VM that holds the next one) and publishes what this VM holds.
+/// No host call while nothing waits anywhere. `current` is the callback's own context, made
+/// effective again after acting on held streams.
+fn release_held(
+    director: &mut Director,
+    stats: Option<&Stats<EnvoyHost>>,
+    waker: &Waker,
+    current: u32,
+) {
+    let now_ms = EnvoyRequest.now_ms();
+    if director
+        .flow_control()
+        .is_none_or(|flow| flow.idle(now_ms) && flow.settled())
+    {
+        return;
+    }
+    let mut releases = Vec::new();
+    director.releases(now_ms, &mut releases);
+    let mut switched = false;
+    for release in releases {
+        if let Release::Wake(vm) = release {
+            if let Some(flow) = director.flow_control() {
+                waker.wake(flow, vm);
+            }
+            continue;
+        }
+        switched = true;
+        carry_out_on_stream(director, stats, release);
+    }
+    if switched {
+        let _ = abi::set_effective_context(current);
+    }
+    if let Some(flow) = director.flow_control_mut() {
+        if let Err(error) = flow.publish(&EnvoyHost, now_ms) {
+            log::debug!("inference-picker: flow control: publishing this VM's queue: {error}");
+        }
+    }
+    if let Some(stats) = stats {
+        stats.flow_gauges(director, now_ms);
+    }
+}
+
+/// Resumes (or answers) one released request on its own stream.
+fn carry_out_on_stream(
+    director: &mut Director,
+    stats: Option<&Stats<EnvoyHost>>,
+    release: Release,
+) {
+    let (id, exit, waited_ms) = match &release {
+        Release::Routed {
+            id,
+            waited_ms,
+            routed,
+            ..
+        } => (
+            *id,
+            FlowExit::Dispatched {
+                primary: routed.primary,
+            },
+            *waited_ms,
+        ),
+        Release::Refused {
+            id,
+            error,
+            waited_ms,
+            ..
+        } => (*id, FlowExit::Refused(error.clone()), *waited_ms),
+        Release::Wake(_) => return,
+    };
+    if abi::set_effective_context(id).is_err() {
+        // The stream is gone (its on_log already ran); give back what the pick took.
+        if let Release::Routed { routed, .. } = &release {
+            director.release(routed);
+        }
+        return;
+    }
+    if request_flow::carry_out(&EnvoyRequest, director, release) {
+        if let Err(error) = abi::resume_request() {
+            log::warn!("inference-picker: resuming a released request: {error}");
+        }
+    }
+    if let Some(stats) = stats {
+        stats.flow_left(exit, waited_ms);
     }
 }
 
@@ -242,14 +411,29 @@ impl HttpHost for EnvoyRequest {
             .filter(|address| !address.is_empty())
     }
 
-    fn send_local_reply(&self, status: u16, json_body: &[u8]) -> Result<(), HostError> {
-        abi::send_local_response(status, &[("content-type", "application/json")], json_body)
+    fn now_ms(&self) -> u64 {
+        abi::current_time_ms().unwrap_or(0)
+    }
+
+    fn send_error(&self, error: &RequestError) -> Result<(), HostError> {
+        let content_type = ("content-type", "application/json");
+        let body = error.to_json();
+        match error.dropped_reason() {
+            Some(reason) => abi::send_local_response(
+                error.status(),
+                &[content_type, (DROPPED_REASON_HEADER, reason)],
+                &body,
+            ),
+            None => abi::send_local_response(error.status(), &[content_type], &body),
+        }
     }
 }
 
 struct PickerHttp {
+    context_id: u32,
     director: Option<SharedDirector>,
     stats: Option<Rc<Stats<EnvoyHost>>>,
+    waker: Option<Rc<Waker>>,
     flow: RequestFlow,
 }
 
@@ -277,6 +461,12 @@ impl PickerHttp {
             self.flow.log_decision(&EnvoyRequest, &director);
             self.count_decision(started_ns);
         }
+        if self.flow.outcome == Outcome::Held {
+            if let Some(waker) = &self.waker {
+                // Held behind others while the pool may have room: let the right one go.
+                release_held(&mut director, self.stats.as_deref(), waker, self.context_id);
+            }
+        }
         match flow {
             Flow::Continue => Action::Continue,
             Flow::Pause => Action::Pause,
@@ -297,14 +487,13 @@ impl PickerHttp {
                 stats.routed(routed.primary, elapsed_us);
             }
             Outcome::Rejected(error) => stats.rejected(error),
+            Outcome::Held => stats.held(),
         }
     }
 
     fn unavailable(&self) -> Action {
-        let error = crate::error_response::RequestError::NoEndpoint(
-            "the endpoint picker is not configured".into(),
-        );
-        let _ = EnvoyRequest.send_local_reply(error.status(), &error.to_json());
+        let error = RequestError::NoEndpoint("the endpoint picker is not configured".into());
+        let _ = EnvoyRequest.send_error(&error);
         Action::Pause
     }
 }
@@ -340,10 +529,25 @@ impl HttpContext for PickerHttp {
     }
 
     fn on_log(&mut self) {
-        if let Some(shared) = &self.director {
-            if let Ok(mut director) = shared.try_borrow_mut() {
-                self.flow.on_done(&mut director);
+        let Some(shared) = &self.director else {
+            return;
+        };
+        let Ok(mut director) = shared.try_borrow_mut() else {
+            return;
+        };
+        let now_ms = EnvoyRequest.now_ms();
+        if let Some(waited_ms) = self.flow.on_done(&mut director, now_ms) {
+            log::debug!(
+                "inference-picker: flow control dropped request_id={} waited_ms={waited_ms} reason=client-disconnected",
+                self.flow.request_id
+            );
+            if let Some(stats) = &self.stats {
+                stats.flow_left(FlowExit::Abandoned, waited_ms);
             }
+        }
+        // The slot this request held is free: let the next held request go now.
+        if let Some(waker) = &self.waker {
+            release_held(&mut director, self.stats.as_deref(), waker, self.context_id);
         }
     }
 }

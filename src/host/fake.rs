@@ -16,6 +16,7 @@ pub struct FakeHost {
     pub reads: RefCell<Vec<String>>,
     /// What `upstream_address` answers.
     pub upstream: RefCell<Option<String>>,
+    pub now_ms: Cell<u64>,
 }
 
 impl HttpHost for FakeHost {
@@ -63,9 +64,12 @@ impl HttpHost for FakeHost {
             .insert(name.into(), value.into());
         Ok(())
     }
-    fn send_local_reply(&self, status: u16, json_body: &[u8]) -> Result<(), HostError> {
-        *self.reply.borrow_mut() = Some((status, json_body.to_vec()));
+    fn send_error(&self, error: &crate::error_response::RequestError) -> Result<(), HostError> {
+        *self.reply.borrow_mut() = Some((error.status(), error.to_json()));
         Ok(())
+    }
+    fn now_ms(&self) -> u64 {
+        self.now_ms.get()
     }
 }
 

@@ -28,7 +28,11 @@ pub trait HttpHost {
     /// The `ip:port` the request's last upstream attempt went to (Envoy's `upstream.address`
     /// property), once the response is known; `None` when there was none or it is unreadable.
     fn upstream_address(&self) -> Option<String>;
-    fn send_local_reply(&self, status: u16, json_body: &[u8]) -> Result<(), HostError>;
+    /// Answers the request with the error's status and OpenAI-style JSON body (plus llm-d's
+    /// `x-llm-d-request-dropped-reason` for flow-control refusals).
+    fn send_error(&self, error: &crate::error_response::RequestError) -> Result<(), HostError>;
+    /// The host's wall clock in milliseconds (0 if unreadable).
+    fn now_ms(&self) -> u64;
 }
 
 /// The process-wide shared data every worker VM sees: values with a compare-and-swap token.

@@ -173,9 +173,15 @@ pub trait PdDecider: Send {
     fn disaggregate(&self, ctx: &SchedulingContext<'_>, decode_endpoint: usize) -> bool;
 }
 
-/// Says whether an endpoint can take more work; the pool is saturated when none can.
+/// How loaded an endpoint is against its limit: 0 idle, 1 or more saturated. With `live`,
+/// the load includes what the filter placed since the last scrape.
 pub trait SaturationDetector: Send {
-    fn saturated(&self, endpoint: &EndpointState, now_ms: u64) -> bool;
+    fn saturation(&self, endpoint: &EndpointState, live: bool, now_ms: u64) -> f64;
+
+    /// Saturated by its last scrape alone.
+    fn saturated(&self, endpoint: &EndpointState, now_ms: u64) -> bool {
+        self.saturation(endpoint, false, now_ms) >= 1.0
+    }
 }
 
 /// Plugins that only exist so that configs written for GIE/llm-d load unchanged; the
@@ -189,6 +195,7 @@ pub enum Plugin {
     ProfileHandler(Box<dyn ProfileHandler>),
     PdDecider(Box<dyn PdDecider>),
     SaturationDetector(Box<dyn SaturationDetector>),
+    FlowPolicy(plugins::flow_control::FlowPolicy),
     /// A metrics data source or extractor: wired through `dataLayer`, not into profiles.
     DataLayer(DataLayerPlugin),
     BuiltIn(BuiltIn),
@@ -216,6 +223,7 @@ impl Plugin {
             Plugin::ProfileHandler(_) => "profile handler",
             Plugin::PdDecider(_) => "P/D decider",
             Plugin::SaturationDetector(_) => "saturation detector",
+            Plugin::FlowPolicy(_) => "flow-control policy",
             Plugin::DataLayer(DataLayerPlugin::Source { .. }) => "data source",
             Plugin::DataLayer(DataLayerPlugin::Extractor(_)) => "metric extractor",
             Plugin::BuiltIn(_) => "built-in handler",
@@ -366,19 +374,40 @@ impl Scheduler {
         self.saturation_detector = Some(index);
     }
 
-    /// True when no endpoint can take more work (per the configured detector).
-    pub fn pool_saturated(&self, pool: &Pool, now_ms: u64) -> bool {
-        let Some(Plugin::SaturationDetector(detector)) = self
+    fn detector(&self) -> Option<&dyn SaturationDetector> {
+        match self
             .saturation_detector
             .and_then(|i| self.plugins.get(i))
             .map(|p| &p.plugin)
-        else {
+        {
+            Some(Plugin::SaturationDetector(detector)) => Some(detector.as_ref()),
+            _ => None,
+        }
+    }
+
+    /// True when no endpoint can take more work (per the configured detector).
+    pub fn pool_saturated(&self, pool: &Pool, now_ms: u64) -> bool {
+        let Some(detector) = self.detector() else {
             return false;
         };
         pool.endpoints
             .iter()
             .filter(|endpoint| !endpoint.removed)
-            .all(|endpoint| detector.saturated(endpoint, now_ms))
+            .all(|endpoint| detector.saturation(endpoint, pool.live_load, now_ms) >= 1.0)
+    }
+
+    /// The pool's saturation as flow control gates on it (llm-d's): the mean of every
+    /// endpoint's, always with what was placed since the scrapes (a gate that only moved on
+    /// scrapes would let a whole queue out at once); `None` without endpoints.
+    pub fn pool_saturation(&self, pool: &Pool, now_ms: u64) -> Option<f64> {
+        let members = pool.endpoints.iter().filter(|endpoint| !endpoint.removed);
+        let Some(detector) = self.detector() else {
+            return members.count().gt(&0).then_some(0.0);
+        };
+        let (sum, count) = members.fold((0.0, 0u32), |(sum, count), endpoint| {
+            (sum + detector.saturation(endpoint, true, now_ms), count + 1)
+        });
+        (count > 0).then(|| sum / f64::from(count))
     }
 
     pub fn profiles(&self) -> &[Profile] {

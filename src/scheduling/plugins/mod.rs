@@ -4,6 +4,7 @@
 pub mod datalayer;
 pub mod decider;
 pub mod filter;
+pub mod flow_control;
 pub mod picker;
 pub mod pre_request;
 pub mod profile_handler;
@@ -55,6 +56,20 @@ const REGISTRY: &[&PluginSpec] = &[
     &saturation_detector::concurrency_detector::SPEC,
     &saturation_detector::utilization_detector::SPEC,
     &pre_request::disagg_headers_handler::SPEC,
+    &flow_control::global_strict_fairness_policy::SPEC,
+    &flow_control::round_robin_fairness_policy::SPEC,
+    &flow_control::fcfs_ordering_policy::SPEC,
+    &flow_control::edf_ordering_policy::SPEC,
+    &flow_control::slo_deadline_ordering_policy::SPEC,
+    &flow_control::static_usage_limit_policy::SPEC,
+];
+
+/// llm-d plugin types the filter knows but does not implement, and why: loading one is an
+/// error that says so instead of "unknown type".
+const NOT_SUPPORTED: &[(&str, &str)] = &[
+    ("program-aware-fairness", "its least-attained-service bookkeeping is not implemented; use round-robin-fairness-policy"),
+    ("priority-holdback-policy", "per-band ceilings are not implemented; use static-usage-limit-policy"),
+    ("soft-reflective-ceiling-policy", "adaptive ceilings are not implemented; use static-usage-limit-policy"),
 ];
 
 /// The spec registered for a type name or one of its aliases.
@@ -82,8 +97,19 @@ pub fn all_types() -> impl Iterator<Item = &'static str> {
     specs().flat_map(|spec| std::iter::once(spec.type_name).chain(spec.aliases.iter().copied()))
 }
 
+/// Why an llm-d plugin type the filter knows of is not implemented.
+pub fn not_supported(type_name: &str) -> Option<&'static str> {
+    NOT_SUPPORTED
+        .iter()
+        .find(|(name, _)| *name == type_name)
+        .map(|(_, why)| *why)
+}
+
 /// Builds a plugin from its type and `parameters` (null when absent).
 pub fn build(type_name: &str, parameters: &Value) -> Result<Plugin, String> {
+    if let Some(why) = not_supported(type_name) {
+        return Err(format!("plugin type {type_name:?} is not supported: {why}"));
+    }
     let spec = spec(type_name).ok_or_else(|| format!("unknown plugin type {type_name:?}"))?;
     (spec.build)(parameters)
 }

@@ -15,6 +15,8 @@ pub enum Kind {
     ProfileHandler,
     PdDecider,
     SaturationDetector,
+    /// Flow control's fairness, ordering and usage-limit policies.
+    FlowControl,
     DataLayer,
     /// Accepted for llm-d configs; the behaviour is built into the filter.
     BuiltIn,
@@ -30,6 +32,7 @@ impl Kind {
             Kind::ProfileHandler => "profile handler",
             Kind::PdDecider => "P/D decider",
             Kind::SaturationDetector => "saturation detector",
+            Kind::FlowControl => "flow-control policy",
             Kind::DataLayer => "data layer",
             Kind::BuiltIn => "built in",
         }

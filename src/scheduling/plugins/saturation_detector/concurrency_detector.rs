@@ -67,15 +67,16 @@ pub fn build(parameters: &Value) -> Result<Plugin, String> {
 }
 
 impl SaturationDetector for ConcurrencyDetector {
-    fn saturated(&self, endpoint: &EndpointState, _now_ms: u64) -> bool {
+    /// In-flight requests (or tokens) over the limit; counts are live by nature.
+    fn saturation(&self, endpoint: &EndpointState, _live: bool, _now_ms: u64) -> f64 {
         let p = &self.parameters;
         let scale = 1.0 + p.headroom;
         match p.concurrency_mode {
             Mode::Requests => {
-                f64::from(endpoint.total_in_flight()) >= f64::from(p.max_concurrency) * scale
+                f64::from(endpoint.total_in_flight()) / (f64::from(p.max_concurrency) * scale)
             }
             Mode::Tokens => {
-                endpoint.total_in_flight_tokens() as f64 >= p.max_token_concurrency as f64 * scale
+                endpoint.total_in_flight_tokens() as f64 / (p.max_token_concurrency as f64 * scale)
             }
         }
     }

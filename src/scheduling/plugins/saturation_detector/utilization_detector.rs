@@ -82,23 +82,26 @@ impl UtilizationDetector {
 }
 
 impl SaturationDetector for UtilizationDetector {
-    fn saturated(&self, endpoint: &EndpointState, now_ms: u64) -> bool {
+    /// The larger of queue / `queueDepthThreshold` and KV / `kvCacheUtilThreshold`; stale
+    /// metrics or an unknown queue or KV usage count as saturated (1).
+    fn saturation(&self, endpoint: &EndpointState, live: bool, now_ms: u64) -> f64 {
         let p = &self.parameters;
         let stale = endpoint.health != Health::Fresh
             || endpoint
                 .last_scrape_ok_ms
                 .is_none_or(|at| now_ms.saturating_sub(at) > self.staleness_ms);
         let scale = 1.0 + p.headroom;
-        // An unknown queue or KV usage counts as saturated.
-        stale
-            || endpoint
-                .metrics
-                .waiting()
-                .is_none_or(|queue| queue >= p.queue_depth_threshold * scale)
-            || endpoint
-                .metrics
-                .kv_usage()
-                .is_none_or(|kv| kv >= p.kv_cache_util_threshold * scale)
+        let ratio = |value: Option<f64>, threshold: f64| {
+            value
+                .filter(|v| v.is_finite())
+                .map_or(1.0, |v| v / (threshold * scale))
+        };
+        let queue = ratio(endpoint.waiting(live), p.queue_depth_threshold);
+        let kv = ratio(endpoint.kv_usage(live), p.kv_cache_util_threshold);
+        if stale {
+            return queue.max(kv).max(1.0);
+        }
+        queue.max(kv)
     }
 }
 
