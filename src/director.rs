@@ -6,6 +6,7 @@ use crate::duration::duration_ms;
 use crate::endpoint::{EndpointState, Health, HealthTransition, Pool};
 use crate::error_response::RequestError;
 use crate::flow_control::{Arrival, FlowControl, Pick};
+use crate::host::SharedData;
 use crate::metrics::{self, ExtractError, MetricSelector};
 use crate::protocol::{SESSION_TOKEN_HEADER, TEST_SELECTION_HEADER};
 use crate::request::{parse_body, rewrite_model, ApiKind, InferenceRequest, RequestHeaders};
@@ -199,10 +200,13 @@ impl Director {
 
     /// Flow control's say on a parsed request: pick now (gate off, or room and nothing
     /// waiting anywhere), hold it as `id`, or refuse it (queue full).
-    pub fn admit(&mut self, id: u32, prepared: Prepared, wait: Arrival, now_ms: u64) -> Admission {
-        if self.flow.is_none() {
-            return Admission::Now(Box::new(prepared));
-        }
+    pub fn admit(
+        &mut self,
+        prepared: Prepared,
+        arrival: Arrival,
+        now_ms: u64,
+        store: &dyn SharedData,
+    ) -> Admission {
         let room = self.has_room(now_ms);
         let Some(flow) = self.flow.as_mut() else {
             return Admission::Now(Box::new(prepared));
@@ -210,8 +214,15 @@ impl Director {
         if room && flow.idle(now_ms) {
             return Admission::Now(Box::new(prepared));
         }
-        let request_id = wait.request_id.clone();
-        match flow.admit(Arrival { id, ..wait }, now_ms) {
+        // Engaged: what the other VMs hold decides whether this one may pass them.
+        if let Err(error) = flow.refresh(store) {
+            log::debug!("inference-picker: flow control: reading the other VMs' queues: {error}");
+        }
+        if room && flow.idle(now_ms) {
+            return Admission::Now(Box::new(prepared));
+        }
+        let (id, request_id) = (arrival.id, arrival.request_id.clone());
+        match flow.admit(arrival, now_ms, store) {
             Ok(()) => {
                 self.held.insert(id, (prepared, request_id));
                 Admission::Held
@@ -223,11 +234,24 @@ impl Director {
     /// Held requests that leave the queue now: those whose TTL ran out, then, while the pool
     /// has room, the next by priority, fairness and order (each picked for at once, so the
     /// next look at the room counts it), or a wake for the VM that holds the next one.
-    pub fn releases(&mut self, now_ms: u64, out: &mut Vec<Release>) {
+    ///
+    /// `wake`: when the next request is another VM's, ask for a [`Release::Wake`]; only a VM
+    /// whose own request just ended should, as only its own count is exact (a VM's view of
+    /// the others' is as of their last tick). `credits` dispatches may go without room as
+    /// this VM sees it: another VM's request ended and it woke this one, before this VM's
+    /// view of the other's load caught up.
+    pub fn releases(
+        &mut self,
+        now_ms: u64,
+        store: &dyn SharedData,
+        wake: bool,
+        mut credits: usize,
+        out: &mut Vec<Release>,
+    ) {
         let Some(flow) = self.flow.as_mut() else {
             return;
         };
-        for (left, dropped) in flow.expire(now_ms) {
+        for (left, dropped) in flow.expire(now_ms, store) {
             let request_id = self.held.remove(&left.id).map(|h| h.1).unwrap_or_default();
             out.push(Release::Refused {
                 id: left.id,
@@ -239,7 +263,10 @@ impl Director {
         let bound = self.held.len() + 1;
         for _ in 0..bound {
             if !self.has_room(now_ms) {
-                return;
+                if credits == 0 {
+                    return;
+                }
+                credits -= 1;
             }
             let Some(flow) = self.flow.as_mut() else {
                 return;
@@ -247,10 +274,12 @@ impl Director {
             let left = match flow.pick(now_ms) {
                 None => return,
                 Some(Pick::Remote(vm)) => {
-                    out.push(Release::Wake(vm));
+                    if wake {
+                        out.push(Release::Wake(vm));
+                    }
                     return;
                 }
-                Some(Pick::Local(id)) => flow.dispatch(id, now_ms),
+                Some(Pick::Local(id)) => flow.dispatch(id, now_ms, store),
             };
             let Some(left) = left else {
                 return;
@@ -278,9 +307,9 @@ impl Director {
     }
 
     /// A held request's client went away: it leaves the queue; returns how long it waited.
-    pub fn abandon(&mut self, id: u32, now_ms: u64) -> Option<u64> {
+    pub fn abandon(&mut self, id: u32, now_ms: u64, store: &dyn SharedData) -> Option<u64> {
         self.held.remove(&id);
-        let left = self.flow.as_mut()?.remove(id, now_ms)?;
+        let left = self.flow.as_mut()?.remove(id, now_ms, store)?;
         Some(left.waited_ms)
     }
 
@@ -984,5 +1013,84 @@ pool:
         assert_eq!(load_all(&mut director, 9, 1050), None);
         assert_eq!(load_all(&mut director, 0, 1060), None);
         assert_eq!(load_all(&mut director, 0, 1070), Some(false));
+    }
+
+    const FLOW: &str = "
+featureGates: [flowControl]
+plugins:
+- type: concurrency-detector
+  parameters: {maxConcurrency: 1}
+- {type: round-robin-fairness-policy, name: rr}
+flowControl:
+  saturationDetector: {pluginRef: concurrency-detector}
+  defaultRequestTTL: 1s
+  priorityBands: [{priority: 5, fairnessPolicyRef: rr}]
+pool:
+  objectives: [{name: batch, priority: -1}]
+  endpoints:
+  - address: 10.0.0.1:8000
+";
+
+    fn flow_arrival(id: u32) -> Arrival {
+        Arrival {
+            id,
+            request_id: format!("r{id}"),
+            priority: 0,
+            fairness_id: "t".into(),
+            bytes: BODY.len() as u64,
+            slo_ttft_ms: None,
+        }
+    }
+
+    #[test]
+    fn flow_control_holds_while_saturated_and_releases_as_requests_end() {
+        let store = crate::host::fake::FakeShared::default();
+        let mut director = Director::new(load(FLOW, 7).unwrap());
+        scrape(&mut director, 0, 0, 0.0);
+        director.on_tick(1000);
+        let prepare = |director: &mut Director| {
+            let mut headers = RequestHeaders::default();
+            headers.objective = Some("batch".into());
+            director
+                .prepare(ApiKind::Completions, Some(BODY), headers)
+                .unwrap()
+        };
+        let prepared = prepare(&mut director);
+        let first = match director.admit(prepared, flow_arrival(1), 1000, &store) {
+            Admission::Now(prepared) => director.route_prepared(*prepared).unwrap(),
+            other => panic!("room: routed at once, got {other:?}"),
+        };
+        assert_eq!(
+            first.priority, -1,
+            "sheddable, yet not refused with flow control on"
+        );
+        for id in [2, 3] {
+            let prepared = prepare(&mut director);
+            let admitted = director.admit(prepared, flow_arrival(id), 1010, &store);
+            assert_eq!(admitted, Admission::Held, "saturated: held");
+        }
+        let mut out = Vec::new();
+        director.releases(1020, &store, false, 0, &mut out);
+        assert!(out.is_empty(), "still saturated: nothing leaves");
+        director.release(&first);
+        director.releases(1030, &store, false, 0, &mut out);
+        let [Release::Routed {
+            id: 2,
+            waited_ms: 20,
+            routed,
+            ..
+        }] = &out[..]
+        else {
+            panic!("the first held goes when the slot frees: {out:?}");
+        };
+        director.record_dispatched(2, (**routed).clone());
+        out.clear();
+        director.releases(2011, &store, false, 0, &mut out);
+        let [Release::Refused { id: 3, error, .. }] = &out[..] else {
+            panic!("the other expires after its TTL: {out:?}");
+        };
+        assert_eq!(error.status(), 429);
+        assert!(director.take_dispatched(2).is_some());
+        assert_eq!(director.abandon(3, 2100, &store), None, "already gone");
     }
 }

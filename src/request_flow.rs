@@ -6,7 +6,7 @@ use crate::error_response::RequestError;
 use crate::flow_control::{Arrival, DEFAULT_FAIRNESS_ID};
 use crate::request::{ApiKind, RequestHeaders};
 
-use crate::host::{HostError, HttpHost};
+use crate::host::{HostError, HttpHost, SharedData};
 use crate::protocol::{
     DESTINATION_HEADER, FAIRNESS_ID_HEADER, FALLBACKS_HEADER, FALLBACK_HEADER,
     LLMD_FAIRNESS_ID_HEADER, MODEL_REWRITE_HEADER, OBJECTIVE_HEADER, PREFILLER_HEADER,
@@ -236,6 +236,11 @@ impl RequestFlow {
         }
     }
 
+    /// Whether the request was sent to a pod (so its end frees a slot there).
+    pub fn was_routed(&self) -> bool {
+        matches!(self.outcome, Outcome::Routed(_))
+    }
+
     /// A held request that flow control dispatched becomes a routed one.
     fn take_back_dispatched(&mut self, director: &mut Director) {
         if self.outcome == Outcome::Held {
@@ -248,13 +253,18 @@ impl RequestFlow {
     /// The request ended, however it ended: give back its in-flight slot, exactly once; a
     /// request still held (its client went away) leaves the queue. Returns how long such a
     /// request had waited.
-    pub fn on_done(&mut self, director: &mut Director, now_ms: u64) -> Option<u64> {
+    pub fn on_done(
+        &mut self,
+        director: &mut Director,
+        now_ms: u64,
+        store: &dyn SharedData,
+    ) -> Option<u64> {
         self.take_back_dispatched(director);
         if self.outcome == Outcome::Held {
             self.outcome = Outcome::Rejected(RequestError::NoEndpoint(
                 "the client went away while the request was held".into(),
             ));
-            return director.abandon(self.id, now_ms);
+            return director.abandon(self.id, now_ms, store);
         }
         if let (Outcome::Routed(routed), false) = (&self.outcome, self.released) {
             director.release(routed);
@@ -277,7 +287,7 @@ impl RequestFlow {
             return self.route_now(host, director, prepared);
         }
         let arrival = self.arrival(host, director, &prepared);
-        match director.admit(self.id, prepared, arrival, host.now_ms()) {
+        match director.admit(prepared, arrival, host.now_ms(), host.shared_data()) {
             Admission::Now(prepared) => self.route_now(host, director, *prepared),
             Admission::Held => {
                 self.outcome = Outcome::Held;
@@ -432,7 +442,7 @@ mod tests {
     use super::*;
     use crate::config::load;
     use crate::harness::test;
-    use crate::host::fake::FakeHost;
+    use crate::host::fake::{FakeHost, FakeShared};
     use std::cell::RefCell;
 
     fn host(path: &str, body: &str) -> FakeHost {
@@ -472,8 +482,8 @@ mod tests {
         );
         assert_eq!(host.headers.borrow()[DESTINATION_HEADER], "127.0.0.1:8001");
         assert_eq!(director.pool().endpoints[0].in_flight, 1);
-        flow.on_done(&mut director, 0);
-        flow.on_done(&mut director, 0);
+        flow.on_done(&mut director, 0, &FakeShared::default());
+        flow.on_done(&mut director, 0, &FakeShared::default());
         assert_eq!(
             director.pool().endpoints[0].in_flight,
             0,
@@ -657,7 +667,7 @@ mod tests {
             .borrow_mut()
             .insert(":status".into(), "503".into());
         flow.on_response_headers(&host, &mut director);
-        flow.on_done(&mut director, 0);
+        flow.on_done(&mut director, 0, &FakeShared::default());
         assert!(director.pool().endpoints[0].backoff_until_ms > 0);
         // The only pod is backing off: the request still goes somewhere (degraded).
         let flow = routed(&host, &mut director);
@@ -727,7 +737,7 @@ mod tests {
             [0, 1, 0],
             "the count moved to the pod serving it"
         );
-        flow.on_done(&mut director, 0);
+        flow.on_done(&mut director, 0, &FakeShared::default());
         assert!(director.pool().endpoints.iter().all(|e| e.in_flight == 0));
         // The next request is not offered to the pod that could not take the last one.
         let host = host_with("/v1/completions", r#"{"model":"m","prompt":"y"}"#, &[]);
@@ -745,12 +755,12 @@ mod tests {
         let mut flow = routed(&host, &mut director);
         respond(&host, &mut flow, &mut director, "200", "127.0.0.1:8001");
         assert_eq!(backing_off(&director), [false, false, false]);
-        flow.on_done(&mut director, 0);
+        flow.on_done(&mut director, 0, &FakeShared::default());
         // Every attempt failed; Envoy's 503 comes after the last one, on the third address.
         let mut flow = routed(&host, &mut director);
         respond(&host, &mut flow, &mut director, "503", "127.0.0.1:8003");
         assert_eq!(backing_off(&director), [true, true, true]);
-        flow.on_done(&mut director, 0);
+        flow.on_done(&mut director, 0, &FakeShared::default());
         assert!(director.pool().endpoints.iter().all(|e| e.in_flight == 0));
     }
 
@@ -761,7 +771,7 @@ mod tests {
         let mut flow = routed(&host, &mut director);
         respond(&host, &mut flow, &mut director, "200", "10.9.9.9:80");
         assert_eq!(backing_off(&director), [false, false, false]);
-        flow.on_done(&mut director, 0);
+        flow.on_done(&mut director, 0, &FakeShared::default());
         assert!(director.pool().endpoints.iter().all(|e| e.in_flight == 0));
     }
 

@@ -10,14 +10,6 @@ use support::{completion, shipped_picker_config, with_addresses, with_pool_keys,
 
 const ENDPOINTS: usize = 2048;
 
-/// A counter or gauge from Envoy's admin `/stats` (exact name).
-fn stat(envoy: &Envoy, name: &str) -> Option<f64> {
-    let text = envoy.admin_get(&format!("/stats?filter=^{name}$")).text();
-    text.lines()
-        .find_map(|line| line.strip_prefix(&format!("{name}: ")))
-        .and_then(|value| value.trim().parse().ok())
-}
-
 #[test]
 fn every_endpoint_of_a_pool_beyond_the_default_breakers_is_scraped() {
     let pods = SimPool::start(ENDPOINTS);
@@ -29,7 +21,9 @@ fn every_endpoint_of_a_pool_beyond_the_default_breakers_is_scraped() {
     let envoy = Envoy::start(&picker, 2);
     let deadline = Instant::now() + Duration::from_secs(60);
     let fresh = loop {
-        let fresh = stat(&envoy, "wasmcustom.inference_picker.endpoints_fresh").unwrap_or(0.0);
+        let fresh = envoy
+            .stat("wasmcustom.inference_picker.endpoints_fresh")
+            .unwrap_or(0.0);
         if fresh as usize == ENDPOINTS || Instant::now() > deadline {
             break fresh;
         }
@@ -37,15 +31,12 @@ fn every_endpoint_of_a_pool_beyond_the_default_breakers_is_scraped() {
     };
     assert_eq!(fresh as usize, ENDPOINTS, "endpoints with fresh metrics");
     assert_eq!(
-        stat(&envoy, "wasmcustom.inference_picker.scrapes_unsent"),
+        envoy.stat("wasmcustom.inference_picker.scrapes_unsent"),
         Some(0.0)
     );
     for overflow in ["upstream_cx_overflow", "upstream_rq_pending_overflow"] {
         assert_eq!(
-            stat(
-                &envoy,
-                &format!("cluster.inference_picker_metrics.{overflow}")
-            ),
+            envoy.stat(&format!("cluster.inference_picker_metrics.{overflow}")),
             Some(0.0),
             "{overflow}"
         );

@@ -68,6 +68,8 @@ pub struct Engine {
     pub prefix_hits: u64,
     pub generation_tokens: u64,
     pub requests_total: u64,
+    /// The longest the waiting queue has been after a scheduling pass.
+    pub peak_waiting: usize,
     pub metrics_scrapes: u64,
     pub fault: Option<Fault>,
     /// The fault spares `/metrics`: the pod looks healthy to scrapes but fails requests.
@@ -95,6 +97,7 @@ impl Engine {
             prefix_hits: 0,
             generation_tokens: 0,
             requests_total: 0,
+            peak_waiting: 0,
             metrics_scrapes: 0,
             fault: None,
             fault_spares_metrics: false,
@@ -163,6 +166,7 @@ impl Engine {
             );
             admitted_any = true;
         }
+        self.peak_waiting = self.peak_waiting.max(self.waiting.len());
         admitted_any
     }
 

@@ -211,6 +211,7 @@ impl Pod {
                 "requests_total": engine.requests_total,
                 "metrics_scrapes": engine.metrics_scrapes,
                 "waiting": engine.waiting(),
+                "peak_waiting": engine.peak_waiting,
                 "running": engine.running,
                 "prefix_queries": engine.prefix_queries,
                 "prefix_hits": engine.prefix_hits,

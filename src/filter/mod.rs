@@ -188,7 +188,10 @@ impl RootContext for PickerRoot {
     fn on_queue_ready(&mut self, queue_id: u32) {
         // Another VM saw room while this one holds the next request: drain the wake-ups
         // and let out what fits.
-        while let Ok(Some(_)) = abi::dequeue_shared_queue(queue_id) {}
+        let mut wakes = 0;
+        while let Ok(Some(_)) = abi::dequeue_shared_queue(queue_id) {
+            wakes += 1;
+        }
         let (Some(shared), Some(waker)) = (self.director.clone(), &self.waker) else {
             return;
         };
@@ -196,7 +199,13 @@ impl RootContext for PickerRoot {
             return;
         };
         refresh_flow(&mut director);
-        release_held(&mut director, self.stats.as_deref(), waker, self.context_id);
+        release_held_with(
+            &mut director,
+            self.stats.as_deref(),
+            waker,
+            self.context_id,
+            Slot::Granted(wakes),
+        );
     }
 
     fn on_tick(&mut self) {
@@ -291,6 +300,28 @@ fn release_held(
     waker: &Waker,
     current: u32,
 ) {
+    release_held_with(director, stats, waker, current, Slot::Seen);
+}
+
+/// What this VM knows about the room it acts on (see [`Director::releases`]).
+#[derive(Clone, Copy)]
+enum Slot {
+    /// Only what its view of the pool shows.
+    Seen,
+    /// One of its own requests just ended: it may wake the VM holding the next request.
+    Freed,
+    /// Other VMs' requests ended and they woke it this many times.
+    Granted(usize),
+}
+
+/// [`release_held`], given what is known of the room.
+fn release_held_with(
+    director: &mut Director,
+    stats: Option<&Stats<EnvoyHost>>,
+    waker: &Waker,
+    current: u32,
+    slot: Slot,
+) {
     let now_ms = EnvoyRequest.now_ms();
     if director
         .flow_control()
@@ -299,7 +330,12 @@ fn release_held(
         return;
     }
     let mut releases = Vec::new();
-    director.releases(now_ms, &mut releases);
+    let (wake, credits) = match slot {
+        Slot::Seen => (false, 0),
+        Slot::Freed => (true, 0),
+        Slot::Granted(credits) => (false, credits),
+    };
+    director.releases(now_ms, &EnvoyHost, wake, credits, &mut releases);
     let mut switched = false;
     for release in releases {
         if let Release::Wake(vm) = release {
@@ -413,6 +449,10 @@ impl HttpHost for EnvoyRequest {
 
     fn now_ms(&self) -> u64 {
         abi::current_time_ms().unwrap_or(0)
+    }
+
+    fn shared_data(&self) -> &dyn SharedData {
+        &EnvoyHost
     }
 
     fn send_error(&self, error: &RequestError) -> Result<(), HostError> {
@@ -536,7 +576,7 @@ impl HttpContext for PickerHttp {
             return;
         };
         let now_ms = EnvoyRequest.now_ms();
-        if let Some(waited_ms) = self.flow.on_done(&mut director, now_ms) {
+        if let Some(waited_ms) = self.flow.on_done(&mut director, now_ms, &EnvoyHost) {
             log::debug!(
                 "inference-picker: flow control dropped request_id={} waited_ms={waited_ms} reason=client-disconnected",
                 self.flow.request_id
@@ -545,9 +585,21 @@ impl HttpContext for PickerHttp {
                 stats.flow_left(FlowExit::Abandoned, waited_ms);
             }
         }
-        // The slot this request held is free: let the next held request go now.
+        // The slot this request held is free: let the next held request go now, here or
+        // (waking it) on the VM that holds it.
         if let Some(waker) = &self.waker {
-            release_held(&mut director, self.stats.as_deref(), waker, self.context_id);
+            let slot = if self.flow.was_routed() {
+                Slot::Freed
+            } else {
+                Slot::Seen
+            };
+            release_held_with(
+                &mut director,
+                self.stats.as_deref(),
+                waker,
+                self.context_id,
+                slot,
+            );
         }
     }
 }

@@ -11,6 +11,7 @@
 //! data in and out; the host edge moves the summaries and resumes the streams.
 
 pub mod config;
+pub mod ledger;
 
 pub use config::{BandConfig, FlowControlConfig};
 
@@ -106,6 +107,8 @@ pub struct FlowControl {
     peers: Vec<u64>,
     /// Something changed since the last summary was published.
     unpublished: bool,
+    /// The Envoy-wide ledger exists (see [`ledger::init`]).
+    ledger_ready: bool,
     waiting: Vec<Waiting>,
     /// Per band: the flow this VM served last.
     cursors: Vec<Cursor>,
@@ -127,6 +130,7 @@ impl FlowControl {
             namespace: String::new(),
             peers: Vec::new(),
             unpublished: false,
+            ledger_ready: false,
             waiting: Vec::new(),
             cursors: Vec::new(),
             others: Vec::new(),
@@ -162,7 +166,7 @@ impl FlowControl {
 
     /// Publishes what this VM holds and whom it served last (skipped when nothing is held
     /// and nothing changed; while something is held, every call refreshes its stamp).
-    pub fn publish(&mut self, store: &impl SharedData, now_ms: u64) -> Result<(), HostError> {
+    pub fn publish(&mut self, store: &dyn SharedData, now_ms: u64) -> Result<(), HostError> {
         if self.settled() {
             return Ok(());
         }
@@ -174,7 +178,11 @@ impl FlowControl {
     }
 
     /// Reads what the other VMs hold.
-    pub fn refresh(&mut self, store: &impl SharedData) -> Result<(), HostError> {
+    pub fn refresh(&mut self, store: &dyn SharedData) -> Result<(), HostError> {
+        if !self.ledger_ready {
+            ledger::init(store, &self.ledger_key())?;
+            self.ledger_ready = true;
+        }
         let mut others = Vec::with_capacity(self.peers.len());
         for &vm in &self.peers {
             let summary = store
@@ -226,40 +234,31 @@ impl FlowControl {
         }
     }
 
-    /// Queues a request, or says why it cannot wait (the queue is full, Envoy-wide for the
-    /// global limits and the band's).
-    pub fn admit(&mut self, arrival: Arrival, now_ms: u64) -> Result<(), Dropped> {
+    /// Queues a request, or says why it cannot wait: the queue is full, Envoy-wide (the
+    /// ledger in `store` counts every VM's). A ledger that cannot be updated fails open.
+    pub fn admit(
+        &mut self,
+        arrival: Arrival,
+        now_ms: u64,
+        store: &dyn SharedData,
+    ) -> Result<(), Dropped> {
         let full = if self.has_endpoints {
             Dropped::QueueFull
         } else {
             Dropped::QueueFullNoEndpoints
         };
-        let band = self.config.band(arrival.priority).ok_or(full)?;
-        let band_priority = band.priority;
-        let (band_limit, band_bytes_limit) = (band.max_requests, band.max_bytes);
-        let (all, all_bytes) = self.totals(now_ms, None);
-        let (in_band, band_bytes) = self.totals(now_ms, Some(band_priority));
-        let over = |count: u64, bytes: u64, max_count: Option<u64>, max_bytes: Option<u64>| {
-            max_count.is_some_and(|max| count + 1 > max)
-                || max_bytes.is_some_and(|max| bytes.saturating_add(arrival.bytes) > max)
-        };
-        if over(
-            all,
-            all_bytes,
-            self.config.max_requests,
-            self.config.max_bytes,
-        ) || over(
-            in_band,
-            band_bytes,
-            Some(band_limit),
-            Some(band_bytes_limit),
-        ) {
-            return Err(full);
+        let band = self.config.band(arrival.priority).ok_or(full)?.priority;
+        match ledger::reserve(store, &self.ledger_key(), &self.config, band, arrival.bytes) {
+            Ok(true) => {}
+            Ok(false) => return Err(full),
+            Err(error) => {
+                log::warn!("inference-picker: flow control: counting a held request: {error}")
+            }
         }
         self.unpublished = true;
         self.waiting.push(Waiting {
             id: arrival.id,
-            band: band_priority,
+            band,
             fairness_id: arrival.fairness_id,
             bytes: arrival.bytes,
             arrived_ms: now_ms,
@@ -268,18 +267,8 @@ impl FlowControl {
         Ok(())
     }
 
-    /// Requests and bytes waiting Envoy-wide, in one band or all.
-    fn totals(&self, now_ms: u64, band: Option<i32>) -> (u64, u64) {
-        let in_band = |b: i32| band.is_none_or(|want| want == b);
-        let local = self.waiting.iter().filter(|w| in_band(w.band));
-        let (mut count, mut bytes) = local.fold((0u64, 0u64), |(c, b), w| (c + 1, b + w.bytes));
-        for flow in self.fresh_others(now_ms).flat_map(|p| &p.flows) {
-            if in_band(flow.band) {
-                count += u64::from(flow.count);
-                bytes = bytes.saturating_add(flow.bytes);
-            }
-        }
-        (count, bytes)
+    fn ledger_key(&self) -> String {
+        format!("{}/flow-ledger", self.namespace)
     }
 
     fn fresh_others(&self, now_ms: u64) -> impl Iterator<Item = &Published> {
@@ -365,14 +354,14 @@ impl FlowControl {
     }
 
     /// Takes a request out to dispatch it, moving its band's round-robin cursor.
-    pub fn dispatch(&mut self, id: u32, now_ms: u64) -> Option<Left> {
+    pub fn dispatch(&mut self, id: u32, now_ms: u64, store: &dyn SharedData) -> Option<Left> {
         let fairness_id = self
             .waiting
             .iter()
             .find(|w| w.id == id)?
             .fairness_id
             .clone();
-        let left = self.remove(id, now_ms)?;
+        let left = self.remove(id, now_ms, store)?;
         let cursor = Cursor {
             band: left.band,
             fairness_id,
@@ -386,10 +375,14 @@ impl FlowControl {
     }
 
     /// Takes a request out without dispatching it (its client went away, or it was refused).
-    pub fn remove(&mut self, id: u32, now_ms: u64) -> Option<Left> {
+    pub fn remove(&mut self, id: u32, now_ms: u64, store: &dyn SharedData) -> Option<Left> {
         let index = self.waiting.iter().position(|w| w.id == id)?;
         let waiting = self.waiting.remove(index);
         self.unpublished = true;
+        if let Err(error) = ledger::release(store, &self.ledger_key(), waiting.band, waiting.bytes)
+        {
+            log::warn!("inference-picker: flow control: uncounting a held request: {error}");
+        }
         Some(Left {
             id,
             band: waiting.band,
@@ -398,7 +391,7 @@ impl FlowControl {
     }
 
     /// Requests whose TTL ran out, taken out, with the refusal each gets.
-    pub fn expire(&mut self, now_ms: u64) -> Vec<(Left, Dropped)> {
+    pub fn expire(&mut self, now_ms: u64, store: &dyn SharedData) -> Vec<(Left, Dropped)> {
         let reason = if self.has_endpoints {
             Dropped::TtlExpired
         } else {
@@ -412,7 +405,7 @@ impl FlowControl {
             .collect();
         expired
             .into_iter()
-            .filter_map(|id| self.remove(id, now_ms))
+            .filter_map(|id| self.remove(id, now_ms, store))
             .map(|left| (left, reason))
             .collect()
     }

@@ -17,6 +17,7 @@ pub struct FakeHost {
     /// What `upstream_address` answers.
     pub upstream: RefCell<Option<String>>,
     pub now_ms: Cell<u64>,
+    pub shared: FakeShared,
 }
 
 impl HttpHost for FakeHost {
@@ -70,6 +71,9 @@ impl HttpHost for FakeHost {
     }
     fn now_ms(&self) -> u64 {
         self.now_ms.get()
+    }
+    fn shared_data(&self) -> &dyn SharedData {
+        &self.shared
     }
 }
 

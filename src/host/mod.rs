@@ -33,6 +33,8 @@ pub trait HttpHost {
     fn send_error(&self, error: &crate::error_response::RequestError) -> Result<(), HostError>;
     /// The host's wall clock in milliseconds (0 if unreadable).
     fn now_ms(&self) -> u64;
+    /// The process-wide shared data (flow control's Envoy-wide queue accounting).
+    fn shared_data(&self) -> &dyn SharedData;
 }
 
 /// The process-wide shared data every worker VM sees: values with a compare-and-swap token.

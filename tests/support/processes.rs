@@ -458,6 +458,15 @@ impl Envoy {
         request(&self.admin_address(), "GET", path, &[], b"")
     }
 
+    /// A counter or gauge from the admin `/stats` by its exact name (the filter's own carry
+    /// Envoy's `wasmcustom.` prefix).
+    pub fn stat(&self, name: &str) -> Option<f64> {
+        let text = self.admin_get(&format!("/stats?filter=^{name}$")).text();
+        text.lines()
+            .find_map(|line| line.strip_prefix(&format!("{name}: ")))
+            .and_then(|value| value.trim().parse().ok())
+    }
+
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.dir.0.join("envoy.log")).unwrap_or_default()
     }
