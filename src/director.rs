@@ -1049,8 +1049,10 @@ pool:
         scrape(&mut director, 0, 0, 0.0);
         director.on_tick(1000);
         let prepare = |director: &mut Director| {
-            let mut headers = RequestHeaders::default();
-            headers.objective = Some("batch".into());
+            let headers = RequestHeaders {
+                objective: Some("batch".into()),
+                ..RequestHeaders::default()
+            };
             director
                 .prepare(ApiKind::Completions, Some(BODY), headers)
                 .unwrap()
