@@ -104,3 +104,54 @@ fn explain_prints_every_score_and_the_winner() {
     assert!(!ok);
     assert!(stderr.contains("3 endpoints"), "{stderr}");
 }
+
+#[test]
+fn explain_shows_flow_control_holding_a_request_while_the_pool_is_saturated() {
+    let dir = std::env::temp_dir().join(format!("checker-flow-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let config = dir.join("flow.yaml");
+    std::fs::write(
+        &config,
+        "featureGates: [flowControl]\npool:\n  endpoints:\n  - address: 127.0.0.1:8001\n  - address: 127.0.0.1:8002\n  - address: 127.0.0.1:8003\n",
+    )
+    .unwrap();
+    let explain = |pods: [&str; 3]| {
+        let mut args = vec!["explain", config.to_str().unwrap()];
+        for pod in pods {
+            args.extend(["--metrics", pod]);
+        }
+        args.extend([
+            "--body",
+            "examples/explain/chat.json",
+            "--path",
+            "/v1/chat/completions",
+        ]);
+        checker(&args)
+    };
+    let (ok, stdout, stderr) = explain([
+        "examples/explain/pod-1.metrics",
+        "examples/explain/pod-saturated.metrics",
+        "examples/explain/pod-saturated.metrics",
+    ]);
+    assert!(ok, "{stderr}");
+    assert!(stdout.contains("pool saturation 1.90"), "{stdout}");
+    assert!(stdout.contains("band    0: maxRequests 5000"), "{stdout}");
+    assert!(
+        stdout
+            .trim_end()
+            .ends_with("until the pool's saturation drops below the usage limit"),
+        "{stdout}"
+    );
+    let (ok, stdout, stderr) = explain([
+        "examples/explain/pod-1.metrics",
+        "examples/explain/pod-2.metrics",
+        "examples/explain/pod-3.metrics",
+    ]);
+    assert!(ok, "{stderr}");
+    assert!(stdout.contains("room, requests go at once"), "{stdout}");
+    assert!(
+        stdout.trim_end().ends_with("picked: 127.0.0.1:8002"),
+        "{stdout}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -323,6 +323,11 @@ fn a_client_that_disconnects_while_held_leaves_the_queue() {
             0.0,
             "no count leaks"
         );
+        let prometheus = envoy.admin_get("/stats/prometheus").text();
+        assert!(
+            prometheus.contains("inference_picker_flow_control_band_queue_size{priority=\"0\"} 0"),
+            "the band is a label"
+        );
         assert_eq!(blocker.join().expect("blocker").status, 200);
     });
     let after = post(&envoy, "after", 3, &[]);

@@ -8,11 +8,19 @@
 //! `check` prints the errors (with the key or the line and column), the warnings, and the
 //! effective configuration with every default filled in. `explain` also feeds one `/metrics`
 //! file per endpoint (in `pool.endpoints` order) and a request body to the director, and prints
-//! every scorer's score per endpoint and the winner.
+//! every scorer's score per endpoint and the winner; with flow control on, the pool's
+//! saturation, the bands, and whether the request would wait.
 
 use inference_picker::config::{load, load_with_effective, FilterConfig};
-use inference_picker::director::Director;
+use inference_picker::director::{Admission, Director, Routed};
+use inference_picker::error_response::RequestError;
+use inference_picker::flow_control::policy::{fairness_type, ordering_type};
+use inference_picker::flow_control::{Arrival, DEFAULT_FAIRNESS_ID};
+use inference_picker::host::{HostError, SharedData};
+use inference_picker::protocol::{FAIRNESS_ID_HEADER, LLMD_FAIRNESS_ID_HEADER};
 use inference_picker::request::{ApiKind, RequestHeaders};
+use std::cell::RefCell;
+use std::collections::HashMap;
 use std::process::ExitCode;
 
 const USAGE: &str = "usage: inference-picker check CONFIG
@@ -132,7 +140,95 @@ fn explain(args: &[String]) -> Result<(), String> {
         model_rewrite: header("x-gateway-model-name-rewrite"),
     };
     let api = ApiKind::from_path(args.path.as_bytes());
-    let routed = director.route(api, body.as_deref().map(str::as_bytes), headers);
+    let body = body.as_deref().map(str::as_bytes);
+    if director.flow_control().is_some() {
+        print_flow_control(&director);
+        let prepared = director
+            .prepare(api, body, headers)
+            .map_err(|error| format!("refused with {}: {}", error.status(), error.message()))?;
+        let arrival = Arrival {
+            id: 1,
+            request_id: "explain".into(),
+            priority: prepared.request.priority,
+            fairness_id: header(LLMD_FAIRNESS_ID_HEADER)
+                .or_else(|| header(FAIRNESS_ID_HEADER))
+                .unwrap_or_else(|| DEFAULT_FAIRNESS_ID.into()),
+            bytes: prepared.body_size as u64,
+            slo_ttft_ms: None,
+        };
+        let (priority, fairness_id) = (arrival.priority, arrival.fairness_id.clone());
+        return match director.admit(prepared, arrival, 0, &MemoryStore::default()) {
+            Admission::Now(prepared) => report(&director.route_prepared(*prepared), &director),
+            Admission::Held => {
+                println!(
+                    "held: flow control queues it (priority {priority}, flow {fairness_id:?}) until the pool's saturation drops below the usage limit"
+                );
+                Ok(())
+            }
+            Admission::Refused(error) => Err(format!(
+                "refused with {}: {}",
+                error.status(),
+                error.message()
+            )),
+        };
+    }
+    let routed = director.route(api, body, headers);
+    report(&routed, &director)
+}
+
+/// Flow control's view of the pool: its saturation against the usage limit, and the bands.
+fn print_flow_control(director: &Director) {
+    let Some(flow) = director.flow_control() else {
+        return;
+    };
+    let config = flow.config();
+    match director.pool_saturation(0) {
+        Some(saturation) => println!(
+            "flow control: pool saturation {saturation:.2} (usage limit {:.2}): {}",
+            config.usage_threshold,
+            if saturation < config.usage_threshold {
+                "room, requests go at once"
+            } else {
+                "saturated, requests wait"
+            }
+        ),
+        None => println!(
+            "flow control: no routable endpoint: requests wait up to noEndpointRequestTTL, then 503"
+        ),
+    }
+    for band in &config.bands {
+        println!(
+            "  band {:>4}: maxRequests {} maxBytes {} {} {}",
+            band.priority,
+            band.max_requests,
+            band.max_bytes,
+            fairness_type(band.fairness),
+            ordering_type(band.ordering)
+        );
+    }
+}
+
+/// In-memory shared data: the CLI is one VM.
+#[derive(Default)]
+struct MemoryStore(RefCell<HashMap<String, (Vec<u8>, u32)>>);
+
+impl SharedData for MemoryStore {
+    fn get(&self, key: &str) -> Result<Option<(Vec<u8>, u32)>, HostError> {
+        Ok(self.0.borrow().get(key).cloned())
+    }
+
+    fn set(&self, key: &str, value: &[u8], cas: Option<u32>) -> Result<bool, HostError> {
+        let mut data = self.0.borrow_mut();
+        let current = data.get(key).map_or(0, |(_, cas)| *cas);
+        if cas.is_some_and(|cas| cas != current) {
+            return Ok(false);
+        }
+        data.insert(key.to_owned(), (value.to_vec(), current + 1));
+        Ok(true)
+    }
+}
+
+fn report(routed: &Result<Routed, RequestError>, director: &Director) -> Result<(), String> {
     for row in director.explain_rows() {
         let scores: Vec<String> = row
             .scores
@@ -153,7 +249,7 @@ fn explain(args: &[String]) -> Result<(), String> {
             if !routed.fallbacks.is_empty() {
                 println!("fallbacks: {}", routed.fallbacks);
             }
-            if let Some(prefill) = routed.prefill {
+            if let Some(prefill) = &routed.prefill {
                 println!("prefill: {prefill}");
             }
             if routed.degraded {

@@ -5,8 +5,11 @@
 use super::pool::PoolConfig;
 use super::raw::{RawConfig, RawPlugin};
 use super::validate::{API_VERSIONS, KIND};
+use crate::flow_control::policy::{fairness_type, ordering_type};
+use crate::flow_control::FlowControlConfig;
+use crate::scheduling::flow_policy::FlowPolicy;
 use crate::scheduling::plugins;
-use crate::scheduling::{PluginInstance, Profile};
+use crate::scheduling::{Plugin, PluginInstance, Profile};
 use serde_yaml::Value;
 
 /// The loaded configuration written out in full, in `EndpointPickerConfig` form.
@@ -17,6 +20,7 @@ pub(super) fn document(
     profiles: &[Profile],
     detector: usize,
     pool: &PoolConfig,
+    flow_control: Option<&FlowControlConfig>,
 ) -> Value {
     let name_of = |index: usize| instances.get(index).map_or("?", |p| p.name.as_str());
     let plugins: Vec<Value> = instances
@@ -80,6 +84,66 @@ pub(super) fn document(
     let mut value = serde_yaml::to_value(document).unwrap_or_default();
     if let Value::Mapping(map) = &mut value {
         map.insert("plugins".into(), Value::Sequence(plugins));
+        if let Some(flow) = flow_control {
+            let section = flow_control_section(flow, name_of(detector), instances);
+            map.insert(
+                "flowControl".into(),
+                serde_yaml::to_value(section).unwrap_or_default(),
+            );
+        }
     }
     value
+}
+
+/// The `flowControl` section with every band spelled out (objectives' bands included).
+fn flow_control_section(
+    flow: &FlowControlConfig,
+    detector: &str,
+    instances: &[PluginInstance],
+) -> serde_json::Value {
+    // A declared plugin configuring the policy, by name; else llm-d's default by type.
+    let reference = |policy: FlowPolicy, type_name: &'static str| {
+        instances
+            .iter()
+            .find(|instance| matches!(&instance.plugin, Plugin::FlowPolicy(p) if *p == policy))
+            .map_or(type_name, |instance| instance.name.as_str())
+            .to_owned()
+    };
+    let ttl = |ttl: Option<std::time::Duration>| {
+        ttl.map_or_else(|| "0s".to_owned(), crate::duration::format_duration)
+    };
+    let bands: Vec<serde_json::Value> = flow
+        .bands
+        .iter()
+        .map(|band| {
+            serde_json::json!({
+                "priority": band.priority,
+                "maxRequests": band.max_requests,
+                "maxBytes": band.max_bytes,
+                "fairnessPolicyRef": reference(FlowPolicy::Fairness(band.fairness), fairness_type(band.fairness)),
+                "orderingPolicyRef": reference(FlowPolicy::Ordering(band.ordering), ordering_type(band.ordering)),
+            })
+        })
+        .collect();
+    let mut section = serde_json::json!({
+        "saturationDetector": {"pluginRef": detector},
+        "maxRequests": flow.max_requests.unwrap_or(0),
+        "maxBytes": flow.max_bytes.unwrap_or(0),
+        "defaultRequestTTL": ttl(flow.request_ttl),
+        "noEndpointRequestTTL": ttl(flow.no_endpoint_ttl),
+        "priorityBands": bands,
+    });
+    let usage_limit = instances.iter().find(|instance| {
+        matches!(
+            instance.plugin,
+            Plugin::FlowPolicy(FlowPolicy::UsageLimit { .. })
+        )
+    });
+    if let (Some(instance), Some(map)) = (usage_limit, section.as_object_mut()) {
+        map.insert(
+            "usageLimitPolicyPluginRef".into(),
+            instance.name.clone().into(),
+        );
+    }
+    section
 }

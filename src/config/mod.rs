@@ -75,8 +75,17 @@ fn load_document(
     warn_missing_prefix_scorer(&instances, &mut warnings);
     let detector = saturation_detector(&raw, &mut instances)?;
     let flow_control = flow_control(&raw, &instances, &pool, &mut warnings)?;
-    let effective = with_effective
-        .then(|| effective::document(&raw, &raw_plugins, &instances, &profiles, detector, &pool));
+    let effective = with_effective.then(|| {
+        effective::document(
+            &raw,
+            &raw_plugins,
+            &instances,
+            &profiles,
+            detector,
+            &pool,
+            flow_control.as_ref(),
+        )
+    });
     let mut scheduler = Scheduler::new(instances, profiles, handler, seed);
     scheduler.set_saturation_detector(detector);
     let config = FilterConfig {

@@ -2,10 +2,10 @@
 //! and per-band limits, TTLs, band templates and policy references.
 
 use crate::duration::serde_go;
+use crate::scheduling::flow_policy::{Fairness, FlowPolicy, Ordering};
 use crate::scheduling::plugins::flow_control::{
     fcfs_ordering_policy, global_strict_fairness_policy, static_usage_limit_policy,
 };
-use crate::scheduling::plugins::flow_control::{Fairness, FlowPolicy, Ordering};
 use serde::Deserialize;
 use serde_yaml::Value;
 use std::time::Duration;

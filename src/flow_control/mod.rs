@@ -12,14 +12,17 @@
 
 pub mod config;
 pub mod ledger;
+pub mod policy;
 
 pub use config::{BandConfig, FlowControlConfig};
 
 use crate::error_response::Dropped;
 use crate::host::{HostError, SharedData};
+use crate::scheduling::flow_policy::{Fairness, OrderFacts};
 use crate::scheduling::plugins::flow_control::{
-    global_strict_fairness_policy, round_robin_fairness_policy, Fairness, OrderFacts,
+    global_strict_fairness_policy, round_robin_fairness_policy,
 };
+use policy::ordering_key;
 use serde::{Deserialize, Serialize};
 
 /// The flow of requests that name no fairness id (llm-d's name for it).
@@ -202,9 +205,10 @@ impl FlowControl {
 
     /// Whether any band orders by the TTFT objective header (so it is worth reading).
     pub fn reads_slo_header(&self) -> bool {
-        self.config.bands.iter().any(|band| {
-            band.ordering == crate::scheduling::plugins::flow_control::Ordering::SloDeadline
-        })
+        self.config
+            .bands
+            .iter()
+            .any(|band| band.ordering == crate::scheduling::flow_policy::Ordering::SloDeadline)
     }
 
     pub fn holds(&self, id: u32) -> bool {
@@ -299,7 +303,7 @@ impl FlowControl {
             .band(waiting.band)
             .map(|b| b.ordering)
             .unwrap_or_default();
-        ordering.key(&self.facts(waiting))
+        ordering_key(ordering, &self.facts(waiting))
     }
 
     /// The request that goes next, Envoy-wide: highest band with anything waiting, the

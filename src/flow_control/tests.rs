@@ -1,7 +1,7 @@
 use super::*;
 use crate::harness::test;
 use crate::host::fake::FakeShared;
-use crate::scheduling::plugins::flow_control::{FlowPolicy, Ordering};
+use crate::scheduling::flow_policy::{FlowPolicy, Ordering};
 
 fn control(section: &str) -> FlowControl {
     let raw: config::RawFlowControl = serde_yaml::from_str(section).unwrap();

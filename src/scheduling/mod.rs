@@ -1,6 +1,7 @@
 //! The scheduling core: filters -> weighted scorers -> picker, per profile, with GIE semantics.
 //! Plugins are plain Rust objects over plain data; nothing here knows about the proxy.
 
+pub mod flow_policy;
 pub mod plugins;
 pub mod prefix_index;
 pub mod rng;
@@ -195,7 +196,7 @@ pub enum Plugin {
     ProfileHandler(Box<dyn ProfileHandler>),
     PdDecider(Box<dyn PdDecider>),
     SaturationDetector(Box<dyn SaturationDetector>),
-    FlowPolicy(plugins::flow_control::FlowPolicy),
+    FlowPolicy(flow_policy::FlowPolicy),
     /// A metrics data source or extractor: wired through `dataLayer`, not into profiles.
     DataLayer(DataLayerPlugin),
     BuiltIn(BuiltIn),

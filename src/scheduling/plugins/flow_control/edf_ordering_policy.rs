@@ -2,7 +2,8 @@
 //! would give up on the request (arrival + `defaultRequestTTL`, or `noEndpointRequestTTL`
 //! while the pool has no endpoint). Consumes arrival and TTL; no parameters.
 
-use super::{no_parameters_policy, FlowPolicy, OrderFacts, Ordering};
+use super::no_parameters_policy;
+use crate::scheduling::flow_policy::{FlowPolicy, OrderFacts, Ordering};
 use crate::scheduling::plugins::spec::{effective, Kind, NoParameters, PluginSpec};
 use crate::scheduling::Plugin;
 use serde_yaml::Value;
@@ -24,6 +25,7 @@ pub fn key(facts: &OrderFacts) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::flow_control::policy::ordering_key;
     use crate::harness::test;
 
     #[test]
@@ -38,6 +40,6 @@ mod tests {
             expires_ms: 100,
             slo_deadline_ms: None,
         };
-        assert!(Ordering::Edf.key(&urgent) < Ordering::Edf.key(&early));
+        assert!(ordering_key(Ordering::Edf, &urgent) < ordering_key(Ordering::Edf, &early));
     }
 }

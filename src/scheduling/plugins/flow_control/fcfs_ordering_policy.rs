@@ -1,7 +1,8 @@
 //! `fcfs-ordering-policy` (llm-d's default ordering): within a flow, requests leave in the
 //! order they arrived. Consumes the arrival time; no parameters.
 
-use super::{no_parameters_policy, FlowPolicy, OrderFacts, Ordering};
+use super::no_parameters_policy;
+use crate::scheduling::flow_policy::{FlowPolicy, OrderFacts, Ordering};
 use crate::scheduling::plugins::spec::{effective, Kind, NoParameters, PluginSpec};
 use crate::scheduling::Plugin;
 use serde_yaml::Value;
@@ -23,6 +24,7 @@ pub fn key(facts: &OrderFacts) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::flow_control::policy::ordering_key;
     use crate::harness::test;
 
     #[test]
@@ -37,7 +39,7 @@ mod tests {
             expires_ms: 10,
             slo_deadline_ms: Some(5),
         };
-        assert!(Ordering::Fcfs.key(&early) < Ordering::Fcfs.key(&late));
+        assert!(ordering_key(Ordering::Fcfs, &early) < ordering_key(Ordering::Fcfs, &late));
         assert!(build(&serde_yaml::from_str("{x: 1}").unwrap()).is_err());
     }
 }

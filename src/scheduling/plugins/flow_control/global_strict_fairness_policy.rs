@@ -2,7 +2,8 @@
 //! the band is one queue and the request that its ordering policy puts first goes next,
 //! whichever tenant sent it. No parameters.
 
-use super::{no_parameters_policy, Fairness, FlowPolicy};
+use super::no_parameters_policy;
+use crate::scheduling::flow_policy::{Fairness, FlowPolicy};
 use crate::scheduling::plugins::spec::{effective, Kind, NoParameters, PluginSpec};
 use crate::scheduling::Plugin;
 use serde_yaml::Value;

@@ -4,7 +4,8 @@
 //! the others wait. The cursor is the fairness id served last in the band, Envoy-wide.
 //! No parameters.
 
-use super::{no_parameters_policy, Fairness, FlowPolicy};
+use super::no_parameters_policy;
+use crate::scheduling::flow_policy::{Fairness, FlowPolicy};
 use crate::scheduling::plugins::spec::{effective, Kind, NoParameters, PluginSpec};
 use crate::scheduling::Plugin;
 use serde_yaml::Value;

@@ -2,7 +2,7 @@
 //! pool's saturation (0 = idle, 1 = the saturation detector's threshold) is below
 //! `threshold`. Parameters: `threshold` in (0, 1], default 1.0 (dispatch until saturated).
 
-use super::FlowPolicy;
+use crate::scheduling::flow_policy::FlowPolicy;
 use crate::scheduling::plugins::spec::{effective, Kind, PluginSpec};
 use crate::scheduling::Plugin;
 use serde_yaml::Value;
@@ -26,7 +26,7 @@ impl Default for Parameters {
 }
 
 pub fn build(parameters: &Value) -> Result<Plugin, String> {
-    let Parameters { threshold } = crate::scheduling::plugins::parameters(parameters)?;
+    let Parameters { threshold } = crate::scheduling::plugins::spec::parameters(parameters)?;
     if !(threshold > 0.0 && threshold <= 1.0) {
         return Err(format!("threshold {threshold} must be in (0, 1]"));
     }
