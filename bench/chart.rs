@@ -115,6 +115,15 @@ fn legend(svg: &mut String, series: &[&str]) {
 const LEGEND_WIDTH: f64 = 200.0;
 const LINE_PLOT_WIDTH: f64 = WIDTH - LEFT - LEGEND_WIDTH;
 
+/// How a line chart's y axis maps values.
+#[derive(Clone, Copy, PartialEq)]
+pub enum YAxis {
+    /// Decades with 2x and 5x lines; values must be positive.
+    Log,
+    /// From 0; values must be 0 or more.
+    Linear,
+}
+
 /// One polyline per `(name, points)` over a linear x axis and a logarithmic y axis (decades,
 /// with 2x and 5x lines between), both labelled, a legend on the right. Points whose y is not
 /// positive and finite are left out.
@@ -124,21 +133,41 @@ pub fn line_chart(
     y_label: &str,
     series: &[(String, Vec<(f64, f64)>)],
 ) -> String {
+    line_chart_on(YAxis::Log, title, x_label, y_label, series)
+}
+
+/// [`line_chart`] on the given y axis.
+pub fn line_chart_on(
+    axis: YAxis,
+    title: &str,
+    x_label: &str,
+    y_label: &str,
+    series: &[(String, Vec<(f64, f64)>)],
+) -> String {
     let series: Vec<(String, Vec<(f64, f64)>)> = series
         .iter()
         .map(|(name, points)| (escape(name), points.clone()))
         .collect();
-    draw_line_chart(&escape(title), &escape(x_label), &escape(y_label), &series)
+    draw_line_chart(
+        axis,
+        &escape(title),
+        &escape(x_label),
+        &escape(y_label),
+        &series,
+    )
 }
 
 fn draw_line_chart(
+    axis: YAxis,
     title: &str,
     x_label: &str,
     y_label: &str,
     series: &[(String, Vec<(f64, f64)>)],
 ) -> String {
     let points = || series.iter().flat_map(|(_, p)| p.iter().copied());
-    let drawable = |&(x, y): &(f64, f64)| x.is_finite() && y.is_finite() && y > 0.0;
+    let drawable = |&(x, y): &(f64, f64)| {
+        x.is_finite() && y.is_finite() && (y > 0.0 || (axis == YAxis::Linear && y >= 0.0))
+    };
     let x_max = points()
         .filter(drawable)
         .map(|(x, _)| x)
@@ -148,13 +177,19 @@ fn draw_line_chart(
         .fold((f64::INFINITY, 0.0f64), |(lo, hi), (_, y)| {
             (lo.min(y), hi.max(y))
         });
-    let scale = LogScale::covering(y_min, y_max);
+    let scale = match axis {
+        YAxis::Log => Scale::Log(LogScale::covering(y_min, y_max)),
+        YAxis::Linear => Scale::Linear(y_max.max(1.0)),
+    };
     let x_of = |x: f64| LEFT + LINE_PLOT_WIDTH * x / x_max.max(1e-9);
     let mut svg = format!(
         "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{WIDTH}\" height=\"{HEIGHT}\" font-family=\"sans-serif\" font-size=\"12\">\n\
          <text x=\"{LEFT}\" y=\"24\" font-size=\"15\">{title}</text>\n"
     );
-    log_grid(&mut svg, &scale);
+    match &scale {
+        Scale::Log(log) => log_grid(&mut svg, log),
+        Scale::Linear(max) => linear_grid(&mut svg, *max),
+    }
     x_ticks(&mut svg, points().filter(drawable).map(|(x, _)| x), &x_of);
     axis_labels(&mut svg, x_label, y_label);
     for (s, (name, line)) in series.iter().enumerate() {
@@ -192,6 +227,36 @@ fn draw_line_chart(
     }
     svg.push_str("</svg>\n");
     svg
+}
+
+enum Scale {
+    Log(LogScale),
+    /// From 0 to this.
+    Linear(f64),
+}
+
+impl Scale {
+    fn y(&self, value: f64) -> f64 {
+        match self {
+            Scale::Log(log) => log.y(value),
+            Scale::Linear(max) => TOP + PLOT_HEIGHT - PLOT_HEIGHT * value / max,
+        }
+    }
+}
+
+/// Five labelled lines from 0 to `max`.
+fn linear_grid(svg: &mut String, max: f64) {
+    let right = LEFT + LINE_PLOT_WIDTH;
+    for step in 0..=4 {
+        let value = max * f64::from(step) / 4.0;
+        let y = TOP + PLOT_HEIGHT - PLOT_HEIGHT * f64::from(step) / 4.0;
+        let _ = writeln!(
+            svg,
+            "<line x1=\"{LEFT}\" y1=\"{y:.1}\" x2=\"{right:.1}\" y2=\"{y:.1}\" stroke=\"#ddd\"/><text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"end\">{value:.0}</text>",
+            LEFT - 6.0,
+            y + 4.0
+        );
+    }
 }
 
 /// A y axis, in log10, from the 1-2-5 step at or below `min` to the one at or above `max`.
@@ -255,6 +320,10 @@ fn x_ticks(svg: &mut String, xs: impl Iterator<Item = f64>, x_of: &dyn Fn(f64) -
     let mut xs: Vec<f64> = xs.collect();
     xs.sort_by(f64::total_cmp);
     xs.dedup();
+    // A time series has a point per sample: ticks at round steps instead.
+    if xs.len() > 12 {
+        xs = round_ticks(xs.last().copied().unwrap_or(0.0));
+    }
     let bottom = TOP + PLOT_HEIGHT;
     let _ = writeln!(
         svg,
@@ -270,6 +339,21 @@ fn x_ticks(svg: &mut String, xs: impl Iterator<Item = f64>, x_of: &dyn Fn(f64) -
             bottom + 18.0
         );
     }
+}
+
+/// Ticks from 0 to `max` at a 1-2-5 step giving at most ten.
+fn round_ticks(max: f64) -> Vec<f64> {
+    let rough = (max / 10.0).max(1e-9);
+    let decade = 10f64.powf(rough.log10().floor());
+    let step = [1.0, 2.0, 5.0, 10.0]
+        .into_iter()
+        .map(|m| m * decade)
+        .find(|&s| s >= rough)
+        .unwrap_or(10.0 * decade);
+    (0..=10)
+        .map(|i| f64::from(i) * step)
+        .take_while(|&x| x <= max + 1e-9)
+        .collect()
 }
 
 fn axis_labels(svg: &mut String, x_label: &str, y_label: &str) {

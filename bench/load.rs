@@ -3,7 +3,7 @@
 use crate::support::{Exchange, KeepAlive};
 use inference_picker::scheduling::rng::Rng;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 /// No closed loop runs longer than this.
@@ -53,36 +53,57 @@ pub struct OpenLoop {
 /// Open loop: Poisson arrivals at `rate` per second, one thread per request in flight; request
 /// `n` goes to `addresses[n % len]` (several gateways behind a round-robin L4 balancer).
 pub fn open_loop(addresses: &[String], requests: &[String], rate: f64, seed: u64) -> OpenLoop {
-    let mut rng = Rng::new(seed);
-    let ok = Arc::new(Mutex::new(Vec::new()));
-    let errors = Arc::new(Mutex::new(0usize));
     let started = Instant::now();
-    let mut at = 0.0f64;
-    let mut threads = Vec::new();
-    for (n, body) in requests.iter().enumerate() {
-        at += -(1.0 - rng.unit()).ln() / rate;
-        std::thread::sleep(Duration::from_secs_f64(at).saturating_sub(started.elapsed()));
-        let (ok, errors) = (ok.clone(), errors.clone());
-        let address = addresses[n % addresses.len()].clone();
-        let body = body.clone();
-        threads.push(std::thread::spawn(move || {
-            match KeepAlive::new(&address).post("/v1/chat/completions", &body) {
-                Ok(e) if e.status == 200 => ok.lock().expect("results").push(e),
-                _ => *errors.lock().expect("errors") += 1,
-            }
-        }));
-    }
-    for thread in threads {
-        let _ = thread.join();
-    }
+    let sent = open_loop_each(requests.len(), rate, seed, &|n,
+                                                            client: &mut Option<
+        KeepAlive,
+    >| {
+        let address = &addresses[n % addresses.len()];
+        client
+            .get_or_insert_with(|| KeepAlive::new(address))
+            .post("/v1/chat/completions", &requests[n])
+    });
     let elapsed = started.elapsed().as_secs_f64();
-    let ok = ok.lock().expect("results").clone();
-    let errors = *errors.lock().expect("errors");
+    let mut ok = Vec::new();
+    let mut errors = 0;
+    for (_, _, result) in sent {
+        match result {
+            Some(exchange) if exchange.status == 200 => ok.push(exchange),
+            _ => errors += 1,
+        }
+    }
     OpenLoop {
         ok,
         errors,
         elapsed,
     }
+}
+
+/// Poisson arrivals at `rate` per second of `count` requests, each on its own thread and
+/// connection: `send(n, client)` sends request `n`. Returns `(n, seconds after the start it
+/// was sent, what came back)`, `None` for a transport error.
+pub fn open_loop_each(
+    count: usize,
+    rate: f64,
+    seed: u64,
+    send: &(dyn Fn(usize, &mut Option<KeepAlive>) -> std::io::Result<Exchange> + Sync),
+) -> Vec<(usize, f64, Option<Exchange>)> {
+    let mut rng = Rng::new(seed);
+    let results = Mutex::new(Vec::with_capacity(count));
+    let started = Instant::now();
+    let mut at = 0.0f64;
+    std::thread::scope(|scope| {
+        for n in 0..count {
+            at += -(1.0 - rng.unit()).ln() / rate;
+            std::thread::sleep(Duration::from_secs_f64(at).saturating_sub(started.elapsed()));
+            let (results, sent_at) = (&results, started.elapsed().as_secs_f64());
+            scope.spawn(move || {
+                let outcome = send(n, &mut None).ok();
+                results.lock().expect("results").push((n, sent_at, outcome));
+            });
+        }
+    });
+    results.into_inner().expect("results")
 }
 
 /// The value at percentile `p` of sorted values (nearest rank); NaN if there are none.

@@ -1,7 +1,7 @@
 //! `make bench`: measurements, written to `bench/RESULTS.md` with CSV and SVG beside it.
 //!
 //! ```text
-//! cargo run --release --example bench -- [schedule|hop|quality|memory|scaleout|all|quick]
+//! cargo run --release --example bench -- [schedule|hop|quality|memory|scaleout|overload|all|quick]
 //! ```
 //! - `schedule`: one full pick (default plugins + prefix scorer) natively, over 8/64/256
 //!   endpoints and 2k/8k/32k-character prompts, in ns per pick; body parsing per size.
@@ -17,6 +17,8 @@
 //!   the interval, freshness, errors, memory, the admin port's `/stats`).
 //! - `schedule` also times loading a configuration of 1,024 to 100,000 endpoints natively.
 //! - `scaleout`: one vs two Envoy replicas in front of the same pods.
+//! - `overload`: 1.5x the pods' capacity from two tenants at two priorities, through the
+//!   picker with and without flow control and Envoy's LEAST_REQUEST.
 //!
 //! `BENCH_QUICK=1` runs any part small; `quick` runs them all small.
 //!
@@ -34,6 +36,7 @@ mod chart;
 mod hop;
 mod load;
 mod memory;
+mod overload;
 mod procfs;
 mod quality;
 mod report;
@@ -51,7 +54,7 @@ struct PartSpec {
     run: fn(bool) -> Part,
 }
 
-const PARTS: [PartSpec; 5] = [
+const PARTS: [PartSpec; 6] = [
     PartSpec {
         name: "schedule",
         file: "1-schedule",
@@ -76,6 +79,11 @@ const PARTS: [PartSpec; 5] = [
         name: "scaleout",
         file: "5-scaleout",
         run: scaleout::run,
+    },
+    PartSpec {
+        name: "overload",
+        file: "6-overload",
+        run: overload::run,
     },
 ];
 

@@ -212,12 +212,14 @@ fn chain_hash(parent: u64, tokens: &[u64]) -> u64 {
 /// `count` unique chats of 64..3072 tokens.
 pub fn mixed_workload(count: usize, rng: &mut Rng) -> Vec<String> {
     (0..count)
-        .map(|n| {
-            let tokens = [64usize, 256, 1024, 3072][rng.below(4)];
-            let prompt = format!("{n} unique prompt text ").repeat(tokens * 4 / 22);
-            streamed_chat(&message("user", &prompt))
-        })
+        .map(|n| unique_chat(n, [64usize, 256, 1024, 3072][rng.below(4)]))
         .collect()
+}
+
+/// Chat `n` of about `tokens` prompt tokens that no other shares, streamed.
+pub fn unique_chat(n: usize, tokens: usize) -> String {
+    let prompt = format!("{n} unique prompt text ").repeat(tokens * 4 / 22);
+    streamed_chat(&message("user", &prompt))
 }
 
 /// The mixed workload, each request for one of 12 adapters, uniformly.

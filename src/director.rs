@@ -182,15 +182,17 @@ impl Director {
         self.flow.as_mut()
     }
 
-    /// Flow control's gate: the pool's saturation is below the usage limit. Also tells the
-    /// queue whether the pool has an endpoint at all (which TTL applies).
-    fn has_room(&mut self, now_ms: u64) -> bool {
+    /// Flow control's gate for a band: the pool's saturation is below the band's ceiling (the
+    /// usage limit). Also tells the queue whether the pool has an endpoint at all (which TTL
+    /// applies).
+    fn has_room(&mut self, band_priority: i32, now_ms: u64) -> bool {
         let saturation = self.scheduler.pool_saturation(&self.pool, now_ms);
         let Some(flow) = self.flow.as_mut() else {
             return true;
         };
         flow.set_has_endpoints(saturation.is_some(), now_ms);
-        saturation.is_some_and(|s| s < flow.config().usage_threshold)
+        let ceiling = flow.config().band(band_priority).map_or(1.0, |b| b.ceiling);
+        saturation.is_some_and(|s| s < ceiling)
     }
 
     /// The pool's saturation as flow control sees it (for the gauge and `explain`).
@@ -198,8 +200,9 @@ impl Director {
         self.scheduler.pool_saturation(&self.pool, now_ms)
     }
 
-    /// Flow control's say on a parsed request: pick now (gate off, or room and nothing
-    /// waiting anywhere), hold it as `id`, or refuse it (queue full).
+    /// Flow control's say on a parsed request: pick now (gate off, or room in its band and
+    /// nothing waiting in it or a higher band anywhere), hold it as `id`, or refuse it (queue
+    /// full).
     pub fn admit(
         &mut self,
         prepared: Prepared,
@@ -207,18 +210,19 @@ impl Director {
         now_ms: u64,
         store: &dyn SharedData,
     ) -> Admission {
-        let room = self.has_room(now_ms);
+        let priority = arrival.priority;
+        let room = self.has_room(priority, now_ms);
         let Some(flow) = self.flow.as_mut() else {
             return Admission::Now(Box::new(prepared));
         };
-        if room && flow.idle(now_ms) {
+        if room && flow.clear_for(priority, now_ms) {
             return Admission::Now(Box::new(prepared));
         }
         // Engaged: what the other VMs hold decides whether this one may pass them.
         if let Err(error) = flow.refresh(store) {
             log::debug!("inference-picker: flow control: reading the other VMs' queues: {error}");
         }
-        if room && flow.idle(now_ms) {
+        if room && flow.clear_for(priority, now_ms) {
             return Admission::Now(Box::new(prepared));
         }
         let (id, request_id) = (arrival.id, arrival.request_id.clone());
@@ -262,7 +266,11 @@ impl Director {
         }
         let bound = self.held.len() + 1;
         for _ in 0..bound {
-            if !self.has_room(now_ms) {
+            let Some((band, pick)) = self.flow.as_ref().and_then(|flow| flow.pick(now_ms)) else {
+                return;
+            };
+            // The first band over its ceiling stops the round: lower bands never pass it.
+            if !self.has_room(band, now_ms) {
                 if credits == 0 {
                     return;
                 }
@@ -271,15 +279,14 @@ impl Director {
             let Some(flow) = self.flow.as_mut() else {
                 return;
             };
-            let left = match flow.pick(now_ms) {
-                None => return,
-                Some(Pick::Remote(vm)) => {
+            let left = match pick {
+                Pick::Remote(vm) => {
                     if wake {
                         out.push(Release::Wake(vm));
                     }
                     return;
                 }
-                Some(Pick::Local(id)) => flow.dispatch(id, now_ms, store),
+                Pick::Local(id) => flow.dispatch(id, now_ms, store),
             };
             let Some(left) = left else {
                 return;
@@ -1094,5 +1101,60 @@ pool:
         assert_eq!(error.status(), 429);
         assert!(director.take_dispatched(2).is_some());
         assert_eq!(director.abandon(3, 2100, &store), None, "already gone");
+    }
+
+    #[test]
+    fn holdback_keeps_the_last_capacity_for_the_higher_band() {
+        let store = crate::host::fake::FakeShared::default();
+        let config = FLOW
+            .replace("maxConcurrency: 1", "maxConcurrency: 4")
+            .replace(
+                "- {type: round-robin-fairness-policy, name: rr}",
+                "- {type: round-robin-fairness-policy, name: rr}\n- type: priority-holdback-policy\n  parameters: {minCeiling: 0.5}",
+            )
+            .replace(
+                "  defaultRequestTTL: 1s",
+                "  defaultRequestTTL: 1s\n  usageLimitPolicyPluginRef: priority-holdback-policy",
+            );
+        let mut director = Director::new(load(&config, 7).unwrap());
+        scrape(&mut director, 0, 0, 0.0);
+        director.on_tick(1000);
+        let ceilings: Vec<(i32, f64)> = director
+            .flow_control()
+            .unwrap()
+            .config()
+            .bands
+            .iter()
+            .map(|b| (b.priority, b.ceiling))
+            .collect();
+        assert_eq!(ceilings, vec![(5, 1.0), (0, 0.75), (-1, 0.5)]);
+        let mut admit = |director: &mut Director, id: u32, priority: i32| {
+            let prepared = director
+                .prepare(ApiKind::Completions, Some(BODY), RequestHeaders::default())
+                .unwrap();
+            let arrival = Arrival {
+                priority,
+                ..flow_arrival(id)
+            };
+            match director.admit(prepared, arrival, 1000, &store) {
+                Admission::Now(prepared) => Some(director.route_prepared(*prepared).unwrap()),
+                _ => None,
+            }
+        };
+        // Band 0 stops at 3 of 4 slots (0.75); band 5 may take the fourth.
+        for id in 1..=3 {
+            assert!(
+                admit(&mut director, id, 0).is_some(),
+                "band 0 under its ceiling"
+            );
+        }
+        assert!(
+            admit(&mut director, 4, 0).is_none(),
+            "band 0 at its ceiling waits"
+        );
+        assert!(
+            admit(&mut director, 5, 5).is_some(),
+            "band 5 takes the held-back slot"
+        );
     }
 }

@@ -9,9 +9,9 @@ use crate::request::{ApiKind, RequestHeaders};
 use crate::host::{HostError, HttpHost, SharedData};
 use crate::protocol::{
     DESTINATION_HEADER, FAIRNESS_ID_HEADER, FALLBACKS_HEADER, FALLBACK_HEADER,
-    LLMD_FAIRNESS_ID_HEADER, MODEL_REWRITE_HEADER, OBJECTIVE_HEADER, PREFILLER_HEADER,
-    REQUEST_ID_HEADER, SESSION_TOKEN_HEADER, SLO_TTFT_HEADER, SLO_TTFT_LEGACY_HEADER,
-    TEST_SELECTION_HEADER,
+    LLMD_FAIRNESS_ID_HEADER, LLMD_OBJECTIVE_HEADER, MODEL_REWRITE_HEADER, OBJECTIVE_HEADER,
+    PREFILLER_HEADER, REQUEST_ID_HEADER, SESSION_TOKEN_HEADER, SLO_TTFT_HEADER,
+    SLO_TTFT_LEGACY_HEADER, TEST_SELECTION_HEADER,
 };
 
 /// Whether the host should hold the request or let it go on.
@@ -99,7 +99,8 @@ impl RequestFlow {
         self.headers = RequestHeaders {
             session_token: read(uses.session_token, SESSION_TOKEN_HEADER),
             test_endpoint_selection: read(uses.test_selection, TEST_SELECTION_HEADER),
-            objective: read(uses.objective, OBJECTIVE_HEADER),
+            objective: read(uses.objective, LLMD_OBJECTIVE_HEADER)
+                .or_else(|| read(uses.objective, OBJECTIVE_HEADER)),
             model_rewrite: header_text(host, MODEL_REWRITE_HEADER),
         };
         self.request_id = match header_text(host, REQUEST_ID_HEADER) {
@@ -785,6 +786,7 @@ mod tests {
             SESSION_TOKEN_HEADER,
             TEST_SELECTION_HEADER,
             OBJECTIVE_HEADER,
+            LLMD_OBJECTIVE_HEADER,
         ] {
             assert!(
                 !reads.iter().any(|r| r == unused),

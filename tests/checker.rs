@@ -135,11 +135,14 @@ fn explain_shows_flow_control_holding_a_request_while_the_pool_is_saturated() {
     ]);
     assert!(ok, "{stderr}");
     assert!(stdout.contains("pool saturation 1.90"), "{stdout}");
-    assert!(stdout.contains("band    0: maxRequests 5000"), "{stdout}");
+    assert!(
+        stdout.contains("band    0: ceiling 1.00 (saturated, waits) maxRequests 5000"),
+        "{stdout}"
+    );
     assert!(
         stdout
             .trim_end()
-            .ends_with("until the pool's saturation drops below the usage limit"),
+            .ends_with("until the pool's saturation drops below its band's ceiling"),
         "{stdout}"
     );
     let (ok, stdout, stderr) = explain([
@@ -148,7 +151,7 @@ fn explain_shows_flow_control_holding_a_request_while_the_pool_is_saturated() {
         "examples/explain/pod-3.metrics",
     ]);
     assert!(ok, "{stderr}");
-    assert!(stdout.contains("room, requests go at once"), "{stdout}");
+    assert!(stdout.contains("(room, goes at once)"), "{stdout}");
     assert!(
         stdout.trim_end().ends_with("picked: 127.0.0.1:8002"),
         "{stdout}"

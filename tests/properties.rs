@@ -227,6 +227,14 @@ fn check_others_undisturbed(
             );
         }
         let with_others = &with[1..];
+        // The prefix score weighs a hit by the queue beyond the shortest candidate's, so a
+        // candidate with a shorter (known) queue legitimately re-weighs the others' hits
+        // (`affinityQueueLimit`; its own unit tests pin that). Unknown values must not.
+        let prefix_scorer = inference_picker::scheduling::plugins::spec(type_name)
+            .is_some_and(|spec| spec.type_name == "prefix-cache-scorer");
+        if prefix_scorer && !unknown {
+            continue;
+        }
         for i in 0..without.len() {
             for j in 0..without.len() {
                 if without[i] > without[j] {

@@ -161,7 +161,7 @@ fn explain(args: &[String]) -> Result<(), String> {
             Admission::Now(prepared) => report(&director.route_prepared(*prepared), &director),
             Admission::Held => {
                 println!(
-                    "held: flow control queues it (priority {priority}, flow {fairness_id:?}) until the pool's saturation drops below the usage limit"
+                    "held: flow control queues it (priority {priority}, flow {fairness_id:?}) until the pool's saturation drops below its band's ceiling"
                 );
                 Ok(())
             }
@@ -183,23 +183,20 @@ fn print_flow_control(director: &Director) {
     };
     let config = flow.config();
     match director.pool_saturation(0) {
-        Some(saturation) => println!(
-            "flow control: pool saturation {saturation:.2} (usage limit {:.2}): {}",
-            config.usage_threshold,
-            if saturation < config.usage_threshold {
-                "room, requests go at once"
-            } else {
-                "saturated, requests wait"
-            }
-        ),
+        Some(saturation) => println!("flow control: pool saturation {saturation:.2}"),
         None => println!(
             "flow control: no routable endpoint: requests wait up to noEndpointRequestTTL, then 503"
         ),
     }
     for band in &config.bands {
         println!(
-            "  band {:>4}: maxRequests {} maxBytes {} {} {}",
+            "  band {:>4}: ceiling {:.2} ({}) maxRequests {} maxBytes {} {} {}",
             band.priority,
+            band.ceiling,
+            match director.pool_saturation(0) {
+                Some(s) if s < band.ceiling => "room, goes at once",
+                _ => "saturated, waits",
+            },
             band.max_requests,
             band.max_bytes,
             fairness_type(band.fairness),

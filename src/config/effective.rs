@@ -136,7 +136,7 @@ fn flow_control_section(
     let usage_limit = instances.iter().find(|instance| {
         matches!(
             instance.plugin,
-            Plugin::FlowPolicy(FlowPolicy::UsageLimit { .. })
+            Plugin::FlowPolicy(FlowPolicy::UsageLimit(_))
         )
     });
     if let (Some(instance), Some(map)) = (usage_limit, section.as_object_mut()) {

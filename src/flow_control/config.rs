@@ -2,7 +2,7 @@
 //! and per-band limits, TTLs, band templates and policy references.
 
 use crate::duration::serde_go;
-use crate::scheduling::flow_policy::{Fairness, FlowPolicy, Ordering};
+use crate::scheduling::flow_policy::{Fairness, FlowPolicy, Ordering, UsageLimit};
 use crate::scheduling::plugins::flow_control::{
     fcfs_ordering_policy, global_strict_fairness_policy, static_usage_limit_policy,
 };
@@ -60,6 +60,8 @@ pub struct BandConfig {
     pub max_bytes: u64,
     pub fairness: Fairness,
     pub ordering: Ordering,
+    /// The band dispatches while the pool's saturation is below this (the usage limit).
+    pub ceiling: f64,
 }
 
 /// The section, resolved and validated.
@@ -74,8 +76,6 @@ pub struct FlowControlConfig {
     pub no_endpoint_ttl: Option<Duration>,
     /// Every band, highest priority first; band 0 always exists.
     pub bands: Vec<BandConfig>,
-    /// Dispatch while the pool's saturation is below this.
-    pub usage_threshold: f64,
 }
 
 impl FlowControlConfig {
@@ -105,10 +105,10 @@ pub fn build(
             "revoking requests already sent to a pod is not supported: a proxy filter cannot recall a request it let go; held requests are refused by TTL and capacity instead".into(),
         ));
     }
-    let usage_threshold = match &raw.usage_limit_policy_plugin_ref {
-        None => 1.0,
+    let usage_limit = match &raw.usage_limit_policy_plugin_ref {
+        None => UsageLimit::Static { threshold: 1.0 },
         Some(name) => match lookup(name) {
-            Some(FlowPolicy::UsageLimit { threshold }) => threshold,
+            Some(FlowPolicy::UsageLimit(limit)) => limit,
             _ => {
                 return Err(not_a(
                     "flowControl.usageLimitPolicyPluginRef",
@@ -155,6 +155,10 @@ pub fn build(
         }
     }
     bands.sort_by_key(|band| std::cmp::Reverse(band.priority));
+    let priorities: Vec<i32> = bands.iter().map(|b| b.priority).collect();
+    for (band, ceiling) in bands.iter_mut().zip(usage_limit.ceilings(&priorities)) {
+        band.ceiling = ceiling;
+    }
     let request_ttl = ttl(raw.default_request_ttl.unwrap_or(DEFAULT_REQUEST_TTL));
     Ok(FlowControlConfig {
         max_requests: limit(raw.max_requests.as_ref(), "flowControl.maxRequests")?,
@@ -162,7 +166,6 @@ pub fn build(
         request_ttl,
         no_endpoint_ttl: raw.no_endpoint_request_ttl.map_or(request_ttl, ttl),
         bands,
-        usage_threshold,
     })
 }
 
@@ -217,6 +220,7 @@ fn resolve_band(
         ),
         fairness,
         ordering,
+        ceiling: 1.0,
     })
 }
 
@@ -270,7 +274,9 @@ pub fn default_policy(name: &str) -> Option<FlowPolicy> {
     match name {
         global_strict_fairness_policy::TYPE => Some(FlowPolicy::Fairness(Fairness::GlobalStrict)),
         fcfs_ordering_policy::TYPE => Some(FlowPolicy::Ordering(Ordering::Fcfs)),
-        static_usage_limit_policy::TYPE => Some(FlowPolicy::UsageLimit { threshold: 1.0 }),
+        static_usage_limit_policy::TYPE => Some(FlowPolicy::UsageLimit(UsageLimit::Static {
+            threshold: 1.0,
+        })),
         _ => None,
     }
 }

@@ -225,6 +225,18 @@ impl FlowControl {
         self.waiting.is_empty() && self.fresh_others(now_ms).all(|p| p.flows.is_empty())
     }
 
+    /// True when nothing waits, here or (as last published) in another VM, in the band of
+    /// `priority` or a higher one: a request of that priority may then pass the queue when
+    /// its band has room (lower bands never come first).
+    pub fn clear_for(&self, priority: i32, now_ms: u64) -> bool {
+        let band = self.config.band(priority).map_or(0, |b| b.priority);
+        !self.waiting.iter().any(|w| w.band >= band)
+            && !self
+                .fresh_others(now_ms)
+                .flat_map(|p| &p.flows)
+                .any(|f| f.band >= band && f.count > 0)
+    }
+
     /// Nothing held here and the other VMs already know it: nothing to publish.
     pub fn settled(&self) -> bool {
         self.waiting.is_empty() && !self.unpublished
@@ -308,11 +320,12 @@ impl FlowControl {
 
     /// The request that goes next, Envoy-wide: highest band with anything waiting, the
     /// band's fairness policy across flows, the flow's ordering policy within it.
-    pub fn pick(&self, now_ms: u64) -> Option<Pick> {
-        self.config
-            .bands
-            .iter()
-            .find_map(|band| self.pick_in_band(band.priority, band.fairness, now_ms))
+    /// Returns the band it waits in too.
+    pub fn pick(&self, now_ms: u64) -> Option<(i32, Pick)> {
+        self.config.bands.iter().find_map(|band| {
+            self.pick_in_band(band.priority, band.fairness, now_ms)
+                .map(|pick| (band.priority, pick))
+        })
     }
 
     fn pick_in_band(&self, band: i32, fairness: Fairness, now_ms: u64) -> Option<Pick> {

@@ -30,7 +30,7 @@ fn arrival(id: u32, priority: i32, tenant: &str) -> Arrival {
 /// Dispatches until empty, returning the ids in order.
 fn drain(flow: &mut FlowControl, now: u64, store: &FakeShared) -> Vec<u32> {
     let mut order = Vec::new();
-    while let Some(Pick::Local(id)) = flow.pick(now) {
+    while let Some((_, Pick::Local(id))) = flow.pick(now) {
         flow.dispatch(id, now, store).unwrap();
         order.push(id);
     }
@@ -198,7 +198,7 @@ fn other_vms_count_toward_limits_and_can_hold_the_next_request() {
         "two Envoy-wide"
     );
     assert_eq!(
-        here.pick(20),
+        here.pick(20).map(|p| p.1),
         Some(Pick::Remote(2)),
         "the other VM's is older"
     );
@@ -206,13 +206,13 @@ fn other_vms_count_toward_limits_and_can_hold_the_next_request() {
     other.dispatch(7, 30, &store).unwrap();
     other.publish(&store, 30).unwrap();
     here.refresh(&store).unwrap();
-    assert_eq!(here.pick(30), Some(Pick::Local(1)));
+    assert_eq!(here.pick(30).map(|p| p.1), Some(Pick::Local(1)));
     let stale = PUBLISHED_FRESH_MS + 100;
     other.admit(arrival(8, 0, "t"), 40, &store).unwrap();
     other.publish(&store, 40).unwrap();
     here.refresh(&store).unwrap();
     assert_eq!(
-        here.pick(40 + stale),
+        here.pick(40 + stale).map(|p| p.1),
         Some(Pick::Local(1)),
         "a VM gone quiet stops counting"
     );
@@ -233,7 +233,7 @@ fn round_robin_turns_are_shared_across_vms() {
     here.admit(arrival(1, 0, "a"), 1, &store).unwrap();
     here.admit(arrival(2, 0, "b"), 2, &store).unwrap();
     assert_eq!(
-        here.pick(6),
+        here.pick(6).map(|p| p.1),
         Some(Pick::Local(2)),
         "the other VM just served a: b's turn"
     );

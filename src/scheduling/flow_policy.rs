@@ -6,10 +6,44 @@
 pub enum FlowPolicy {
     Fairness(Fairness),
     Ordering(Ordering),
-    /// Dispatch only while the pool's saturation is below `threshold` (0..=1].
-    UsageLimit {
-        threshold: f64,
-    },
+    UsageLimit(UsageLimit),
+}
+
+/// When a band may dispatch: while the pool's saturation is below its ceiling.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum UsageLimit {
+    /// `static-usage-limit-policy`: every band's ceiling is `threshold`.
+    Static { threshold: f64 },
+    /// `priority-holdback-policy`: ceilings fall linearly from `max` (the highest band) to
+    /// `min` (the lowest), by the bands' rank or (`by_value`) their priority values, so
+    /// lower bands leave room that only higher ones may take.
+    Holdback { min: f64, max: f64, by_value: bool },
+}
+
+impl UsageLimit {
+    /// The ceilings of bands with these priorities (highest first).
+    pub fn ceilings(self, priorities: &[i32]) -> Vec<f64> {
+        let (min, max, by_value) = match self {
+            UsageLimit::Static { threshold } => return vec![threshold; priorities.len()],
+            UsageLimit::Holdback { min, max, by_value } => (min, max, by_value),
+        };
+        let (Some(&top), Some(&bottom)) = (priorities.first(), priorities.last()) else {
+            return Vec::new();
+        };
+        let last = priorities.len().saturating_sub(1).max(1) as f64;
+        priorities
+            .iter()
+            .enumerate()
+            .map(|(rank, &priority)| {
+                let from_top = if by_value {
+                    f64::from(top - priority) / f64::from((top - bottom).max(1))
+                } else {
+                    rank as f64 / last
+                };
+                max - (max - min) * from_top
+            })
+            .collect()
+    }
 }
 
 /// Which flow of a band goes next.

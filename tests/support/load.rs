@@ -40,6 +40,16 @@ impl KeepAlive {
     }
 
     pub fn post(&mut self, path: &str, body: &str) -> std::io::Result<Exchange> {
+        self.post_with(path, &[], body)
+    }
+
+    /// [`KeepAlive::post`] with more request headers.
+    pub fn post_with(
+        &mut self,
+        path: &str,
+        extra: &[(&str, &str)],
+        body: &str,
+    ) -> std::io::Result<Exchange> {
         let client = match &mut self.client {
             Some(client) => client,
             None => self
@@ -48,7 +58,8 @@ impl KeepAlive {
         };
         let started = Instant::now();
         let mut first_byte = None;
-        let headers = [("host", "bench"), ("content-type", "application/json")];
+        let mut headers = vec![("host", "bench"), ("content-type", "application/json")];
+        headers.extend_from_slice(extra);
         let result = client.send("POST", path, &headers, body.as_bytes(), &mut |_| {
             first_byte.get_or_insert_with(|| started.elapsed());
         });

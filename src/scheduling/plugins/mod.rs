@@ -62,13 +62,13 @@ const REGISTRY: &[&PluginSpec] = &[
     &flow_control::edf_ordering_policy::SPEC,
     &flow_control::slo_deadline_ordering_policy::SPEC,
     &flow_control::static_usage_limit_policy::SPEC,
+    &flow_control::priority_holdback_policy::SPEC,
 ];
 
 /// llm-d plugin types the filter knows but does not implement, and why: loading one is an
 /// error that says so instead of "unknown type".
 const NOT_SUPPORTED: &[(&str, &str)] = &[
     ("program-aware-fairness", "its least-attained-service bookkeeping is not implemented; use round-robin-fairness-policy"),
-    ("priority-holdback-policy", "per-band ceilings are not implemented; use static-usage-limit-policy"),
     ("soft-reflective-ceiling-policy", "adaptive ceilings are not implemented; use static-usage-limit-policy"),
 ];
 
@@ -132,6 +132,7 @@ mod tests {
         "label-selector-filter",
         "by-label-selector",
         "by-label",
+        "priority-holdback-policy",
     ];
 
     #[test]

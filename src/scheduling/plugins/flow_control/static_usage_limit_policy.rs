@@ -2,7 +2,7 @@
 //! pool's saturation (0 = idle, 1 = the saturation detector's threshold) is below
 //! `threshold`. Parameters: `threshold` in (0, 1], default 1.0 (dispatch until saturated).
 
-use crate::scheduling::flow_policy::FlowPolicy;
+use crate::scheduling::flow_policy::{FlowPolicy, UsageLimit};
 use crate::scheduling::plugins::spec::{effective, Kind, PluginSpec};
 use crate::scheduling::Plugin;
 use serde_yaml::Value;
@@ -30,7 +30,9 @@ pub fn build(parameters: &Value) -> Result<Plugin, String> {
     if !(threshold > 0.0 && threshold <= 1.0) {
         return Err(format!("threshold {threshold} must be in (0, 1]"));
     }
-    Ok(Plugin::FlowPolicy(FlowPolicy::UsageLimit { threshold }))
+    Ok(Plugin::FlowPolicy(FlowPolicy::UsageLimit(
+        UsageLimit::Static { threshold },
+    )))
 }
 
 #[cfg(test)]
@@ -42,7 +44,7 @@ mod tests {
     fn threshold_defaults_to_one_and_is_bounded() {
         let built = build(&Value::Null).unwrap();
         assert!(
-            matches!(built, Plugin::FlowPolicy(FlowPolicy::UsageLimit { threshold }) if threshold == 1.0)
+            matches!(built, Plugin::FlowPolicy(FlowPolicy::UsageLimit(UsageLimit::Static { threshold })) if threshold == 1.0)
         );
         for bad in ["{threshold: 0}", "{threshold: 1.5}", "{threshold: .nan}"] {
             assert!(build(&serde_yaml::from_str(bad).unwrap()).is_err(), "{bad}");

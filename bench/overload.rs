@@ -1,0 +1,504 @@
+//! Part 6, overload and flow control: arrivals at 1.5x what the pods can serve, from two
+//! tenants (one sending four times more) at two priorities, through the picker with flow
+//! control, the same picker without it, and Envoy's LEAST_REQUEST; TTFT per priority and per
+//! tenant, throughput, errors, and how many requests wait inside the pods over time.
+
+use crate::chart::{line_chart_on, YAxis};
+use crate::load::{open_loop_each, sorted, Percentiles};
+use crate::report::{csv_table, goal, markdown_table, Cell, Chart, Column, Part, Row};
+use crate::setup::{filter_stat, plain_envoy};
+use crate::support::{with_endpoints, Envoy, Exchange, KeepAlive, Sim};
+use crate::workloads::{flag_value, prompt_tokens, unique_chat, OUTPUT_TOKENS};
+use inference_picker::scheduling::rng::Rng;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+/// Overload pods: four sequences at a time, real time, 100 µs per prompt token, 10 ms per
+/// output token (slower as the batch grows).
+const SIM: [&str; 10] = [
+    "--max-num-seqs",
+    "4",
+    "--time-scale",
+    "1",
+    "--prefill-us-per-token",
+    "100",
+    "--decode-ms-per-token",
+    "10",
+    "--kv-blocks",
+    "8192",
+];
+const PODS: usize = 4;
+/// Prompt tokens per request (each prompt unique: no prefix cache effects).
+const PROMPT_TOKENS: usize = 256;
+const HIGH_PRIORITY_SHARE: f64 = 0.2;
+const HEAVY_TENANT_SHARE: f64 = 0.8;
+/// Offered load over capacity while overloaded, and while unloaded (the reference TTFT).
+const OVERLOAD: f64 = 1.5;
+const UNLOADED: f64 = 0.25;
+/// `priority-holdback-policy`'s `minCeiling`: the standard band dispatches while the pool is
+/// below this share of its slots; the rest is kept for interactive requests.
+const HOLDBACK: f64 = 0.75;
+
+/// One request's class: its tenant (fairness id) and objective (priority).
+#[derive(Clone, Copy, PartialEq)]
+struct Class {
+    heavy: bool,
+    high: bool,
+}
+
+impl Class {
+    fn of(n: usize) -> Class {
+        let mut rng = Rng::new(0x0f10 ^ n as u64);
+        Class {
+            heavy: rng.unit() < HEAVY_TENANT_SHARE,
+            high: rng.unit() < HIGH_PRIORITY_SHARE,
+        }
+    }
+
+    fn headers(self) -> [(&'static str, &'static str); 2] {
+        [
+            (
+                "x-llm-d-inference-fairness-id",
+                if self.heavy { "heavy" } else { "light" },
+            ),
+            (
+                "x-llm-d-inference-objective",
+                if self.high { "interactive" } else { "standard" },
+            ),
+        ]
+    }
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum Contender {
+    FlowControl,
+    NoFlowControl,
+    LeastRequest,
+}
+
+impl Contender {
+    fn name(self) -> &'static str {
+        match self {
+            Contender::FlowControl => "picker, flow control",
+            Contender::NoFlowControl => "picker, no flow control",
+            Contender::LeastRequest => "Envoy LEAST_REQUEST",
+        }
+    }
+
+    fn start(self, sims: &[&Sim]) -> Envoy {
+        match self {
+            Contender::FlowControl => Envoy::start(&with_endpoints(&picker_config(true), sims), 2),
+            Contender::NoFlowControl => {
+                Envoy::start(&with_endpoints(&picker_config(false), sims), 2)
+            }
+            Contender::LeastRequest => plain_envoy(sims, "LEAST_REQUEST"),
+        }
+    }
+}
+
+/// GIE's default scorers; the concurrency detector at the pods' sequence slots (room = a free
+/// slot); with `gated`, flow control with a band per objective, tenants taking turns, and the
+/// standard band held back below [`HOLDBACK`] of the slots.
+fn picker_config(gated: bool) -> String {
+    let slots = flag_value(&SIM, "--max-num-seqs");
+    format!(
+        "{}plugins:
+- type: queue-scorer
+- type: kv-cache-utilization-scorer
+- type: prefix-cache-scorer
+- type: concurrency-detector
+  parameters: {{maxConcurrency: {slots}}}
+- type: round-robin-fairness-policy
+- type: priority-holdback-policy
+  parameters: {{minCeiling: {HOLDBACK}}}
+schedulingProfiles:
+- name: default
+  plugins:
+  - {{pluginRef: queue-scorer, weight: 2}}
+  - {{pluginRef: kv-cache-utilization-scorer, weight: 2}}
+  - {{pluginRef: prefix-cache-scorer, weight: 3}}
+saturationDetector: {{pluginRef: concurrency-detector}}
+flowControl:
+  usageLimitPolicyPluginRef: priority-holdback-policy
+  priorityBands:
+  - {{priority: 10, fairnessPolicyRef: round-robin-fairness-policy}}
+  - {{priority: 0, fairnessPolicyRef: round-robin-fairness-policy}}
+pool:
+  objectives: [{{name: interactive, priority: 10}}, {{name: standard, priority: 0}}]
+  endpoints: []
+",
+        if gated {
+            "featureGates: [flowControl]\n"
+        } else {
+            ""
+        }
+    )
+}
+
+/// One request as the client saw it.
+struct Sent {
+    class: Class,
+    sent_at: f64,
+    exchange: Option<Exchange>,
+}
+
+impl Sent {
+    fn ok(&self) -> bool {
+        self.exchange.as_ref().is_some_and(|e| e.status == 200)
+    }
+
+    fn ttft_ms(&self) -> Option<f64> {
+        self.exchange
+            .as_ref()
+            .filter(|e| e.status == 200)
+            .map(|e| e.first_byte.as_secs_f64() * 1e3)
+    }
+}
+
+/// A contender's run: what every request got, the queue samples, how long it took.
+struct Run {
+    sent: Vec<Sent>,
+    /// `(seconds, requests waiting in the pods, requests held in Envoy)`.
+    samples: Vec<(f64, f64, f64)>,
+    elapsed: f64,
+}
+
+impl Run {
+    fn ttft(&self, keep: impl Fn(Class) -> bool) -> Percentiles {
+        Percentiles::of(&sorted(
+            self.sent
+                .iter()
+                .filter(|s| keep(s.class))
+                .filter_map(Sent::ttft_ms)
+                .collect(),
+        ))
+    }
+
+    /// Requests of one flow answered before an earlier one of the same flow, by more than
+    /// the pods' per-request jitter (50 ms), over pairs of consecutive requests of a flow.
+    fn order_inversions(&self) -> f64 {
+        let mut inverted = 0usize;
+        let mut pairs = 0usize;
+        for heavy in [true, false] {
+            for high in [true, false] {
+                let mut flow: Vec<(f64, f64)> = self
+                    .sent
+                    .iter()
+                    .filter(|s| s.class == Class { heavy, high })
+                    .filter_map(|s| Some((s.sent_at, s.sent_at + s.ttft_ms()? / 1e3)))
+                    .collect();
+                flow.sort_by(|a, b| a.0.total_cmp(&b.0));
+                for pair in flow.windows(2) {
+                    pairs += 1;
+                    if pair[1].1 + 0.05 < pair[0].1 {
+                        inverted += 1;
+                    }
+                }
+            }
+        }
+        inverted as f64 / pairs.max(1) as f64
+    }
+}
+
+struct OverloadRow {
+    contender: &'static str,
+    offered: f64,
+    served: usize,
+    refused: usize,
+    failed: usize,
+    throughput: f64,
+    high: Percentiles,
+    standard: Percentiles,
+    heavy: Percentiles,
+    light: Percentiles,
+    peak_pod_queue: f64,
+    peak_held: f64,
+    inversions: f64,
+}
+
+impl Row for OverloadRow {
+    const COLUMNS: &'static [Column] = &[
+        Column::both("gateway", "gateway").left(),
+        Column::both("offered req/s", "offered_rps"),
+        Column::both("served", "served"),
+        Column::both("refused (429/503)", "refused"),
+        Column::both("failed", "failed"),
+        Column::both("throughput req/s", "throughput_rps"),
+        Column::both(
+            "interactive TTFT p50 / p90 ms",
+            "interactive_ttft_p50_p90_ms",
+        ),
+        Column::both("standard TTFT p50 / p90 ms", "standard_ttft_p50_p90_ms"),
+        Column::both("heavy tenant p50 / p90 ms", "heavy_ttft_p50_p90_ms"),
+        Column::both("light tenant p50 / p90 ms", "light_ttft_p50_p90_ms"),
+        Column::both("peak pod queue", "peak_pod_queue"),
+        Column::both("peak held in Envoy", "peak_held"),
+        Column::both("order inversions", "order_inversions"),
+    ];
+
+    fn cells(&self) -> Vec<Cell> {
+        let pair = |p: &Percentiles| Cell::Series(vec![p.p50, p.p90], 0);
+        vec![
+            Cell::Text(self.contender.into()),
+            Cell::Measure(self.offered, 1),
+            Cell::Count(self.served),
+            Cell::Count(self.refused),
+            Cell::Count(self.failed),
+            Cell::Measure(self.throughput, 1),
+            pair(&self.high),
+            pair(&self.standard),
+            pair(&self.heavy),
+            pair(&self.light),
+            Cell::Fixed(self.peak_pod_queue, 0),
+            Cell::Fixed(self.peak_held, 0),
+            Cell::Percent(self.inversions),
+        ]
+    }
+}
+
+/// What the pods can serve: every slot busy, each request taking its prefill plus its
+/// output at the step time of a full batch.
+fn capacity(prompt_tokens: usize) -> f64 {
+    let flag = |name| flag_value(&SIM, name);
+    let slots = flag("--max-num-seqs");
+    let step_ms = flag("--decode-ms-per-token") * (1.0 + 0.02 * slots);
+    let service_s = (prompt_tokens as f64 * flag("--prefill-us-per-token") / 1e3
+        + OUTPUT_TOKENS as f64 * step_ms)
+        * flag("--time-scale")
+        / 1e3;
+    PODS as f64 * slots / service_s
+}
+
+pub fn run(quick: bool) -> Part {
+    println!("overload: 1.5x capacity, two tenants, two priorities; flow control vs none vs LEAST_REQUEST");
+    let seconds = if quick { 15.0 } else { 60.0 };
+    let probe = Sim::start("probe", &SIM);
+    let tokens = prompt_tokens(&probe, &[unique_chat(0, PROMPT_TOKENS)])
+        .first()
+        .map_or(PROMPT_TOKENS, Vec::len);
+    drop(probe);
+    let capacity = capacity(tokens);
+    let unloaded = measure(
+        Contender::FlowControl,
+        capacity * UNLOADED,
+        seconds / 2.0,
+        1,
+    );
+    let unloaded_p90 = unloaded.ttft(|_| true).p90;
+    println!(
+        "  unloaded ({:.1} req/s): TTFT p90 {unloaded_p90:.0} ms",
+        capacity * UNLOADED
+    );
+    let offered = capacity * OVERLOAD;
+    let mut rows = Vec::new();
+    let mut series = Vec::new();
+    for contender in [
+        Contender::FlowControl,
+        Contender::NoFlowControl,
+        Contender::LeastRequest,
+    ] {
+        let run = measure(contender, offered, seconds, 2);
+        let row = row(contender, offered, &run);
+        println!(
+            "  {}: interactive p90 {:.0} ms, standard p90 {:.0} ms, served {}, refused {}, failed {}, peak pod queue {:.0}",
+            contender.name(),
+            row.high.p90,
+            row.standard.p90,
+            row.served,
+            row.refused,
+            row.failed,
+            row.peak_pod_queue
+        );
+        let queue: Vec<(f64, f64)> = run.samples.iter().map(|&(t, pods, _)| (t, pods)).collect();
+        series.push((format!("{}: in the pods", contender.name()), queue));
+        if contender == Contender::FlowControl {
+            let held: Vec<(f64, f64)> = run.samples.iter().map(|&(t, _, held)| (t, held)).collect();
+            series.push((format!("{}: held in Envoy", contender.name()), held));
+        }
+        rows.push(row);
+    }
+    let chart = line_chart_on(
+        YAxis::Linear,
+        &format!("Requests waiting, {OVERLOAD}x capacity"),
+        "seconds",
+        "requests waiting",
+        &series,
+    );
+    Part {
+        markdown: format!(
+            "{}{}{}",
+            intro(capacity, tokens, seconds),
+            markdown_table(&rows),
+            goals(&rows, unloaded_p90)
+        ),
+        csv: csv_table(&rows),
+        charts: vec![Chart::main(chart)],
+    }
+}
+
+fn row(contender: Contender, offered: f64, run: &Run) -> OverloadRow {
+    let status = |s: &Sent| s.exchange.as_ref().map(|e| e.status);
+    OverloadRow {
+        contender: contender.name(),
+        offered,
+        served: run.sent.iter().filter(|s| s.ok()).count(),
+        refused: run
+            .sent
+            .iter()
+            .filter(|s| matches!(status(s), Some(429 | 503)))
+            .count(),
+        failed: run
+            .sent
+            .iter()
+            .filter(|s| !s.ok() && !matches!(status(s), Some(429 | 503)))
+            .count(),
+        throughput: run.sent.iter().filter(|s| s.ok()).count() as f64 / run.elapsed,
+        high: run.ttft(|c| c.high),
+        standard: run.ttft(|c| !c.high),
+        heavy: run.ttft(|c| c.heavy),
+        light: run.ttft(|c| !c.heavy),
+        peak_pod_queue: run.samples.iter().map(|s| s.1).fold(0.0, f64::max),
+        peak_held: run.samples.iter().map(|s| s.2).fold(0.0, f64::max),
+        inversions: run.order_inversions(),
+    }
+}
+
+/// One contender on fresh pods: `rate` requests per second for `seconds`, the queues sampled
+/// every 250 ms until the last answer.
+fn measure(contender: Contender, rate: f64, seconds: f64, seed: u64) -> Run {
+    let sims: Vec<Sim> = (0..PODS)
+        .map(|i| Sim::start(&format!("pod-{i}"), &SIM))
+        .collect();
+    let refs: Vec<&Sim> = sims.iter().collect();
+    let envoy = contender.start(&refs);
+    if contender != Contender::LeastRequest {
+        // The picker routes once it has scraped every pod (plain Envoy scrapes nothing).
+        for sim in &refs {
+            sim.wait_for_scrapes(2);
+        }
+    }
+    let count = (rate * seconds).round() as usize;
+    let bodies: Vec<String> = (0..count)
+        .map(|n| unique_chat(n + 1, PROMPT_TOKENS))
+        .collect();
+    let address = envoy.address();
+    let done = AtomicBool::new(false);
+    let samples = Mutex::new(Vec::new());
+    let started = Instant::now();
+    let sent = std::thread::scope(|scope| {
+        scope.spawn(|| sample_queues(&refs, &envoy, &done, &samples, started));
+        let sent = open_loop_each(count, rate, seed, &|n, _client: &mut Option<KeepAlive>| {
+            KeepAlive::new(&address).post_with(
+                "/v1/chat/completions",
+                &Class::of(n).headers(),
+                &bodies[n],
+            )
+        });
+        done.store(true, Ordering::Relaxed);
+        sent
+    });
+    let elapsed = started.elapsed().as_secs_f64();
+    Run {
+        sent: sent
+            .into_iter()
+            .map(|(n, sent_at, exchange)| Sent {
+                class: Class::of(n),
+                sent_at,
+                exchange,
+            })
+            .collect(),
+        samples: samples.into_inner().expect("samples"),
+        elapsed,
+    }
+}
+
+fn sample_queues(
+    sims: &[&Sim],
+    envoy: &Envoy,
+    done: &AtomicBool,
+    samples: &Mutex<Vec<(f64, f64, f64)>>,
+    started: Instant,
+) {
+    while !done.load(Ordering::Relaxed) {
+        let pods: f64 = sims
+            .iter()
+            .map(|sim| sim.stats()["waiting"].as_f64().unwrap_or(0.0))
+            .sum();
+        let held: f64 = ["10", "0"]
+            .iter()
+            .map(|band| filter_stat(envoy, &format!("flow_control.band.{band}.queue_size")))
+            .filter(|v| v.is_finite())
+            .sum();
+        let at = (started.elapsed().as_secs_f64() * 4.0).round() / 4.0;
+        samples.lock().expect("samples").push((at, pods, held));
+        std::thread::sleep(Duration::from_millis(250));
+    }
+}
+
+fn intro(capacity: f64, tokens: usize, seconds: f64) -> String {
+    format!(
+        "## 6. Overload: flow control\n\nFour pods (four sequences each, real time: {tokens} \
+         prompt tokens at 100 µs, {OUTPUT_TOKENS} output tokens at 10 ms a step, slower as the \
+         batch fills) can serve {capacity:.1} req/s. Arrivals at {OVERLOAD}x that for \
+         {seconds:.0} s, open loop (Poisson), unique prompts, streamed: tenant `heavy` sends \
+         {:.0} % of them, `light` the rest (`x-llm-d-inference-fairness-id`), and {:.0} % of \
+         each ask for objective `interactive` (priority 10), the rest `standard` (priority 0). \
+         The same run through the picker with flow control (`concurrency-detector` at the \
+         pods' four slots as the gate, round-robin fairness in both bands, \
+         `priority-holdback-policy` with `minCeiling: {HOLDBACK}`: the standard band stops at \
+         {:.0} % of the slots, the rest is for interactive requests), the same picker \
+         without the gate, and Envoy's LEAST_REQUEST; fresh pods each, Envoy \
+         `--concurrency 2`, route timeout 600 s, so nothing fails for waiting. TTFT is to the \
+         first streamed token as the client sees it, waiting in Envoy included. \"Order \
+         inversions\": pairs of consecutive requests of one flow (tenant and priority) where \
+         the later one got its first token more than 50 ms before the earlier one, which \
+         measures how FCFS the queue stays across the two worker VMs. The chart samples, every \
+         250 ms, the requests waiting inside the pods and, with flow control, those held in \
+         Envoy.\n\n![pod queues over time](results/6-overload.svg)\n\n",
+        HEAVY_TENANT_SHARE * 100.0,
+        HIGH_PRIORITY_SHARE * 100.0,
+        HOLDBACK * 100.0
+    )
+}
+
+fn goals(rows: &[OverloadRow], unloaded_p90: f64) -> String {
+    let Some(flow) = rows.first() else {
+        return String::new();
+    };
+    let ratio = flow.high.p90 / unloaded_p90;
+    let others: Vec<String> = rows
+        .iter()
+        .skip(1)
+        .map(|r| format!("{} {:.0} ms", r.contender, r.high.p90))
+        .collect();
+    format!(
+        "\nUnloaded ({UNLOADED}x capacity, same pods and mix, flow control on): TTFT p90 \
+         {unloaded_p90:.0} ms.\n\n{}{}{}",
+        goal(
+            "with flow control the high-priority TTFT p90 stays within 2x of its unloaded value while the pool is overloaded",
+            Some(ratio <= 2.0),
+            &format!(
+                "{:.0} ms = {ratio:.2}x of {unloaded_p90:.0} ms; {}",
+                flow.high.p90,
+                others.join(", ")
+            )
+        ),
+        goal(
+            "the low-priority traffic absorbs the wait",
+            Some(flow.standard.p90 > 2.0 * flow.high.p90),
+            &format!(
+                "standard p90 {:.0} ms vs interactive {:.0} ms",
+                flow.standard.p90, flow.high.p90
+            )
+        ),
+        goal(
+            "no request lost other than those the policy sheds (counted)",
+            Some(flow.failed == 0),
+            &format!(
+                "{} served, {} refused by policy, {} failed",
+                flow.served, flow.refused, flow.failed
+            )
+        ),
+    )
+}
