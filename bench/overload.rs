@@ -38,7 +38,10 @@ const OVERLOAD: f64 = 1.5;
 const UNLOADED: f64 = 0.25;
 /// `priority-holdback-policy`'s `minCeiling`: the standard band dispatches while the pool is
 /// below this share of its slots; the rest is kept for interactive requests.
-const HOLDBACK: f64 = 0.75;
+const HOLDBACK: f64 = 0.7;
+/// `defaultRequestTTL`, seconds: under the load client's 60 s read timeout, so the queue
+/// refuses (429) what the client would otherwise give up on.
+const TTL_S: u32 = 50;
 
 /// One request's class: its tenant (fairness id) and objective (priority).
 #[derive(Clone, Copy, PartialEq)]
@@ -97,7 +100,8 @@ impl Contender {
     }
 }
 
-/// GIE's default scorers; the concurrency detector at the pods' sequence slots (room = a free
+/// GIE's default scorers plus llm-d's `active-request-scorer` (the pick follows the filter's
+/// own in-flight counts, so a request goes to the pod with the free slot); the concurrency detector at the pods' sequence slots (room = a free
 /// slot); with `gated`, flow control with a band per objective, tenants taking turns, and the
 /// standard band held back below [`HOLDBACK`] of the slots.
 fn picker_config(gated: bool) -> String {
@@ -107,6 +111,7 @@ fn picker_config(gated: bool) -> String {
 - type: queue-scorer
 - type: kv-cache-utilization-scorer
 - type: prefix-cache-scorer
+- type: active-request-scorer
 - type: concurrency-detector
   parameters: {{maxConcurrency: {slots}}}
 - type: round-robin-fairness-policy
@@ -118,8 +123,10 @@ schedulingProfiles:
   - {{pluginRef: queue-scorer, weight: 2}}
   - {{pluginRef: kv-cache-utilization-scorer, weight: 2}}
   - {{pluginRef: prefix-cache-scorer, weight: 3}}
+  - {{pluginRef: active-request-scorer, weight: 2}}
 saturationDetector: {{pluginRef: concurrency-detector}}
 flowControl:
+  defaultRequestTTL: {TTL_S}s
   usageLimitPolicyPluginRef: priority-holdback-policy
   priorityBands:
   - {{priority: 10, fairnessPolicyRef: round-robin-fairness-policy}}
@@ -444,10 +451,13 @@ fn intro(capacity: f64, tokens: usize, seconds: f64) -> String {
          {seconds:.0} s, open loop (Poisson), unique prompts, streamed: tenant `heavy` sends \
          {:.0} % of them, `light` the rest (`x-llm-d-inference-fairness-id`), and {:.0} % of \
          each ask for objective `interactive` (priority 10), the rest `standard` (priority 0). \
-         The same run through the picker with flow control (`concurrency-detector` at the \
+         The same run through the picker (GIE's default scorers plus llm-d's \
+         `active-request-scorer`, weight 2, so a pick goes where the filter's own in-flight \
+         count says a slot is free) with flow control (`concurrency-detector` at the \
          pods' four slots as the gate, round-robin fairness in both bands, \
          `priority-holdback-policy` with `minCeiling: {HOLDBACK}`: the standard band stops at \
-         {:.0} % of the slots, the rest is for interactive requests), the same picker \
+         {:.0} % of the slots, the rest is for interactive requests; `defaultRequestTTL: \
+         {TTL_S}s`, under the client's 60 s timeout), the same picker \
          without the gate, and Envoy's LEAST_REQUEST; fresh pods each, Envoy \
          `--concurrency 2`, route timeout 600 s, so nothing fails for waiting. TTFT is to the \
          first streamed token as the client sees it, waiting in Envoy included. \"Order \

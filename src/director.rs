@@ -80,8 +80,6 @@ pub enum Release {
         error: RequestError,
         waited_ms: u64,
     },
-    /// Another VM holds the request that goes next: wake it.
-    Wake(u64),
 }
 
 /// The routing outcome handed back to the host edge.
@@ -237,21 +235,14 @@ impl Director {
 
     /// Held requests that leave the queue now: those whose TTL ran out, then, while the pool
     /// has room, the next by priority, fairness and order (each picked for at once, so the
-    /// next look at the room counts it), or a wake for the VM that holds the next one.
+    /// next look at the room counts it).
     ///
-    /// `wake`: when the next request is another VM's, ask for a [`Release::Wake`]; only a VM
-    /// whose own request just ended should, as only its own count is exact (a VM's view of
-    /// the others' is as of their last tick). `credits` dispatches may go without room as
-    /// this VM sees it: another VM's request ended and it woke this one, before this VM's
-    /// view of the other's load caught up.
-    pub fn releases(
-        &mut self,
-        now_ms: u64,
-        store: &dyn SharedData,
-        wake: bool,
-        mut credits: usize,
-        out: &mut Vec<Release>,
-    ) {
+    /// When the next request Envoy-wide is held by another VM, this VM serves its own best
+    /// request of the same band instead (a free slot never idles for want of the right
+    /// worker; the order across VMs bends a little, priority never); with nothing of that
+    /// band here it leaves the slot to the other VM, which takes it on its next callback or
+    /// tick.
+    pub fn releases(&mut self, now_ms: u64, store: &dyn SharedData, out: &mut Vec<Release>) {
         let Some(flow) = self.flow.as_mut() else {
             return;
         };
@@ -271,23 +262,19 @@ impl Director {
             };
             // The first band over its ceiling stops the round: lower bands never pass it.
             if !self.has_room(band, now_ms) {
-                if credits == 0 {
-                    return;
-                }
-                credits -= 1;
+                return;
             }
             let Some(flow) = self.flow.as_mut() else {
                 return;
             };
-            let left = match pick {
-                Pick::Remote(vm) => {
-                    if wake {
-                        out.push(Release::Wake(vm));
-                    }
-                    return;
-                }
-                Pick::Local(id) => flow.dispatch(id, now_ms, store),
+            let id = match pick {
+                Pick::Local(id) => id,
+                Pick::Remote(_) => match flow.pick_local(band, now_ms) {
+                    Some(id) => id,
+                    None => return,
+                },
             };
+            let left = flow.dispatch(id, now_ms, store);
             let Some(left) = left else {
                 return;
             };
@@ -1079,10 +1066,10 @@ pool:
             assert_eq!(admitted, Admission::Held, "saturated: held");
         }
         let mut out = Vec::new();
-        director.releases(1020, &store, false, 0, &mut out);
+        director.releases(1020, &store, &mut out);
         assert!(out.is_empty(), "still saturated: nothing leaves");
         director.release(&first);
-        director.releases(1030, &store, false, 0, &mut out);
+        director.releases(1030, &store, &mut out);
         let [Release::Routed {
             id: 2,
             waited_ms: 20,
@@ -1094,7 +1081,7 @@ pool:
         };
         director.record_dispatched(2, (**routed).clone());
         out.clear();
-        director.releases(2011, &store, false, 0, &mut out);
+        director.releases(2011, &store, &mut out);
         let [Release::Refused { id: 3, error, .. }] = &out[..] else {
             panic!("the other expires after its TTL: {out:?}");
         };
@@ -1128,7 +1115,7 @@ pool:
             .map(|b| (b.priority, b.ceiling))
             .collect();
         assert_eq!(ceilings, vec![(5, 1.0), (0, 0.75), (-1, 0.5)]);
-        let mut admit = |director: &mut Director, id: u32, priority: i32| {
+        let admit = |director: &mut Director, id: u32, priority: i32| {
             let prepared = director
                 .prepare(ApiKind::Completions, Some(BODY), RequestHeaders::default())
                 .unwrap();

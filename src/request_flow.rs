@@ -404,7 +404,6 @@ pub fn carry_out(host: &impl HttpHost, director: &mut Director, release: Release
             }
             false
         }
-        Release::Wake(_) => false,
     }
 }
 

@@ -160,8 +160,8 @@ fn held_requests_leave_by_priority_then_take_turns_between_tenants() {
                 finished.lock().expect("lock").push(label);
             })
         };
-        // One slot, taken for about a second: everything after it waits.
-        let blocker = scope.spawn(move || post(envoy, "blocker", 100, &[]));
+        // One slot, taken for two seconds: everything after it waits.
+        let blocker = scope.spawn(move || post(envoy, "blocker", 200, &[]));
         wait_until_in_flight(&sim);
         let mut held = 0.0;
         let mut queue = |label: String, headers| {
@@ -169,15 +169,16 @@ fn held_requests_leave_by_priority_then_take_turns_between_tenants() {
             held += 1.0;
             wait_until_held(envoy, held);
         };
-        for n in 0..8 {
+        // Ten times more from one tenant, all of it first.
+        for n in 0..20 {
             queue(
-                format!("loud-{n}"),
+                format!("loud-{n:02}"),
                 vec![("x-llm-d-inference-fairness-id", "loud")],
             );
         }
-        for n in 0..3 {
+        for n in 0..2 {
             queue(
-                format!("quiet-{n}"),
+                format!("quiet-{n:02}"),
                 vec![("x-gateway-inference-fairness-id", "quiet")],
             );
         }
@@ -191,15 +192,20 @@ fn held_requests_leave_by_priority_then_take_turns_between_tenants() {
         assert_eq!(blocker.join().expect("blocker").status, 200);
     });
     let order = finished.into_inner().expect("lock");
-    assert_eq!(order.len(), 12);
+    assert_eq!(order.len(), 23);
     assert_eq!(order[0], "vip", "the higher band goes first: {order:?}");
-    let tenants: Vec<&str> = order[1..7].iter().map(|l| &l[..l.len() - 2]).collect();
+    let tenants: Vec<&str> = order[1..5].iter().map(|l| &l[..l.len() - 3]).collect();
     assert_eq!(
         tenants,
-        ["loud", "quiet", "loud", "quiet", "loud", "quiet"],
-        "turns while both wait, though loud sent 8: {order:?}"
+        ["loud", "quiet", "loud", "quiet"],
+        "half each while both wait, though loud sent ten times more: {order:?}"
     );
-    assert!(order[7..].iter().all(|l| l.starts_with("loud")));
+    assert!(order[5..].iter().all(|l| l.starts_with("loud")));
+    let loud: Vec<&String> = order.iter().filter(|l| l.starts_with("loud")).collect();
+    assert!(
+        loud.windows(2).all(|w| w[0] < w[1]),
+        "first come, first served within a flow: {order:?}"
+    );
 }
 
 /// Waits until the pod runs a request.

@@ -90,24 +90,6 @@ extern "C" {
 extern "C" {
     fn proxy_set_effective_context(context_id: u32) -> u32;
     fn proxy_continue_stream(stream_type: u32) -> u32;
-    fn proxy_register_shared_queue(
-        name_data: *const u8,
-        name_size: usize,
-        return_id: *mut u32,
-    ) -> u32;
-    fn proxy_resolve_shared_queue(
-        vm_id_data: *const u8,
-        vm_id_size: usize,
-        name_data: *const u8,
-        name_size: usize,
-        return_id: *mut u32,
-    ) -> u32;
-    fn proxy_enqueue_shared_queue(queue_id: u32, value_data: *const u8, value_size: usize) -> u32;
-    fn proxy_dequeue_shared_queue(
-        queue_id: u32,
-        return_value_data: *mut *mut u8,
-        return_value_size: *mut usize,
-    ) -> u32;
 }
 
 /// Makes `context_id` the context later host calls act on (a held stream, from another
@@ -124,59 +106,6 @@ pub fn resume_request() -> Result<(), HostError> {
     check("proxy_continue_stream", unsafe {
         proxy_continue_stream(HTTP_REQUEST)
     })
-}
-
-/// Registers this VM's shared queue; `on_queue_ready` fires on this VM's thread.
-pub fn register_shared_queue(name: &str) -> Result<u32, HostError> {
-    let mut id = 0;
-    check("proxy_register_shared_queue", unsafe {
-        proxy_register_shared_queue(name.as_ptr(), name.len(), &mut id)
-    })?;
-    Ok(id)
-}
-
-/// Another VM's shared queue, by the plugin's `vm_id` and the queue's name.
-pub fn resolve_shared_queue(vm_id: &str, name: &str) -> Result<Option<u32>, HostError> {
-    let mut id = 0;
-    let status = unsafe {
-        proxy_resolve_shared_queue(
-            vm_id.as_ptr(),
-            vm_id.len(),
-            name.as_ptr(),
-            name.len(),
-            &mut id,
-        )
-    };
-    match status {
-        OK => Ok(Some(id)),
-        NOT_FOUND => Ok(None),
-        status => Err(HostError {
-            call: "proxy_resolve_shared_queue",
-            status,
-        }),
-    }
-}
-
-pub fn enqueue_shared_queue(queue_id: u32, value: &[u8]) -> Result<(), HostError> {
-    check("proxy_enqueue_shared_queue", unsafe {
-        proxy_enqueue_shared_queue(queue_id, value.as_ptr(), value.len())
-    })
-}
-
-/// Takes one message off this VM's queue; `None` when it is empty.
-pub fn dequeue_shared_queue(queue_id: u32) -> Result<Option<Vec<u8>>, HostError> {
-    let mut data: *mut u8 = null_mut();
-    let mut size = 0;
-    let status = unsafe { proxy_dequeue_shared_queue(queue_id, &mut data, &mut size) };
-    match status {
-        // SAFETY: the host allocated `size` bytes through the module's allocator.
-        OK => Ok(Some(unsafe { take_host_buffer(data, size) })),
-        EMPTY => Ok(None),
-        status => Err(HostError {
-            call: "proxy_dequeue_shared_queue",
-            status,
-        }),
-    }
 }
 
 fn check(call: &'static str, status: u32) -> Result<(), HostError> {

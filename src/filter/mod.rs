@@ -7,7 +7,6 @@ mod abi;
 use crate::director::Director;
 use crate::director::Release;
 use crate::error_response::RequestError;
-use crate::flow_control::FlowControl;
 use crate::host::{
     Clock, HostError, HttpCallouts, HttpHost, MetricKind, Metrics, SharedData, LOG_CRITICAL,
 };
@@ -91,8 +90,6 @@ struct PickerRoot {
     context_id: u32,
     director: Option<SharedDirector>,
     stats: Option<Rc<Stats<EnvoyHost>>>,
-    /// Flow control's wake-ups between VMs (set when the gate is on).
-    waker: Option<Rc<Waker>>,
     ticks: TickFlow,
     /// This VM's linear memory as last added to the shared `vm_memory_bytes` gauge.
     vm_memory_reported: u64,
@@ -104,7 +101,6 @@ impl PickerRoot {
             context_id,
             director: None,
             stats: None,
-            waker: None,
             ticks: TickFlow::new(None),
             vm_memory_reported: 0,
         }
@@ -134,9 +130,7 @@ impl Context for PickerRoot {
             stats.after_callout(&director, &mut self.ticks, outcome);
         }
         // A scrape that shows room lets held requests go at once, not at the next tick.
-        if let Some(waker) = &self.waker {
-            release_held(&mut director, self.stats.as_deref(), waker, self.context_id);
-        }
+        release_held(&mut director, self.stats.as_deref(), self.context_id);
     }
 }
 
@@ -175,37 +169,10 @@ impl RootContext for PickerRoot {
             defined_ns.saturating_sub(loaded_ns) / 1_000_000,
             configured.tick_ms
         );
-        self.waker = configured
-            .director
-            .flow_control()
-            .and_then(|flow| Waker::register(flow).map(Rc::new));
         self.ticks = configured.ticks;
         self.stats = Some(Rc::new(stats));
         self.director = Some(Rc::new(RefCell::new(configured.director)));
         true
-    }
-
-    fn on_queue_ready(&mut self, queue_id: u32) {
-        // Another VM saw room while this one holds the next request: drain the wake-ups
-        // and let out what fits.
-        let mut wakes = 0;
-        while let Ok(Some(_)) = abi::dequeue_shared_queue(queue_id) {
-            wakes += 1;
-        }
-        let (Some(shared), Some(waker)) = (self.director.clone(), &self.waker) else {
-            return;
-        };
-        let Ok(mut director) = shared.try_borrow_mut() else {
-            return;
-        };
-        refresh_flow(&mut director);
-        release_held_with(
-            &mut director,
-            self.stats.as_deref(),
-            waker,
-            self.context_id,
-            Slot::Granted(wakes),
-        );
     }
 
     fn on_tick(&mut self) {
@@ -224,9 +191,9 @@ impl RootContext for PickerRoot {
             stats.after_tick(&director, &mut self.ticks, &outcome);
         }
         // The backstop: TTLs, and whatever no request end or scrape let out.
-        if let Some(waker) = &self.waker {
+        if director.flow_control().is_some() {
             refresh_flow(&mut director);
-            release_held(&mut director, self.stats.as_deref(), waker, self.context_id);
+            release_held(&mut director, self.stats.as_deref(), self.context_id);
         }
     }
 
@@ -235,49 +202,12 @@ impl RootContext for PickerRoot {
             context_id,
             director: self.director.clone(),
             stats: self.stats.clone(),
-            waker: self.waker.clone(),
             flow: RequestFlow::new(context_id),
         }))
     }
 
     fn get_type(&self) -> Option<ContextType> {
         Some(ContextType::HttpContext)
-    }
-}
-
-/// Wakes another worker VM through its shared queue when it holds the request that goes
-/// next (flow control); `on_queue_ready` then runs on that VM's thread.
-struct Waker {
-    /// The plugin's `vm_id`: shared queues are named within it.
-    vm_id: String,
-}
-
-impl Waker {
-    /// Registers this VM's wake-up queue; without one the others' wake-ups cannot reach it
-    /// and its held requests go on ticks only (logged).
-    fn register(flow: &FlowControl) -> Option<Waker> {
-        if let Err(error) = abi::register_shared_queue(&flow.wake_queue(flow.vm())) {
-            log::warn!("inference-picker: flow control: no wake-up queue, held requests go on ticks: {error}");
-        }
-        let vm_id = abi::property(&["plugin_vm_id"])
-            .ok()
-            .flatten()
-            .and_then(|bytes| String::from_utf8(bytes).ok())
-            .unwrap_or_default();
-        Some(Waker { vm_id })
-    }
-
-    fn wake(&self, flow: &FlowControl, vm: u64) {
-        let name = flow.wake_queue(vm);
-        match abi::resolve_shared_queue(&self.vm_id, &name) {
-            Ok(Some(queue)) => {
-                if let Err(error) = abi::enqueue_shared_queue(queue, b"w") {
-                    log::debug!("inference-picker: waking VM {vm:x}: {error}");
-                }
-            }
-            Ok(None) => log::debug!("inference-picker: VM {vm:x} has no wake-up queue"),
-            Err(error) => log::debug!("inference-picker: waking VM {vm:x}: {error}"),
-        }
     }
 }
 
@@ -291,37 +221,10 @@ fn refresh_flow(director: &mut Director) {
 }
 
 /// Flow control's part of a callback: lets out what may go (resuming or answering this VM's
-/// held streams, waking the VM that holds the next one) and publishes what this VM holds.
-/// No host call while nothing waits anywhere. `current` is the callback's own context, made
-/// effective again after acting on held streams.
-fn release_held(
-    director: &mut Director,
-    stats: Option<&Stats<EnvoyHost>>,
-    waker: &Waker,
-    current: u32,
-) {
-    release_held_with(director, stats, waker, current, Slot::Seen);
-}
-
-/// What this VM knows about the room it acts on (see [`Director::releases`]).
-#[derive(Clone, Copy)]
-enum Slot {
-    /// Only what its view of the pool shows.
-    Seen,
-    /// One of its own requests just ended: it may wake the VM holding the next request.
-    Freed,
-    /// Other VMs' requests ended and they woke it this many times.
-    Granted(usize),
-}
-
-/// [`release_held`], given what is known of the room.
-fn release_held_with(
-    director: &mut Director,
-    stats: Option<&Stats<EnvoyHost>>,
-    waker: &Waker,
-    current: u32,
-    slot: Slot,
-) {
+/// held streams) and publishes what this VM holds. No host call while nothing waits
+/// anywhere. `current` is the callback's own context, made effective again after acting on
+/// held streams.
+fn release_held(director: &mut Director, stats: Option<&Stats<EnvoyHost>>, current: u32) {
     let now_ms = EnvoyRequest.now_ms();
     if director
         .flow_control()
@@ -330,20 +233,9 @@ fn release_held_with(
         return;
     }
     let mut releases = Vec::new();
-    let (wake, credits) = match slot {
-        Slot::Seen => (false, 0),
-        Slot::Freed => (true, 0),
-        Slot::Granted(credits) => (false, credits),
-    };
-    director.releases(now_ms, &EnvoyHost, wake, credits, &mut releases);
+    director.releases(now_ms, &EnvoyHost, &mut releases);
     let mut switched = false;
     for release in releases {
-        if let Release::Wake(vm) = release {
-            if let Some(flow) = director.flow_control() {
-                waker.wake(flow, vm);
-            }
-            continue;
-        }
         switched = true;
         carry_out_on_stream(director, stats, release);
     }
@@ -385,7 +277,6 @@ fn carry_out_on_stream(
             waited_ms,
             ..
         } => (*id, FlowExit::Refused(error.clone()), *waited_ms),
-        Release::Wake(_) => return,
     };
     if abi::set_effective_context(id).is_err() {
         // The stream is gone (its on_log already ran); give back what the pick took.
@@ -473,7 +364,6 @@ struct PickerHttp {
     context_id: u32,
     director: Option<SharedDirector>,
     stats: Option<Rc<Stats<EnvoyHost>>>,
-    waker: Option<Rc<Waker>>,
     flow: RequestFlow,
 }
 
@@ -502,10 +392,8 @@ impl PickerHttp {
             self.count_decision(started_ns);
         }
         if self.flow.outcome == Outcome::Held {
-            if let Some(waker) = &self.waker {
-                // Held behind others while the pool may have room: let the right one go.
-                release_held(&mut director, self.stats.as_deref(), waker, self.context_id);
-            }
+            // Held behind others while the pool may have room: let the right one go.
+            release_held(&mut director, self.stats.as_deref(), self.context_id);
         }
         match flow {
             Flow::Continue => Action::Continue,
@@ -585,21 +473,7 @@ impl HttpContext for PickerHttp {
                 stats.flow_left(FlowExit::Abandoned, waited_ms);
             }
         }
-        // The slot this request held is free: let the next held request go now, here or
-        // (waking it) on the VM that holds it.
-        if let Some(waker) = &self.waker {
-            let slot = if self.flow.was_routed() {
-                Slot::Freed
-            } else {
-                Slot::Seen
-            };
-            release_held_with(
-                &mut director,
-                self.stats.as_deref(),
-                waker,
-                self.context_id,
-                slot,
-            );
-        }
+        // The slot this request held is free: let the next held request go now.
+        release_held(&mut director, self.stats.as_deref(), self.context_id);
     }
 }

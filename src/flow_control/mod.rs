@@ -6,9 +6,11 @@
 //!
 //! Each worker VM holds its own paused streams; what every VM holds (per band and flow: how
 //! many, how many bytes, the head's ordering key) is published in shared data, so limits
-//! count the whole Envoy and the next dispatch goes to the Envoy-wide right flow: when it is
-//! held by another VM, that VM is woken to dispatch it. This module is the pure part: plain
-//! data in and out; the host edge moves the summaries and resumes the streams.
+//! count the whole Envoy (the ledger) and every VM computes the same next request
+//! Envoy-wide. When another VM holds it, this one serves its own best request of that band
+//! rather than leave the slot idle, and the other VM takes the next one on its next callback
+//! or tick. This module is the pure part: plain data in and out; the host edge moves the
+//! summaries and resumes the streams.
 
 pub mod config;
 pub mod ledger;
@@ -86,7 +88,7 @@ pub struct Published {
 pub enum Pick {
     /// A request this VM holds (its context id).
     Local(u32),
-    /// Another VM holds it: wake that VM.
+    /// Another VM holds it.
     Remote(u64),
 }
 
@@ -156,11 +158,6 @@ impl FlowControl {
 
     pub fn vm(&self) -> u64 {
         self.vm
-    }
-
-    /// The shared queue that wakes `vm` to dispatch a request it holds.
-    pub fn wake_queue(&self, vm: u64) -> String {
-        format!("{}/flow-wake/{vm:x}", self.namespace)
     }
 
     fn summary_key(&self, vm: u64) -> String {
@@ -348,6 +345,33 @@ impl FlowControl {
                 Some(flow) if key < flow.1 => *flow = (id, key, owner),
                 Some(_) => {}
                 None => flows.push((id, key, owner)),
+            }
+        }
+        let heads: Vec<(&str, (u64, u64))> = flows.iter().map(|f| (f.0, f.1)).collect();
+        let chosen = match fairness {
+            Fairness::GlobalStrict => global_strict_fairness_policy::pick(&heads),
+            Fairness::RoundRobin => {
+                round_robin_fairness_policy::pick(&heads, self.cursor(band, now_ms))
+            }
+        }?;
+        flows.get(chosen).map(|f| f.2)
+    }
+
+    /// The request this VM would serve first from its own holdings in `band` (the band's
+    /// fairness among its local flows, then their ordering).
+    pub fn pick_local(&self, band: i32, now_ms: u64) -> Option<u32> {
+        let fairness = self
+            .config
+            .band(band)
+            .map(|b| b.fairness)
+            .unwrap_or_default();
+        let mut flows: Vec<(&str, (u64, u64), u32)> = Vec::new();
+        for waiting in self.waiting.iter().filter(|w| w.band == band) {
+            let key = self.key(waiting);
+            match flows.iter_mut().find(|f| f.0 == waiting.fairness_id) {
+                Some(flow) if key < flow.1 => *flow = (flow.0, key, waiting.id),
+                Some(_) => {}
+                None => flows.push((waiting.fairness_id.as_str(), key, waiting.id)),
             }
         }
         let heads: Vec<(&str, (u64, u64))> = flows.iter().map(|f| (f.0, f.1)).collect();
