@@ -206,6 +206,16 @@ impl TickFlow {
         }
     }
 
+    /// Publishes this VM's in-flight counts and reads the other VMs' (flow control's fast
+    /// ticks, between full ones).
+    pub fn exchange_load(&mut self, store: &impl SharedData, director: &mut Director, now_ms: u64) {
+        if let Some(coordinator) = &mut self.coordinator {
+            if let Err(error) = coordinator.exchange_load(store, director.pool_mut(), now_ms) {
+                log::debug!("inference-picker: exchanging in-flight counts: {error}");
+            }
+        }
+    }
+
     pub fn on_callout_response(
         &mut self,
         host: &(impl SharedData + HttpCallouts + Clock),

@@ -93,7 +93,16 @@ struct PickerRoot {
     ticks: TickFlow,
     /// This VM's linear memory as last added to the shared `vm_memory_bytes` gauge.
     vm_memory_reported: u64,
+    /// The configured tick period; while flow control holds requests anywhere the VM ticks
+    /// every [`FLOW_TICK_MS`] instead, doing the full tick (scrapes, sharing) when one is due.
+    tick_ms: u32,
+    flow_ticking: bool,
+    next_full_tick_ms: u64,
 }
+
+/// The tick period while requests wait: another VM's freed slot (seen in its in-flight
+/// counts) reaches this VM's held requests within this long.
+const FLOW_TICK_MS: u32 = 5;
 
 impl PickerRoot {
     fn new(context_id: u32) -> Self {
@@ -103,6 +112,40 @@ impl PickerRoot {
             stats: None,
             ticks: TickFlow::new(None),
             vm_memory_reported: 0,
+            tick_ms: 0,
+            flow_ticking: false,
+            next_full_tick_ms: 0,
+        }
+    }
+}
+
+impl PickerRoot {
+    /// The configured tick: scrapes, shared state, stats.
+    fn full_tick(&mut self, director: &mut Director) {
+        abi::sync_log_level();
+        if let Some(stats) = &self.stats {
+            stats.vm_memory(abi::memory_bytes(), &mut self.vm_memory_reported);
+        }
+        let outcome = self.ticks.on_tick(&EnvoyHost, director);
+        if let Some(stats) = &self.stats {
+            stats.after_tick(director, &mut self.ticks, &outcome);
+        }
+    }
+
+    /// Ticks every [`FLOW_TICK_MS`] while requests wait anywhere in this Envoy, at the
+    /// configured period otherwise.
+    fn pace_ticks(&mut self, director: &Director, now_ms: u64) {
+        let waiting = director
+            .flow_control()
+            .is_some_and(|flow| !(flow.idle(now_ms) && flow.settled()));
+        let fast = waiting && FLOW_TICK_MS < self.tick_ms;
+        if fast == self.flow_ticking {
+            return;
+        }
+        let period = if fast { FLOW_TICK_MS } else { self.tick_ms };
+        match abi::set_tick_period_ms(period) {
+            Ok(()) => self.flow_ticking = fast,
+            Err(error) => log::warn!("inference-picker: setting the tick period: {error}"),
         }
     }
 }
@@ -155,6 +198,8 @@ impl RootContext for PickerRoot {
                 return false;
             }
         };
+        self.tick_ms = configured.tick_ms;
+        self.flow_ticking = false;
         if let Err(error) = abi::set_tick_period_ms(configured.tick_ms) {
             log::error!("inference-picker: cannot start the metrics tick: {error}");
             return false;
@@ -176,24 +221,24 @@ impl RootContext for PickerRoot {
     }
 
     fn on_tick(&mut self) {
-        abi::sync_log_level();
-        if let Some(stats) = &self.stats {
-            stats.vm_memory(abi::memory_bytes(), &mut self.vm_memory_reported);
-        }
+        let now_ms = EnvoyRequest.now_ms();
         let Some(shared) = self.director.clone() else {
             return;
         };
         let Ok(mut director) = shared.try_borrow_mut() else {
             return;
         };
-        let outcome = self.ticks.on_tick(&EnvoyHost, &mut director);
-        if let Some(stats) = &self.stats {
-            stats.after_tick(&director, &mut self.ticks, &outcome);
+        if !self.flow_ticking || now_ms >= self.next_full_tick_ms {
+            self.full_tick(&mut director);
+            self.next_full_tick_ms = now_ms.saturating_add(u64::from(self.tick_ms));
+        } else {
+            // A flow-control tick: the whole Envoy's in-flight counts, then what may go.
+            self.ticks.exchange_load(&EnvoyHost, &mut director, now_ms);
         }
-        // The backstop: TTLs, and whatever no request end or scrape let out.
         if director.flow_control().is_some() {
             refresh_flow(&mut director);
             release_held(&mut director, self.stats.as_deref(), self.context_id);
+            self.pace_ticks(&director, now_ms);
         }
     }
 
