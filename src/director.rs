@@ -237,8 +237,11 @@ impl Director {
     /// has room, the next by priority, fairness and order (each picked for at once, so the
     /// next look at the room counts it).
     ///
-    /// When the next request Envoy-wide is held by another VM, this VM leaves the room to it:
-    /// every VM ticks every few ms while requests wait, so the other takes it at once.
+    /// When the next request Envoy-wide is held by another VM, this VM serves its own best
+    /// request of the same band instead (a free slot never idles for want of the right
+    /// worker; the order across VMs bends a little, priority never); with nothing of that
+    /// band here it leaves the slot to the other VM, which takes it on its next callback or
+    /// tick.
     pub fn releases(&mut self, now_ms: u64, store: &dyn SharedData, out: &mut Vec<Release>) {
         let Some(flow) = self.flow.as_mut() else {
             return;
@@ -264,10 +267,12 @@ impl Director {
             let Some(flow) = self.flow.as_mut() else {
                 return;
             };
-            // The next request is another VM's: it sees the room at its next tick (a few ms
-            // while requests wait) and takes it; this one does not pass it.
-            let Pick::Local(id) = pick else {
-                return;
+            let id = match pick {
+                Pick::Local(id) => id,
+                Pick::Remote(_) => match flow.pick_local(band, now_ms) {
+                    Some(id) => id,
+                    None => return,
+                },
             };
             let left = flow.dispatch(id, now_ms, store);
             let Some(left) = left else {

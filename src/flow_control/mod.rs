@@ -7,9 +7,10 @@
 //! Each worker VM holds its own paused streams; what every VM holds (per band and flow: how
 //! many, how many bytes, the head's ordering key) is published in shared data, so limits
 //! count the whole Envoy (the ledger) and every VM computes the same next request
-//! Envoy-wide; the VM that holds it takes it on its next callback or tick (every few ms
-//! while requests wait). This module is the pure part: plain data in and out; the host edge
-//! moves the summaries and resumes the streams.
+//! Envoy-wide. When another VM holds it, this one serves its own best request of that band
+//! rather than leave the slot idle, and the other VM takes the next one on its next callback
+//! or tick. This module is the pure part: plain data in and out; the host edge moves the
+//! summaries and resumes the streams.
 
 pub mod config;
 pub mod ledger;
@@ -344,6 +345,33 @@ impl FlowControl {
                 Some(flow) if key < flow.1 => *flow = (id, key, owner),
                 Some(_) => {}
                 None => flows.push((id, key, owner)),
+            }
+        }
+        let heads: Vec<(&str, (u64, u64))> = flows.iter().map(|f| (f.0, f.1)).collect();
+        let chosen = match fairness {
+            Fairness::GlobalStrict => global_strict_fairness_policy::pick(&heads),
+            Fairness::RoundRobin => {
+                round_robin_fairness_policy::pick(&heads, self.cursor(band, now_ms))
+            }
+        }?;
+        flows.get(chosen).map(|f| f.2)
+    }
+
+    /// The request this VM would serve first from its own holdings in `band` (the band's
+    /// fairness among its local flows, then their ordering).
+    pub fn pick_local(&self, band: i32, now_ms: u64) -> Option<u32> {
+        let fairness = self
+            .config
+            .band(band)
+            .map(|b| b.fairness)
+            .unwrap_or_default();
+        let mut flows: Vec<(&str, (u64, u64), u32)> = Vec::new();
+        for waiting in self.waiting.iter().filter(|w| w.band == band) {
+            let key = self.key(waiting);
+            match flows.iter_mut().find(|f| f.0 == waiting.fairness_id) {
+                Some(flow) if key < flow.1 => *flow = (flow.0, key, waiting.id),
+                Some(_) => {}
+                None => flows.push((waiting.fairness_id.as_str(), key, waiting.id)),
             }
         }
         let heads: Vec<(&str, (u64, u64))> = flows.iter().map(|f| (f.0, f.1)).collect();
