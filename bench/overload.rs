@@ -89,6 +89,15 @@ impl Contender {
         }
     }
 
+    /// For the chart's legend.
+    fn short_name(self) -> &'static str {
+        match self {
+            Contender::FlowControl => "flow control",
+            Contender::NoFlowControl => "no flow control",
+            Contender::LeastRequest => "LEAST_REQUEST",
+        }
+    }
+
     fn start(self, sims: &[&Sim]) -> Envoy {
         match self {
             Contender::FlowControl => Envoy::start(&with_endpoints(&picker_config(true), sims), 2),
@@ -318,10 +327,10 @@ pub fn run(quick: bool) -> Part {
             row.peak_pod_queue
         );
         let queue: Vec<(f64, f64)> = run.samples.iter().map(|&(t, pods, _)| (t, pods)).collect();
-        series.push((format!("{}: in the pods", contender.name()), queue));
+        series.push((format!("{}: pods", contender.short_name()), queue));
         if contender == Contender::FlowControl {
             let held: Vec<(f64, f64)> = run.samples.iter().map(|&(t, _, held)| (t, held)).collect();
-            series.push((format!("{}: held in Envoy", contender.name()), held));
+            series.push((format!("{}: Envoy", contender.short_name()), held));
         }
         rows.push(row);
     }
