@@ -130,6 +130,8 @@ pub struct Director {
     flow: Option<FlowControl>,
     held: HashMap<u32, (Prepared, String)>,
     dispatched: HashMap<u32, Routed>,
+    /// Refusals of held requests waiting for a root callback to send them.
+    deferred: Vec<Release>,
 }
 
 impl Director {
@@ -169,6 +171,7 @@ impl Director {
             flow: config.flow_control.map(|flow| FlowControl::new(flow, 0)),
             held: HashMap::new(),
             dispatched: HashMap::new(),
+            deferred: Vec::new(),
         }
     }
 
@@ -243,6 +246,8 @@ impl Director {
     /// band here it leaves the slot to the other VM, which takes it on its next callback or
     /// tick.
     pub fn releases(&mut self, now_ms: u64, store: &dyn SharedData, out: &mut Vec<Release>) {
+        // Whether the pool has an endpoint decides which TTL applies.
+        self.has_room(0, now_ms);
         let Some(flow) = self.flow.as_mut() else {
             return;
         };
@@ -305,6 +310,20 @@ impl Director {
         self.held.remove(&id);
         let left = self.flow.as_mut()?.remove(id, now_ms, store)?;
         Some(left.waited_ms)
+    }
+
+    /// A refusal to send from the next root callback.
+    pub fn defer(&mut self, release: Release) {
+        self.deferred.push(release);
+    }
+
+    pub fn has_deferred(&self) -> bool {
+        !self.deferred.is_empty()
+    }
+
+    /// The refusals deferred so far, to send now.
+    pub fn take_deferred(&mut self, out: &mut Vec<Release>) {
+        out.append(&mut self.deferred);
     }
 
     /// The host edge resumed a released request; its stream takes the decision back later.

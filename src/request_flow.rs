@@ -358,11 +358,29 @@ impl RequestFlow {
     }
 }
 
+/// What became of a released request on its stream.
+#[derive(Debug, PartialEq)]
+pub enum Carried {
+    /// The decision is written: resume the stream.
+    Resume,
+    /// The stream was answered with its refusal.
+    Answered,
+    /// A refusal that must wait for a root callback (see [`carry_out`]).
+    Deferred(Release),
+}
+
 /// Carries out flow control's release of a held request on its stream (the host is that
-/// stream's): writes the decision, or answers with the refusal. Returns true when the stream
-/// must be resumed.
-pub fn carry_out(host: &impl HttpHost, director: &mut Director, release: Release) -> bool {
-    match release {
+/// stream's): writes the decision, or answers with the refusal. A local reply sent from
+/// another stream's callback would change how Envoy treats that stream's own return
+/// (it stops buffering its body), so with `may_answer` false a refusal is handed back to be
+/// sent from a root callback (a tick or a callout answer, within a few ms).
+pub fn carry_out(
+    host: &impl HttpHost,
+    director: &mut Director,
+    release: Release,
+    may_answer: bool,
+) -> Carried {
+    let refusal = match release {
         Release::Routed {
             id,
             routed,
@@ -373,38 +391,47 @@ pub fn carry_out(host: &impl HttpHost, director: &mut Director, release: Release
             if let Err(error) = apply_routing(host, &routed, body_size) {
                 log::error!("inference-picker: applying a released decision: {error}");
                 director.release(&routed);
-                let refusal = RequestError::NoEndpoint("the destination could not be set".into());
-                let _ = host.send_error(&refusal);
-                return false;
-            }
-            log::debug!(
-                "inference-picker: flow control released request_id={request_id} waited_ms={waited_ms} reason=dispatched picked={} priority={} {}",
-                routed.destination,
-                routed.priority,
-                director.explain_last()
-            );
-            director.record_dispatched(id, *routed);
-            true
-        }
-        Release::Refused {
-            error,
-            waited_ms,
-            request_id,
-            ..
-        } => {
-            log::debug!(
-                "inference-picker: flow control refused request_id={request_id} waited_ms={waited_ms} reason={} {error}",
-                error.dropped_reason().unwrap_or("no-endpoint")
-            );
-            if let Err(host_error) = host.send_error(&error) {
-                log::error!(
-                    "inference-picker: sending the {} reply: {host_error}",
-                    error.status()
+                Release::Refused {
+                    id,
+                    request_id,
+                    error: RequestError::NoEndpoint("the destination could not be set".into()),
+                    waited_ms,
+                }
+            } else {
+                log::debug!(
+                    "inference-picker: flow control released request_id={request_id} waited_ms={waited_ms} reason=dispatched picked={} priority={} {}",
+                    routed.destination,
+                    routed.priority,
+                    director.explain_last()
                 );
+                director.record_dispatched(id, *routed);
+                return Carried::Resume;
             }
-            false
+        }
+        refused @ Release::Refused { .. } => refused,
+    };
+    if !may_answer {
+        return Carried::Deferred(refusal);
+    }
+    if let Release::Refused {
+        error,
+        waited_ms,
+        request_id,
+        ..
+    } = &refusal
+    {
+        log::debug!(
+            "inference-picker: flow control refused request_id={request_id} waited_ms={waited_ms} reason={} {error}",
+            error.dropped_reason().unwrap_or("no-endpoint")
+        );
+        if let Err(host_error) = host.send_error(error) {
+            log::error!(
+                "inference-picker: sending the {} reply: {host_error}",
+                error.status()
+            );
         }
     }
+    Carried::Answered
 }
 
 /// Writes the decision into the request. The destination and prefiller headers always replace
@@ -793,5 +820,30 @@ mod tests {
             );
         }
         assert!(reads.iter().any(|r| r == MODEL_REWRITE_HEADER));
+    }
+
+    #[test]
+    fn a_refusal_is_sent_only_from_a_root_callback() {
+        let mut director = director();
+        let refusal = || Release::Refused {
+            id: 7,
+            request_id: "r".into(),
+            error: RequestError::Dropped(crate::error_response::Dropped::TtlExpired),
+            waited_ms: 5,
+        };
+        let host = host("/v1/completions", "");
+        assert_eq!(
+            carry_out(&host, &mut director, refusal(), false),
+            Carried::Deferred(refusal())
+        );
+        assert!(
+            host.reply.borrow().is_none(),
+            "nothing sent from a stream callback"
+        );
+        assert_eq!(
+            carry_out(&host, &mut director, refusal(), true),
+            Carried::Answered
+        );
+        assert_eq!(host.reply.borrow().as_ref().map(|r| r.0), Some(429));
     }
 }

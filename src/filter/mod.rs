@@ -11,7 +11,7 @@ use crate::host::{
     Clock, HostError, HttpCallouts, HttpHost, MetricKind, Metrics, SharedData, LOG_CRITICAL,
 };
 use crate::protocol::DROPPED_REASON_HEADER;
-use crate::request_flow::{self, Flow, Outcome, RequestFlow};
+use crate::request_flow::{self, Carried, Flow, Outcome, RequestFlow};
 use crate::stats::FlowExit;
 use crate::stats::Stats;
 use crate::tick_flow::{self, TickFlow};
@@ -137,7 +137,8 @@ impl PickerRoot {
     fn pace_ticks(&mut self, director: &Director, now_ms: u64) {
         let waiting = director
             .flow_control()
-            .is_some_and(|flow| !(flow.idle(now_ms) && flow.settled()));
+            .is_some_and(|flow| !(flow.idle(now_ms) && flow.settled()))
+            || director.has_deferred();
         let fast = waiting && FLOW_TICK_MS < self.tick_ms;
         if fast == self.flow_ticking {
             return;
@@ -173,7 +174,12 @@ impl Context for PickerRoot {
             stats.after_callout(&director, &mut self.ticks, outcome);
         }
         // A scrape that shows room lets held requests go at once, not at the next tick.
-        release_held(&mut director, self.stats.as_deref(), self.context_id);
+        release_held(
+            &mut director,
+            self.stats.as_deref(),
+            self.context_id,
+            Callback::Root,
+        );
     }
 }
 
@@ -237,7 +243,12 @@ impl RootContext for PickerRoot {
         }
         if director.flow_control().is_some() {
             refresh_flow(&mut director);
-            release_held(&mut director, self.stats.as_deref(), self.context_id);
+            release_held(
+                &mut director,
+                self.stats.as_deref(),
+                self.context_id,
+                Callback::Root,
+            );
             self.pace_ticks(&director, now_ms);
         }
     }
@@ -266,23 +277,31 @@ fn refresh_flow(director: &mut Director) {
 }
 
 /// Flow control's part of a callback: lets out what may go (resuming or answering this VM's
-/// held streams) and publishes what this VM holds. No host call while nothing waits
+/// held streams) and publishes what this VM holds. Only a clock read while nothing waits
 /// anywhere. `current` is the callback's own context, made effective again after acting on
 /// held streams.
-fn release_held(director: &mut Director, stats: Option<&Stats<EnvoyHost>>, current: u32) {
+fn release_held(
+    director: &mut Director,
+    stats: Option<&Stats<EnvoyHost>>,
+    current: u32,
+    callback: Callback,
+) {
     let now_ms = EnvoyRequest.now_ms();
-    if director
+    let root = callback == Callback::Root;
+    let quiet = director
         .flow_control()
-        .is_none_or(|flow| flow.idle(now_ms) && flow.settled())
-    {
+        .is_none_or(|flow| flow.idle(now_ms) && flow.settled());
+    if quiet && !(root && director.has_deferred()) {
         return;
     }
     let mut releases = Vec::new();
+    if root {
+        director.take_deferred(&mut releases);
+    }
     director.releases(now_ms, &EnvoyHost, &mut releases);
-    let mut switched = false;
+    let switched = !releases.is_empty();
     for release in releases {
-        switched = true;
-        carry_out_on_stream(director, stats, release);
+        carry_out_on_stream(director, stats, release, root);
     }
     if switched {
         let _ = abi::set_effective_context(current);
@@ -297,11 +316,20 @@ fn release_held(director: &mut Director, stats: Option<&Stats<EnvoyHost>>, curre
     }
 }
 
+/// Which kind of callback flow control acts from: only a root context's (a tick, a callout
+/// answer) may send local replies to held streams.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Callback {
+    Root,
+    Stream,
+}
+
 /// Resumes (or answers) one released request on its own stream.
 fn carry_out_on_stream(
     director: &mut Director,
     stats: Option<&Stats<EnvoyHost>>,
     release: Release,
+    may_answer: bool,
 ) {
     let (id, exit, waited_ms) = match &release {
         Release::Routed {
@@ -330,11 +358,25 @@ fn carry_out_on_stream(
         }
         return;
     }
-    if request_flow::carry_out(&EnvoyRequest, director, release) {
-        if let Err(error) = abi::resume_request() {
-            log::warn!("inference-picker: resuming a released request: {error}");
+    let exit = match request_flow::carry_out(&EnvoyRequest, director, release, may_answer) {
+        Carried::Resume => match abi::resume_request() {
+            Ok(()) => exit,
+            Err(error) => {
+                log::warn!("inference-picker: resuming a released request: {error}");
+                return;
+            }
+        },
+        Carried::Answered => match exit {
+            FlowExit::Dispatched { .. } => FlowExit::Refused(RequestError::NoEndpoint(
+                "the destination could not be set".into(),
+            )),
+            refused => refused,
+        },
+        Carried::Deferred(refusal) => {
+            director.defer(refusal);
+            return;
         }
-    }
+    };
     if let Some(stats) = stats {
         stats.flow_left(exit, waited_ms);
     }
@@ -438,7 +480,12 @@ impl PickerHttp {
         }
         if self.flow.outcome == Outcome::Held {
             // Held behind others while the pool may have room: let the right one go.
-            release_held(&mut director, self.stats.as_deref(), self.context_id);
+            release_held(
+                &mut director,
+                self.stats.as_deref(),
+                self.context_id,
+                Callback::Stream,
+            );
         }
         match flow {
             Flow::Continue => Action::Continue,
@@ -519,6 +566,11 @@ impl HttpContext for PickerHttp {
             }
         }
         // The slot this request held is free: let the next held request go now.
-        release_held(&mut director, self.stats.as_deref(), self.context_id);
+        release_held(
+            &mut director,
+            self.stats.as_deref(),
+            self.context_id,
+            Callback::Stream,
+        );
     }
 }

@@ -36,7 +36,9 @@ impl UsageLimit {
             .enumerate()
             .map(|(rank, &priority)| {
                 let from_top = if by_value {
-                    f64::from(top - priority) / f64::from((top - bottom).max(1))
+                    let below_top = i64::from(top) - i64::from(priority);
+                    let span = (i64::from(top) - i64::from(bottom)).max(1);
+                    below_top as f64 / span as f64
                 } else {
                     rank as f64 / last
                 };

@@ -398,7 +398,7 @@ impl Scheduler {
     }
 
     /// The pool's saturation as flow control gates on it (llm-d's): the mean of every
-    /// endpoint's, always with what was placed since the scrapes (a gate that only moved on
+    /// routable endpoint's, always with what was placed since the scrapes (a gate that only moved on
     /// scrapes would let a whole queue out at once); `None` when no endpoint is routable
     /// (none has fresh metrics, or all are backed off).
     pub fn pool_saturation(&self, pool: &Pool, now_ms: u64) -> Option<f64> {
@@ -409,7 +409,11 @@ impl Scheduler {
         {
             return None;
         }
-        let members = pool.endpoints.iter().filter(|endpoint| !endpoint.removed);
+        // A dead or backed-off pod takes nothing: it must not dilute the others' load.
+        let members = pool
+            .endpoints
+            .iter()
+            .filter(|endpoint| endpoint.routable(now_ms));
         let Some(detector) = self.detector() else {
             return members.count().gt(&0).then_some(0.0);
         };

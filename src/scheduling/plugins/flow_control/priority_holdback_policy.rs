@@ -4,7 +4,7 @@
 //! their priority values (`domain: value`). A request of a lower band then never takes the
 //! last free capacity: a higher-priority arrival finds it free. The price is the share of
 //! the pool the lowest band cannot use while it alone waits.
-//! Parameters: `minCeiling` (required, in [0, 1)), `maxCeiling` (1.0, in (minCeiling, 1]),
+//! Parameters: `minCeiling` (required, in (0, 1)), `maxCeiling` (1.0, in (minCeiling, 1]),
 //! `shape` (`linear`, the only one), `domain` (`rank` | `value`, `rank`).
 
 use crate::scheduling::flow_policy::{FlowPolicy, UsageLimit};
@@ -49,8 +49,10 @@ impl Default for Parameters {
 pub fn build(parameters: &Value) -> Result<Plugin, String> {
     let p: Parameters = crate::scheduling::plugins::spec::parameters(parameters)?;
     let min = p.min_ceiling.ok_or("minCeiling is required")?;
-    if !(0.0..1.0).contains(&min) {
-        return Err(format!("minCeiling {min} must be in [0, 1)"));
+    if !(min > 0.0 && min < 1.0) {
+        return Err(format!(
+            "minCeiling {min} must be in (0, 1): at 0 the lowest band would never dispatch"
+        ));
     }
     if !(p.max_ceiling > min && p.max_ceiling <= 1.0) {
         return Err(format!(
@@ -103,6 +105,7 @@ mod tests {
     fn bad_parameters_are_refused() {
         for bad in [
             "{}",
+            "{minCeiling: 0}",
             "{minCeiling: 1.0}",
             "{minCeiling: 0.5, maxCeiling: 0.4}",
             "{minCeiling: 0.5, shape: step}",
