@@ -326,8 +326,8 @@ impl FlowControl {
     }
 
     fn pick_in_band(&self, band: i32, fairness: Fairness, now_ms: u64) -> Option<Pick> {
-        // Per fairness id: the best head Envoy-wide and who holds it.
-        let mut flows: Vec<(&str, (u64, u64), Pick)> = Vec::new();
+        // Every request here and every other VM's flow heads: the best head Envoy-wide per
+        // fairness id, and who holds it.
         let local = self
             .waiting
             .iter()
@@ -340,11 +340,24 @@ impl FlowControl {
                 .filter(|f| f.band == band && f.count > 0)
                 .map(|f| (f.fairness_id.as_str(), f.head, Pick::Remote(published.vm)))
         });
-        for (id, key, owner) in local.chain(remote) {
+        self.choose(band, fairness, local.chain(remote), now_ms)
+    }
+
+    /// Of `(fairness id, ordering key, what)` candidates in `band`, the flows' heads (each
+    /// flow's smallest key), then the one the band's fairness policy picks.
+    fn choose<'a, T: Copy>(
+        &self,
+        band: i32,
+        fairness: Fairness,
+        candidates: impl Iterator<Item = (&'a str, (u64, u64), T)>,
+        now_ms: u64,
+    ) -> Option<T> {
+        let mut flows: Vec<(&str, (u64, u64), T)> = Vec::new();
+        for (id, key, what) in candidates {
             match flows.iter_mut().find(|f| f.0 == id) {
-                Some(flow) if key < flow.1 => *flow = (id, key, owner),
+                Some(flow) if key < flow.1 => *flow = (id, key, what),
                 Some(_) => {}
-                None => flows.push((id, key, owner)),
+                None => flows.push((id, key, what)),
             }
         }
         let heads: Vec<(&str, (u64, u64))> = flows.iter().map(|f| (f.0, f.1)).collect();
@@ -365,23 +378,12 @@ impl FlowControl {
             .band(band)
             .map(|b| b.fairness)
             .unwrap_or_default();
-        let mut flows: Vec<(&str, (u64, u64), u32)> = Vec::new();
-        for waiting in self.waiting.iter().filter(|w| w.band == band) {
-            let key = self.key(waiting);
-            match flows.iter_mut().find(|f| f.0 == waiting.fairness_id) {
-                Some(flow) if key < flow.1 => *flow = (flow.0, key, waiting.id),
-                Some(_) => {}
-                None => flows.push((waiting.fairness_id.as_str(), key, waiting.id)),
-            }
-        }
-        let heads: Vec<(&str, (u64, u64))> = flows.iter().map(|f| (f.0, f.1)).collect();
-        let chosen = match fairness {
-            Fairness::GlobalStrict => global_strict_fairness_policy::pick(&heads),
-            Fairness::RoundRobin => {
-                round_robin_fairness_policy::pick(&heads, self.cursor(band, now_ms))
-            }
-        }?;
-        flows.get(chosen).map(|f| f.2)
+        let local = self
+            .waiting
+            .iter()
+            .filter(|w| w.band == band)
+            .map(|w| (w.fairness_id.as_str(), self.key(w), w.id));
+        self.choose(band, fairness, local, now_ms)
     }
 
     /// The fairness id a band served last, Envoy-wide.
