@@ -6,6 +6,7 @@ use inference_picker::config::load as load_config;
 use inference_picker::director::Director;
 use inference_picker::endpoint::Health;
 use inference_picker::host::{HostError, MetricKind, Metrics};
+use inference_picker::picker::STATS_PREFIX;
 use inference_picker::request::{parse_body, ApiKind};
 use inference_picker::scheduling::rng::Rng;
 use inference_picker::stats::Stats;
@@ -151,7 +152,8 @@ fn time_configure(endpoints: usize) -> ConfigureRow {
         let configured = configure(yaml.as_bytes(), 7).expect("config");
         load_ms = load_ms.min(started.elapsed().as_secs_f64() * 1e3);
         let started = Instant::now();
-        let stats = Stats::define(NamedStats::default(), &configured.director);
+        let director = configured.picker.director(0).expect("one pool");
+        let stats = Stats::define(NamedStats::default(), director, STATS_PREFIX);
         stats_ms = stats_ms.min(started.elapsed().as_secs_f64() * 1e3);
         std::hint::black_box(stats);
     }

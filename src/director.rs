@@ -15,7 +15,7 @@ use crate::scheduling::{ScheduleError, Scheduler};
 use hashbrown::HashMap;
 
 /// Which optional protocol headers the configuration reads: each is a host call per request.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct HeaderUse {
     /// `x-session-token`, for `session-affinity-scorer` (which also returns it).
     pub session_token: bool,
@@ -23,6 +23,17 @@ pub struct HeaderUse {
     pub test_selection: bool,
     /// `x-gateway-inference-objective`, when `pool.objectives` declares any.
     pub objective: bool,
+}
+
+impl HeaderUse {
+    /// Headers either reads (a request's pool is known only after its body).
+    pub fn union(self, other: HeaderUse) -> HeaderUse {
+        HeaderUse {
+            session_token: self.session_token || other.session_token,
+            test_selection: self.test_selection || other.test_selection,
+            objective: self.objective || other.objective,
+        }
+    }
 }
 
 /// Ticks a saturation change must hold before it is announced.
@@ -628,32 +639,25 @@ impl Director {
         body: Option<&[u8]>,
         headers: RequestHeaders,
     ) -> Result<Prepared, RequestError> {
-        let mut request = match (api.is_inference(), body) {
-            (true, Some(body)) => {
-                if body.len() > self.settings.max_request_body_bytes {
-                    return Err(RequestError::BodyTooLarge {
-                        limit: self.settings.max_request_body_bytes,
-                    });
-                }
-                parse_body(api, body)?
-            }
-            (true, None) => parse_body(api, &[])?,
-            (false, _) => InferenceRequest::empty(),
-        };
-        let rewritten_body = match (&headers.model_rewrite, body) {
-            (Some(model), Some(body)) if api.is_inference() && *model != request.model => {
-                request.model.clone_from(model);
-                Some(rewrite_model(body, model)?)
-            }
-            _ => None,
-        };
-        request.priority = self.settings.priority_of(headers.objective.as_deref());
-        request.headers = headers;
-        Ok(Prepared {
-            request,
-            rewritten_body,
-            body_size: body.map_or(0, <[u8]>::len),
-        })
+        let limit = self.settings.max_request_body_bytes;
+        if body.is_some_and(|body| api.is_inference() && body.len() > limit) {
+            return Err(RequestError::BodyTooLarge { limit });
+        }
+        let mut prepared = parse_prepared(api, body, headers)?;
+        self.complete_prepared(&mut prepared)?;
+        Ok(prepared)
+    }
+
+    /// This pool's part of preparing a parsed request: its body limit and the objective's
+    /// priority.
+    pub fn complete_prepared(&self, prepared: &mut Prepared) -> Result<(), RequestError> {
+        let limit = self.settings.max_request_body_bytes;
+        if prepared.body_size > limit {
+            return Err(RequestError::BodyTooLarge { limit });
+        }
+        let objective = prepared.request.headers.objective.as_deref();
+        prepared.request.priority = self.settings.priority_of(objective);
+        Ok(())
     }
 
     pub fn route_prepared(&mut self, prepared: Prepared) -> Result<Routed, RequestError> {
@@ -770,6 +774,33 @@ impl Director {
     pub fn explain_last(&self) -> String {
         self.scheduler.explain(&self.pool)
     }
+}
+
+/// Parses the body (if the API has one) and applies the model rewrite: the part of preparing
+/// a request that needs no pool.
+pub fn parse_prepared(
+    api: ApiKind,
+    body: Option<&[u8]>,
+    headers: RequestHeaders,
+) -> Result<Prepared, RequestError> {
+    let mut request = match (api.is_inference(), body) {
+        (true, Some(body)) => parse_body(api, body)?,
+        (true, None) => parse_body(api, &[])?,
+        (false, _) => InferenceRequest::empty(),
+    };
+    let rewritten_body = match (&headers.model_rewrite, body) {
+        (Some(model), Some(body)) if api.is_inference() && *model != request.model => {
+            request.model.clone_from(model);
+            Some(rewrite_model(body, model)?)
+        }
+        _ => None,
+    };
+    request.headers = headers;
+    Ok(Prepared {
+        request,
+        rewritten_body,
+        body_size: body.map_or(0, <[u8]>::len),
+    })
 }
 
 #[cfg(test)]

@@ -13,6 +13,8 @@ pub enum RequestError {
     TooManyRequests(String),
     /// No endpoint can take the request (503).
     NoEndpoint(String),
+    /// No pool serves the request's model (404, as a model server answers an unknown model).
+    ModelNotFound(String),
     /// Flow control dropped the request instead of dispatching it (429 or 503).
     Dropped(Dropped),
 }
@@ -83,6 +85,7 @@ impl RequestError {
             RequestError::BodyTooLarge { .. } => 413,
             RequestError::TooManyRequests(_) => 429,
             RequestError::NoEndpoint(_) => 503,
+            RequestError::ModelNotFound(_) => 404,
             RequestError::Dropped(dropped) => dropped.status(),
         }
     }
@@ -94,6 +97,7 @@ impl RequestError {
             }
             RequestError::TooManyRequests(_) => "rate_limit_exceeded",
             RequestError::NoEndpoint(_) => "service_unavailable",
+            RequestError::ModelNotFound(_) => "NotFoundError",
             RequestError::Dropped(dropped) if dropped.status() == 429 => "rate_limit_exceeded",
             RequestError::Dropped(_) => "service_unavailable",
         }
@@ -108,6 +112,9 @@ impl RequestError {
                 format!("request body is larger than the limit of {limit} bytes")
             }
             RequestError::Dropped(dropped) => dropped.message().to_owned(),
+            RequestError::ModelNotFound(model) => {
+                format!("The model `{model}` does not exist.")
+            }
         }
     }
 
@@ -158,6 +165,7 @@ mod tests {
         assert_eq!(RequestError::BodyTooLarge { limit: 1 }.status(), 413);
         assert_eq!(RequestError::TooManyRequests(String::new()).status(), 429);
         assert_eq!(RequestError::NoEndpoint(String::new()).status(), 503);
+        assert_eq!(RequestError::ModelNotFound(String::new()).status(), 404);
         let expired = RequestError::Dropped(Dropped::TtlExpired);
         assert_eq!(
             (expired.status(), expired.dropped_reason()),

@@ -166,6 +166,14 @@ pub const TARGET_PORTS: CountBounds = CountBounds {
     why: "each port of each pod is an endpoint",
 };
 
+/// `pools`.
+pub const POOLS: CountBounds = CountBounds {
+    min: 1,
+    max: 1024,
+    unit: "pools",
+    why: "each pool has its own scheduler, scrapes and stats in every VM",
+};
+
 /// `pool.objectives`.
 pub const OBJECTIVES: CountBounds = CountBounds {
     min: 0,

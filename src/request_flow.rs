@@ -4,6 +4,7 @@
 use crate::director::{Admission, Director, Prepared, Release, Routed};
 use crate::error_response::RequestError;
 use crate::flow_control::{Arrival, DEFAULT_FAIRNESS_ID};
+use crate::picker::Picker;
 use crate::request::{ApiKind, RequestHeaders};
 
 use crate::host::{HostError, HttpHost, SharedData};
@@ -42,6 +43,8 @@ pub struct RequestFlow {
     released: bool,
     /// Bytes of body buffered so far.
     body_size: usize,
+    /// The pool the request's model named (known once the body is parsed).
+    pool: usize,
 }
 
 impl Default for RequestFlow {
@@ -54,6 +57,7 @@ impl Default for RequestFlow {
             outcome: Outcome::Pending,
             released: false,
             body_size: 0,
+            pool: 0,
         }
     }
 }
@@ -79,22 +83,27 @@ impl RequestFlow {
     pub fn on_headers(
         &mut self,
         host: &impl HttpHost,
-        director: &mut Director,
+        picker: &mut Picker,
         end_of_stream: bool,
     ) -> Flow {
         let path = host.request_header(":path").unwrap_or_default();
         self.api = ApiKind::from_path(&path);
-        self.read_protocol_headers(host, director);
+        self.read_protocol_headers(host, picker);
         if end_of_stream || !self.api.is_inference() {
             // No body to read (GET /v1/models) or none we need: route on the headers alone.
-            return self.finish(host, director, None);
+            return self.finish(host, picker, None);
         }
         Flow::Pause
     }
 
+    /// The pool the request was prepared for.
+    pub fn pool(&self) -> usize {
+        self.pool
+    }
+
     /// Reads the protocol headers the configuration uses; each read is a host call.
-    fn read_protocol_headers(&mut self, host: &impl HttpHost, director: &mut Director) {
-        let uses = director.header_use();
+    fn read_protocol_headers(&mut self, host: &impl HttpHost, picker: &mut Picker) {
+        let uses = picker.header_use();
         let read = |used: bool, name: &str| used.then(|| header_text(host, name)).flatten();
         self.headers = RequestHeaders {
             session_token: read(uses.session_token, SESSION_TOKEN_HEADER),
@@ -106,7 +115,7 @@ impl RequestFlow {
         self.request_id = match header_text(host, REQUEST_ID_HEADER) {
             Some(id) => id,
             None => {
-                let id = director.new_request_id();
+                let id = picker.new_request_id();
                 if let Err(error) = host.set_request_header(REQUEST_ID_HEADER, &id) {
                     log::warn!("inference-picker: setting {REQUEST_ID_HEADER}: {error}");
                 }
@@ -118,14 +127,14 @@ impl RequestFlow {
     pub fn on_body(
         &mut self,
         host: &impl HttpHost,
-        director: &mut Director,
+        picker: &mut Picker,
         body_size: usize,
         end_of_stream: bool,
     ) -> Flow {
         if self.outcome != Outcome::Pending {
             return Flow::Continue;
         }
-        let limit = director.settings().max_request_body_bytes;
+        let limit = picker.max_request_body_bytes();
         if body_size > limit {
             return self.reject(host, RequestError::BodyTooLarge { limit });
         }
@@ -133,22 +142,22 @@ impl RequestFlow {
         if !end_of_stream {
             return Flow::Pause;
         }
-        self.decide_on_body(host, director)
+        self.decide_on_body(host, picker)
     }
 
     /// Trailers end the stream (HTTP/2 HEADERS after DATA, or after no DATA at all): decide
     /// here, or the paused request would move on undecided with whatever headers the client
     /// sent.
-    pub fn on_trailers(&mut self, host: &impl HttpHost, director: &mut Director) -> Flow {
+    pub fn on_trailers(&mut self, host: &impl HttpHost, picker: &mut Picker) -> Flow {
         if self.outcome != Outcome::Pending {
             return Flow::Continue;
         }
-        self.decide_on_body(host, director)
+        self.decide_on_body(host, picker)
     }
 
-    fn decide_on_body(&mut self, host: &impl HttpHost, director: &mut Director) -> Flow {
+    fn decide_on_body(&mut self, host: &impl HttpHost, picker: &mut Picker) -> Flow {
         match host.request_body(self.body_size) {
-            Ok(body) => self.finish(host, director, Some(&body)),
+            Ok(body) => self.finish(host, picker, Some(&body)),
             Err(error) => {
                 log::warn!("inference-picker: reading the request body: {error}");
                 self.reject(
@@ -161,14 +170,21 @@ impl RequestFlow {
 
     /// The decision's debug line: where the request went and every score behind it, or why
     /// it was refused.
-    pub fn log_decision(&self, host: &impl HttpHost, director: &Director) {
+    pub fn log_decision(&self, host: &impl HttpHost, picker: &Picker) {
         if !log::log_enabled!(log::Level::Debug) {
             return;
         }
+        let Some(director) = picker.director(self.pool) else {
+            return;
+        };
+        let pool = picker
+            .slots()
+            .get(self.pool)
+            .map_or("-", |slot| slot.name.as_str());
         match &self.outcome {
             Outcome::Pending => {}
             Outcome::Routed(routed) => log::debug!(
-                "inference-picker: decision request_id={} model={:?} priority={} fairness_id={} picked={} fallbacks={} prefill={} degraded={} {}",
+                "inference-picker: decision request_id={} model={:?} pool={pool} priority={} fairness_id={} picked={} fallbacks={} prefill={} degraded={} {}",
                 self.request_id,
                 routed.model,
                 routed.priority,
@@ -203,7 +219,10 @@ impl RequestFlow {
     /// retried past (refused, reset, 503: the response came from a later address of the
     /// destination list) and the one that answered 5xx (or Envoy's own 5xx when it could not
     /// connect); the session token goes back so the client can stick to the pod.
-    pub fn on_response_headers(&mut self, host: &impl HttpHost, director: &mut Director) {
+    pub fn on_response_headers(&mut self, host: &impl HttpHost, picker: &mut Picker) {
+        let Some(director) = picker.director_mut(self.pool) else {
+            return;
+        };
         self.take_back_dispatched(director);
         let Outcome::Routed(routed) = &mut self.outcome else {
             return;
@@ -256,10 +275,11 @@ impl RequestFlow {
     /// request had waited.
     pub fn on_done(
         &mut self,
-        director: &mut Director,
+        picker: &mut Picker,
         now_ms: u64,
         store: &dyn SharedData,
     ) -> Option<u64> {
+        let director = picker.director_mut(self.pool)?;
         self.take_back_dispatched(director);
         if self.outcome == Outcome::Held {
             self.outcome = Outcome::Rejected(RequestError::NoEndpoint(
@@ -274,15 +294,23 @@ impl RequestFlow {
         None
     }
 
-    fn finish(
-        &mut self,
-        host: &impl HttpHost,
-        director: &mut Director,
-        body: Option<&[u8]>,
-    ) -> Flow {
-        let prepared = match director.prepare(self.api, body, std::mem::take(&mut self.headers)) {
+    fn finish(&mut self, host: &impl HttpHost, picker: &mut Picker, body: Option<&[u8]>) -> Flow {
+        let headers = std::mem::take(&mut self.headers);
+        let (pool, prepared) = match picker.prepare(self.api, body, headers) {
             Ok(prepared) => prepared,
             Err(error) => return self.reject(host, error),
+        };
+        self.pool = pool;
+        if let Some((header, name)) = picker.pool_label(pool) {
+            if let Err(error) = host.set_request_header(header, name) {
+                log::warn!("inference-picker: setting {header}: {error}");
+            }
+        }
+        let Some(director) = picker.director_mut(pool) else {
+            return self.reject(
+                host,
+                RequestError::NoEndpoint("no pool serves this request".into()),
+            );
         };
         if director.flow_control().is_none() || !self.api.is_inference() {
             return self.route_now(host, director, prepared);
@@ -486,14 +514,19 @@ mod tests {
         host
     }
 
-    fn director() -> Director {
+    /// The one pool's director of a test picker.
+    fn only(picker: &Picker) -> &Director {
+        picker.director(0).unwrap()
+    }
+
+    fn director() -> Picker {
         let mut director =
             Director::new(load("pool: {endpoints: [{address: '127.0.0.1:8001'}]}", 1).unwrap());
         director
             .on_scrape_ok(0, 0, "vllm:num_requests_waiting 0\n")
             .unwrap();
         director.on_tick(0);
-        director
+        Picker::single(director)
     }
 
     #[test]
@@ -508,11 +541,11 @@ mod tests {
             Flow::Continue
         );
         assert_eq!(host.headers.borrow()[DESTINATION_HEADER], "127.0.0.1:8001");
-        assert_eq!(director.pool().endpoints[0].in_flight, 1);
+        assert_eq!(only(&director).pool().endpoints[0].in_flight, 1);
         flow.on_done(&mut director, 0, &FakeShared::default());
         flow.on_done(&mut director, 0, &FakeShared::default());
         assert_eq!(
-            director.pool().endpoints[0].in_flight,
+            only(&director).pool().endpoints[0].in_flight,
             0,
             "released exactly once"
         );
@@ -537,7 +570,7 @@ mod tests {
             Flow::Continue,
             "decided once"
         );
-        assert_eq!(director.pool().endpoints[0].in_flight, 1);
+        assert_eq!(only(&director).pool().endpoints[0].in_flight, 1);
     }
 
     #[test]
@@ -585,7 +618,7 @@ mod tests {
                 "never forwarded"
             );
         }
-        assert_eq!(director.pool().endpoints[0].in_flight, 0);
+        assert_eq!(only(&director).pool().endpoints[0].in_flight, 0);
     }
 
     #[test]
@@ -594,7 +627,7 @@ mod tests {
         let mut director = director();
         let mut flow = RequestFlow::default();
         flow.on_headers(&host, &mut director, false);
-        let limit = director.settings().max_request_body_bytes;
+        let limit = only(&director).settings().max_request_body_bytes;
         assert_eq!(
             flow.on_body(&host, &mut director, limit + 1, false),
             Flow::Pause
@@ -610,10 +643,10 @@ mod tests {
         let mut flow = RequestFlow::default();
         flow.on_headers(&host, &mut director, true);
         assert_eq!(host.reply.borrow().as_ref().unwrap().0, 503);
-        assert_eq!(director.pool().endpoints[0].in_flight, 0);
+        assert_eq!(only(&director).pool().endpoints[0].in_flight, 0);
     }
 
-    fn routed(host: &FakeHost, director: &mut Director) -> RequestFlow {
+    fn routed(host: &FakeHost, director: &mut Picker) -> RequestFlow {
         let mut flow = RequestFlow::default();
         if flow.on_headers(host, director, false) == Flow::Pause {
             let size = host.body.borrow().len();
@@ -695,7 +728,7 @@ mod tests {
             .insert(":status".into(), "503".into());
         flow.on_response_headers(&host, &mut director);
         flow.on_done(&mut director, 0, &FakeShared::default());
-        assert!(director.pool().endpoints[0].backoff_until_ms > 0);
+        assert!(only(&director).pool().endpoints[0].backoff_until_ms > 0);
         // The only pod is backing off: the request still goes somewhere (degraded).
         let flow = routed(&host, &mut director);
         let Outcome::Routed(routed) = &flow.outcome else {
@@ -705,7 +738,7 @@ mod tests {
     }
 
     /// Three pods, pod 0 preferred (shortest queue), with two fallbacks in the header.
-    fn director_with_fallbacks() -> Director {
+    fn director_with_fallbacks() -> Picker {
         let config = "plugins: [{type: queue-scorer}, {type: max-score-picker, parameters: {maxNumOfEndpoints: 3}}]\n\
                       pool: {destinationList: true, endpoints: [{address: '127.0.0.1:8001'}, {address: '127.0.0.1:8002'}, {address: '127.0.0.1:8003'}]}";
         let mut director = Director::new(load(config, 1).unwrap());
@@ -715,13 +748,13 @@ mod tests {
                 .unwrap();
         }
         director.on_tick(0);
-        director
+        Picker::single(director)
     }
 
     fn respond(
         host: &FakeHost,
         flow: &mut RequestFlow,
-        director: &mut Director,
+        director: &mut Picker,
         status: &str,
         served: &str,
     ) {
@@ -732,8 +765,8 @@ mod tests {
         flow.on_response_headers(host, director);
     }
 
-    fn backing_off(director: &Director) -> Vec<bool> {
-        director
+    fn backing_off(director: &Picker) -> Vec<bool> {
+        only(director)
             .pool()
             .endpoints
             .iter()
@@ -753,7 +786,7 @@ mod tests {
         // The primary refused the connection; the first fallback answered.
         respond(&host, &mut flow, &mut director, "200", "127.0.0.1:8002");
         assert_eq!(backing_off(&director), [true, false, false]);
-        let in_flight: Vec<u32> = director
+        let in_flight: Vec<u32> = only(&director)
             .pool()
             .endpoints
             .iter()
@@ -765,7 +798,11 @@ mod tests {
             "the count moved to the pod serving it"
         );
         flow.on_done(&mut director, 0, &FakeShared::default());
-        assert!(director.pool().endpoints.iter().all(|e| e.in_flight == 0));
+        assert!(only(&director)
+            .pool()
+            .endpoints
+            .iter()
+            .all(|e| e.in_flight == 0));
         // The next request is not offered to the pod that could not take the last one.
         let host = host_with("/v1/completions", r#"{"model":"m","prompt":"y"}"#, &[]);
         routed(&host, &mut director);
@@ -788,7 +825,11 @@ mod tests {
         respond(&host, &mut flow, &mut director, "503", "127.0.0.1:8003");
         assert_eq!(backing_off(&director), [true, true, true]);
         flow.on_done(&mut director, 0, &FakeShared::default());
-        assert!(director.pool().endpoints.iter().all(|e| e.in_flight == 0));
+        assert!(only(&director)
+            .pool()
+            .endpoints
+            .iter()
+            .all(|e| e.in_flight == 0));
     }
 
     #[test]
@@ -799,7 +840,11 @@ mod tests {
         respond(&host, &mut flow, &mut director, "200", "10.9.9.9:80");
         assert_eq!(backing_off(&director), [false, false, false]);
         flow.on_done(&mut director, 0, &FakeShared::default());
-        assert!(director.pool().endpoints.iter().all(|e| e.in_flight == 0));
+        assert!(only(&director)
+            .pool()
+            .endpoints
+            .iter()
+            .all(|e| e.in_flight == 0));
     }
 
     #[test]
@@ -833,7 +878,7 @@ mod tests {
         };
         let host = host("/v1/completions", "");
         assert_eq!(
-            carry_out(&host, &mut director, refusal(), false),
+            carry_out(&host, director.director_mut(0).unwrap(), refusal(), false),
             Carried::Deferred(refusal())
         );
         assert!(
@@ -841,9 +886,90 @@ mod tests {
             "nothing sent from a stream callback"
         );
         assert_eq!(
-            carry_out(&host, &mut director, refusal(), true),
+            carry_out(&host, director.director_mut(0).unwrap(), refusal(), true),
             Carried::Answered
         );
         assert_eq!(host.reply.borrow().as_ref().map(|r| r.0), Some(429));
+    }
+
+    fn two_pools() -> Picker {
+        let text = "poolHeader: x-gateway-inference-pool\npools:\n\
+                    - {name: llama, models: [llama-3, sql-lora], endpoints: [{address: '127.0.0.1:8001'}]}\n\
+                    - {name: qwen, models: ['qwen-*'], endpoints: [{address: '127.0.0.1:8002'}]}\n";
+        let set = crate::config::load_set(text, 1, false).unwrap();
+        let header = set.pool_header.clone();
+        let slots = set
+            .pools
+            .into_iter()
+            .map(|pool| {
+                let mut director = Director::new(pool.config);
+                director
+                    .on_scrape_ok(0, 0, "vllm:num_requests_waiting 0\n")
+                    .unwrap();
+                director.on_tick(0);
+                let slot = crate::picker::PoolSlot {
+                    name: pool.name,
+                    director,
+                };
+                (slot, pool.models)
+            })
+            .collect();
+        Picker::new(slots, header)
+    }
+
+    #[test]
+    fn the_model_picks_the_pool_and_its_name_is_written() {
+        let mut picker = two_pools();
+        for (model, endpoint, pool) in [
+            ("qwen-7b", "127.0.0.1:8002", "qwen"),
+            ("sql-lora", "127.0.0.1:8001", "llama"),
+        ] {
+            let host = host(
+                "/v1/completions",
+                &format!(r#"{{"model":"{model}","prompt":"x"}}"#),
+            );
+            let mut flow = routed(&host, &mut picker);
+            assert_eq!(host.headers.borrow()[DESTINATION_HEADER], endpoint);
+            assert_eq!(host.headers.borrow()["x-gateway-inference-pool"], pool);
+            assert_eq!(picker.slots()[flow.pool()].name, pool);
+            flow.on_done(&mut picker, 0, &FakeShared::default());
+        }
+        let in_flight = |p: usize| picker.director(p).unwrap().pool().endpoints[0].in_flight;
+        assert_eq!(
+            (in_flight(0), in_flight(1)),
+            (0, 0),
+            "each released in its own pool"
+        );
+    }
+
+    #[test]
+    fn a_model_no_pool_serves_is_a_404_naming_it() {
+        let mut picker = two_pools();
+        let host = host(
+            "/v1/chat/completions",
+            r#"{"model":"mistral","messages":[]}"#,
+        );
+        let mut flow = RequestFlow::default();
+        flow.on_headers(&host, &mut picker, false);
+        flow.on_body(&host, &mut picker, host.body.borrow().len(), true);
+        let (status, body) = host.reply.borrow().clone().unwrap();
+        assert_eq!(status, 404);
+        assert!(String::from_utf8_lossy(&body).contains("`mistral` does not exist"));
+        assert_eq!(
+            host.headers.borrow()[DESTINATION_HEADER],
+            "6.6.6.6:22",
+            "never routed"
+        );
+    }
+
+    #[test]
+    fn the_rewritten_model_picks_the_pool() {
+        let mut picker = two_pools();
+        let host = host("/v1/completions", r#"{"model":"llama-3","prompt":"x"}"#);
+        host.headers
+            .borrow_mut()
+            .insert(MODEL_REWRITE_HEADER.into(), "qwen-14b".into());
+        routed(&host, &mut picker);
+        assert_eq!(host.headers.borrow()[DESTINATION_HEADER], "127.0.0.1:8002");
     }
 }

@@ -29,6 +29,7 @@ struct EndpointStats {
 
 pub struct Stats<H: Metrics> {
     host: H,
+    prefix: String,
     /// Per pool index; grows when discovery adds endpoints.
     endpoints: RefCell<Vec<Option<EndpointStats>>>,
     decisions: [Option<u32>; 5],
@@ -81,21 +82,27 @@ struct FlowStats {
 }
 
 impl<H: Metrics> Stats<H> {
-    pub fn define(host: H, director: &Director) -> Self {
+    /// `prefix` starts every pool-scoped name: [`crate::picker::STATS_PREFIX`] for a single pool, with
+    /// `.pool.<name>` for each of many (the VM-wide stats are never prefixed further).
+    pub fn define(host: H, director: &Director, prefix: &str) -> Self {
         let define = |kind, name: &str| define(&host, kind, name);
         let stats = Stats {
+            prefix: prefix.to_owned(),
             endpoints: RefCell::new(Vec::new()),
             decisions: OUTCOMES.map(|outcome| {
                 define(
                     MetricKind::Counter,
-                    &format!("inference_picker.decisions.{outcome}"),
+                    &format!("{prefix}.decisions.{outcome}"),
                 )
             }),
-            shed: define(MetricKind::Counter, "inference_picker.shed"),
-            scrapes_unsent: define(MetricKind::Counter, "inference_picker.scrapes_unsent"),
-            scrape_round_ms: define(MetricKind::Gauge, "inference_picker.scrape_round_ms"),
-            endpoints_fresh: define(MetricKind::Gauge, "inference_picker.endpoints_fresh"),
-            scheduling_us: define(MetricKind::Histogram, "inference_picker.scheduling_time_us"),
+            shed: define(MetricKind::Counter, &format!("{prefix}.shed")),
+            scrapes_unsent: define(MetricKind::Counter, &format!("{prefix}.scrapes_unsent")),
+            scrape_round_ms: define(MetricKind::Gauge, &format!("{prefix}.scrape_round_ms")),
+            endpoints_fresh: define(MetricKind::Gauge, &format!("{prefix}.endpoints_fresh")),
+            scheduling_us: define(
+                MetricKind::Histogram,
+                &format!("{prefix}.scheduling_time_us"),
+            ),
             vm_memory_bytes: define(MetricKind::Gauge, "inference_picker.vm_memory_bytes"),
             vms: define(MetricKind::Gauge, "inference_picker.vms"),
             gauges_set_ms: Cell::new(0),
@@ -103,13 +110,13 @@ impl<H: Metrics> Stats<H> {
                 let counter = |what: &str| {
                     define(
                         MetricKind::Counter,
-                        &format!("inference_picker.flow_control.{what}"),
+                        &format!("{prefix}.flow_control.{what}"),
                     )
                 };
                 let band_gauge = |priority: i32, what: &str| {
                     define(
                         MetricKind::Gauge,
-                        &format!("inference_picker.flow_control.band.{priority}.{what}"),
+                        &format!("{prefix}.flow_control.band.{priority}.{what}"),
                     )
                 };
                 FlowStats {
@@ -120,11 +127,11 @@ impl<H: Metrics> Stats<H> {
                     abandoned: counter("abandoned"),
                     queue_time_ms: define(
                         MetricKind::Histogram,
-                        "inference_picker.flow_control.queue_time_ms",
+                        &format!("{prefix}.flow_control.queue_time_ms"),
                     ),
                     pool_saturation_pct: define(
                         MetricKind::Gauge,
-                        "inference_picker.flow_control.pool_saturation_percent",
+                        &format!("{prefix}.flow_control.pool_saturation_percent"),
                     ),
                     bands: RefCell::new(
                         flow.config()
@@ -200,7 +207,7 @@ impl<H: Metrics> Stats<H> {
             .skip(known)
             .take(COVER_BATCH)
         {
-            endpoints.push(endpoint_stats(&self.host, &endpoint.address));
+            endpoints.push(endpoint_stats(&self.host, &self.prefix, &endpoint.address));
         }
     }
 
@@ -383,14 +390,9 @@ fn define(host: &impl Metrics, kind: MetricKind, name: &str) -> Option<u32> {
     }
 }
 
-fn endpoint_stats(host: &impl Metrics, address: &str) -> Option<EndpointStats> {
-    let stat = |kind, what: &str| {
-        define(
-            host,
-            kind,
-            &format!("inference_picker.endpoint.{address}.{what}"),
-        )
-    };
+fn endpoint_stats(host: &impl Metrics, prefix: &str, address: &str) -> Option<EndpointStats> {
+    let stat =
+        |kind, what: &str| define(host, kind, &format!("{prefix}.endpoint.{address}.{what}"));
     Some(EndpointStats {
         picks: stat(MetricKind::Counter, "picks")?,
         scrape_success: stat(MetricKind::Counter, "scrape_success")?,
@@ -433,7 +435,7 @@ mod tests {
         }
         let director = Director::new(load(&config, 1).unwrap());
         let defined = Defined::default();
-        let stats = Stats::define(&defined, &director);
+        let stats = Stats::define(&defined, &director, crate::picker::STATS_PREFIX);
         let pool_wide = defined.0.get() - 5 * COVER_BATCH as u32;
         assert!(pool_wide < 20, "five per endpoint of the first batch only");
         stats.cover(&director);

@@ -9,16 +9,25 @@ use crate::duration::duration_ms;
 use crate::endpoint::Health;
 use crate::hash::hash_bytes;
 use crate::host::{Clock, HostError, HttpCallouts, SharedData};
+use crate::picker::{stats_prefix, Picker, PoolSlot};
 use crate::protocol::DESTINATION_HEADER;
 use crate::shared_state::{Coordinator, Role};
 use hashbrown::{HashMap, HashSet};
 use std::collections::VecDeque;
 
-/// One VM's configuration, loaded: its director, its tick flow and the tick period.
+/// One VM's configuration, loaded: every pool's director (in the picker) and tick flow, in the
+/// same order, and the tick period.
 pub struct Configured {
-    pub director: Director,
-    pub ticks: TickFlow,
+    pub picker: Picker,
+    pub ticks: Vec<PoolTicks>,
     pub tick_ms: u32,
+}
+
+/// One pool's timer side: its tick flow, the prefix of its stats, and how often it ticks.
+pub struct PoolTicks {
+    pub flow: TickFlow,
+    pub stats_prefix: String,
+    pub interval_ms: u64,
 }
 
 /// Loads the plugin configuration for one VM; `vm_seed` must differ between VMs, or every
@@ -26,21 +35,43 @@ pub struct Configured {
 pub fn configure(text: &[u8], vm_seed: u64) -> Result<Configured, String> {
     let text = std::str::from_utf8(text)
         .map_err(|_| "invalid configuration: it is not UTF-8 text".to_owned())?;
-    let loaded = config::load(text, vm_seed).map_err(|error| error.to_string())?;
-    for warning in &loaded.warnings {
-        log::warn!("inference-picker: {warning}");
-    }
-    let tick_ms = duration_ms(loaded.pool.refresh_metrics_interval);
+    let set = config::load_set(text, vm_seed, false).map_err(|error| error.to_string())?;
     // A config update starts a fresh namespace, so old VMs' leases do not interfere.
-    let namespace = format!("inference-picker/{:x}", hash_bytes(0, text.as_bytes()));
-    let coordinator = Coordinator::new(&namespace, vm_seed, tick_ms);
-    let mut director = Director::new(loaded);
-    if let Some(flow) = director.flow_control_mut() {
-        flow.attach(&namespace, vm_seed);
+    let base = format!("inference-picker/{:x}", hash_bytes(0, text.as_bytes()));
+    let many = set.pools.len() > 1 || set.pools.iter().any(|p| p.models.is_some());
+    let mut slots = Vec::with_capacity(set.pools.len());
+    let mut ticks = Vec::with_capacity(set.pools.len());
+    for pool in set.pools {
+        for warning in &pool.config.warnings {
+            log::warn!("inference-picker: pool {}: {warning}", pool.name);
+        }
+        let interval_ms = duration_ms(pool.config.pool.refresh_metrics_interval);
+        // Each pool elects its own scraper and keeps its own shared state.
+        let namespace = if many {
+            format!("{base}/{}", pool.name)
+        } else {
+            base.clone()
+        };
+        let coordinator = Coordinator::new(&namespace, vm_seed, interval_ms);
+        let mut director = Director::new(pool.config);
+        if let Some(flow) = director.flow_control_mut() {
+            flow.attach(&namespace, vm_seed);
+        }
+        ticks.push(PoolTicks {
+            flow: TickFlow::new(Some(coordinator)),
+            stats_prefix: stats_prefix(many.then_some(pool.name.as_str())),
+            interval_ms,
+        });
+        let slot = PoolSlot {
+            name: pool.name,
+            director,
+        };
+        slots.push((slot, pool.models));
     }
+    let tick_ms = ticks.iter().map(|t| t.interval_ms).min().unwrap_or(1000);
     Ok(Configured {
-        director,
-        ticks: TickFlow::new(Some(coordinator)),
+        picker: Picker::new(slots, set.pool_header),
+        ticks,
         tick_ms: u32::try_from(tick_ms).unwrap_or(u32::MAX),
     })
 }
@@ -214,6 +245,11 @@ impl TickFlow {
                 log::debug!("inference-picker: exchanging in-flight counts: {error}");
             }
         }
+    }
+
+    /// Whether `token` is one of this flow's callouts (a scrape or a discovery call).
+    pub fn owns(&self, token: u32) -> bool {
+        self.discovery_call == Some(token) || self.scrapes.contains_key(&token)
     }
 
     pub fn on_callout_response(

@@ -11,12 +11,13 @@
 //! every scorer's score per endpoint and the winner; with flow control on, the pool's
 //! saturation, the bands, and whether the request would wait.
 
-use inference_picker::config::{load, load_with_effective, FilterConfig};
+use inference_picker::config::{load_set, NamedPool, PoolSet};
 use inference_picker::director::{Admission, Director, Routed};
 use inference_picker::error_response::RequestError;
 use inference_picker::flow_control::policy::{fairness_type, ordering_type};
 use inference_picker::flow_control::{Arrival, DEFAULT_FAIRNESS_ID};
 use inference_picker::host::{HostError, SharedData};
+use inference_picker::picker::ModelRouter;
 use inference_picker::protocol::{FAIRNESS_ID_HEADER, LLMD_FAIRNESS_ID_HEADER};
 use inference_picker::request::{ApiKind, RequestHeaders};
 use std::cell::RefCell;
@@ -49,23 +50,58 @@ fn read(path: &str) -> Result<String, String> {
     std::fs::read_to_string(path).map_err(|error| format!("{path}: {error}"))
 }
 
-fn load_file(path: &str) -> Result<FilterConfig, String> {
-    load(&read(path)?, 1).map_err(|error| format!("{path}: {error}"))
+fn load_file(path: &str, with_effective: bool) -> Result<PoolSet, String> {
+    load_set(&read(path)?, 1, with_effective).map_err(|error| format!("{path}: {error}"))
 }
 
 fn check(path: &str) -> Result<(), String> {
-    let (config, effective) =
-        load_with_effective(&read(path)?, 1).map_err(|error| format!("{path}: {error}"))?;
+    let set = load_file(path, true)?;
     println!("{path}: ok");
-    for warning in &config.warnings {
-        println!("warning: {warning}");
+    let many = set.pools.len() > 1 || set.pools.iter().any(|p| p.models.is_some());
+    for pool in &set.pools {
+        let models = pool
+            .models
+            .as_ref()
+            .map_or("every model no other pool lists".into(), |m| m.join(", "));
+        if many {
+            println!("# pool {}: {models}", pool.name);
+        }
+        for warning in &pool.config.warnings {
+            println!("warning: {warning}");
+        }
+        println!("# effective configuration");
+        let effective = pool.effective.clone().unwrap_or_default();
+        print!(
+            "{}",
+            serde_yaml::to_string(&effective).map_err(|e| e.to_string())?
+        );
     }
-    println!("# effective configuration");
-    print!(
-        "{}",
-        serde_yaml::to_string(&effective).map_err(|e| e.to_string())?
-    );
+    if let Some(header) = &set.pool_header {
+        println!("# the chosen pool's name is written to {header}");
+    }
     Ok(())
+}
+
+/// The pool a request body's model names (after a model rewrite header).
+fn pool_for(set: PoolSet, model: Option<String>) -> Result<NamedPool, String> {
+    let models: Vec<Option<Vec<String>>> = set.pools.iter().map(|p| p.models.clone()).collect();
+    let router = ModelRouter::new(&models);
+    let index = match &model {
+        Some(model) => router
+            .route(model)
+            .ok_or_else(|| format!("refused with 404: no pool serves the model {model:?}"))?,
+        None => router.without_model(),
+    };
+    let many = set.pools.len() > 1;
+    let pool = set.pools.into_iter().nth(index).ok_or("no pool")?;
+    if many {
+        println!(
+            "pool: {} (model {:?})",
+            pool.name,
+            model.unwrap_or_default()
+        );
+    }
+    Ok(pool)
 }
 
 struct ExplainArgs {
@@ -109,7 +145,23 @@ fn explain_args(args: &[String]) -> Result<ExplainArgs, String> {
 
 fn explain(args: &[String]) -> Result<(), String> {
     let args = explain_args(args)?;
-    let mut director = Director::new(load_file(&args.config)?);
+    let set = load_file(&args.config, false)?;
+    let body = args.body.as_deref().map(read).transpose()?;
+    let api = ApiKind::from_path(args.path.as_bytes());
+    let rewrite = args
+        .headers
+        .iter()
+        .find(|(n, _)| n == "x-gateway-model-name-rewrite")
+        .map(|(_, v)| v.clone());
+    let model = match (&body, api.is_inference()) {
+        (Some(body), true) => rewrite.or_else(|| {
+            inference_picker::request::parse_body(api, body.as_bytes())
+                .ok()
+                .map(|r| r.model)
+        }),
+        _ => None,
+    };
+    let mut director = Director::new(pool_for(set, model)?.config);
     let endpoints = director.pool().len();
     if args.metrics.len() != endpoints {
         return Err(format!(
@@ -126,7 +178,6 @@ fn explain(args: &[String]) -> Result<(), String> {
         }
     }
     director.on_tick(0);
-    let body = args.body.as_deref().map(read).transpose()?;
     let header = |name: &str| {
         args.headers
             .iter()
@@ -139,7 +190,6 @@ fn explain(args: &[String]) -> Result<(), String> {
         objective: header("x-gateway-inference-objective"),
         model_rewrite: header("x-gateway-model-name-rewrite"),
     };
-    let api = ApiKind::from_path(args.path.as_bytes());
     let body = body.as_deref().map(str::as_bytes);
     if director.flow_control().is_some() {
         print_flow_control(&director);

@@ -7,11 +7,13 @@ mod defaults;
 mod effective;
 mod error;
 mod pool;
+mod pools;
 mod raw;
 mod validate;
 
 pub use error::ConfigError;
 pub use pool::{EndpointConfig, LoadSignals, ObjectiveConfig, PoolConfig};
+pub use pools::DEFAULT_POOL_NAME;
 
 use crate::metrics::MetricSelector;
 use crate::scheduling::Scheduler;
@@ -37,7 +39,25 @@ pub struct FilterConfig {
     pub warnings: Vec<String>,
 }
 
-/// Parses and validates a YAML or JSON document.
+/// Every pool of a document: one named [`DEFAULT_POOL_NAME`] serving every model for a
+/// single `pool` section, or the `pools` list.
+pub struct PoolSet {
+    pub pools: Vec<NamedPool>,
+    /// `poolHeader`: the request header the chosen pool's name is written to.
+    pub pool_header: Option<String>,
+}
+
+pub struct NamedPool {
+    pub name: String,
+    /// Model names and globs it serves; `None` serves every model no other pool lists.
+    pub models: Option<Vec<String>>,
+    pub config: FilterConfig,
+    /// The pool's effective document, when asked for (the config checker).
+    pub effective: Option<Value>,
+}
+
+/// Parses and validates a single-pool YAML or JSON document (a `pools` list is refused: see
+/// [`load_set`]).
 pub fn load(text: &str, seed: u64) -> Result<FilterConfig, ConfigError> {
     load_document(text, seed, false).map(|(config, _)| config)
 }
@@ -48,6 +68,71 @@ pub fn load_with_effective(text: &str, seed: u64) -> Result<(FilterConfig, Value
         .map(|(config, effective)| (config, effective.unwrap_or(Value::Null)))
 }
 
+/// Parses and validates a document with one `pool` or a `pools` list. `with_effective` adds
+/// each pool's effective document (see [`effective`]).
+pub fn load_set(text: &str, seed: u64, with_effective: bool) -> Result<PoolSet, ConfigError> {
+    if text.trim().is_empty() {
+        return Err(ConfigError::Syntax("the configuration is empty".into()));
+    }
+    let document: Value =
+        serde_yaml::from_str(text).map_err(|error| ConfigError::Syntax(error.to_string()))?;
+    let pool_header = pools::pool_header(&document)?;
+    let Some(entries) = pools::split(&document)? else {
+        if pool_header.is_some() {
+            return Err(ConfigError::invalid(
+                pools::POOL_HEADER_KEY,
+                "needs a `pools` list (one pool needs no header to be told apart)",
+            ));
+        }
+        let (config, effective) = load_document(text, seed, with_effective)?;
+        let pool = NamedPool {
+            name: DEFAULT_POOL_NAME.into(),
+            models: None,
+            config,
+            effective,
+        };
+        return Ok(PoolSet {
+            pools: vec![pool],
+            pool_header,
+        });
+    };
+    let mut loaded = Vec::with_capacity(entries.len());
+    for (i, entry) in entries.into_iter().enumerate() {
+        let in_pool = |error: ConfigError| within_pool(i, &entry.name, error);
+        let raw: RawConfig = serde_yaml::from_value(entry.document)
+            .map_err(|error| in_pool(ConfigError::Syntax(error.to_string())))?;
+        // Each pool breaks ties with its own sequence.
+        let seed = crate::hash::hash_bytes(seed, &(i as u64).to_le_bytes());
+        let (config, effective) = load_raw(raw, seed, with_effective).map_err(in_pool)?;
+        loaded.push(NamedPool {
+            name: entry.name,
+            models: entry.models,
+            config,
+            effective,
+        });
+    }
+    Ok(PoolSet {
+        pools: loaded,
+        pool_header,
+    })
+}
+
+/// Names the pool an error is in; its `pool.` keys are the entry's own.
+fn within_pool(i: usize, name: &str, error: ConfigError) -> ConfigError {
+    match error {
+        ConfigError::Syntax(message) => {
+            ConfigError::Syntax(format!("pools[{i}] ({name}): {message}"))
+        }
+        ConfigError::Invalid { key, reason } => {
+            let key = key.strip_prefix("pool.").unwrap_or(&key);
+            ConfigError::invalid(
+                format!("pools[{i}].{key}"),
+                format!("(pool {name}) {reason}"),
+            )
+        }
+    }
+}
+
 fn load_document(
     text: &str,
     seed: u64,
@@ -56,8 +141,26 @@ fn load_document(
     if text.trim().is_empty() {
         return Err(ConfigError::Syntax("the configuration is empty".into()));
     }
-    let raw: RawConfig =
-        serde_yaml::from_str(text).map_err(|error| ConfigError::Syntax(error.to_string()))?;
+    let raw: RawConfig = serde_yaml::from_str(text).map_err(|error| {
+        let message = error.to_string();
+        if message.contains("unknown field `pools`")
+            || message.contains("unknown field `poolHeader`")
+        {
+            ConfigError::Syntax(format!(
+                "{message} (a document with many pools is loaded with load_set)"
+            ))
+        } else {
+            ConfigError::Syntax(message)
+        }
+    })?;
+    load_raw(raw, seed, with_effective)
+}
+
+fn load_raw(
+    raw: RawConfig,
+    seed: u64,
+    with_effective: bool,
+) -> Result<(FilterConfig, Option<Value>), ConfigError> {
     check_header(&raw)?;
     let mut pool = raw
         .pool

@@ -642,3 +642,126 @@ fn load_signals_are_live_unless_set_to_scraped() {
         "{message}"
     );
 }
+
+const POOLS: &str = "
+plugins:
+- type: queue-scorer
+- type: max-score-picker
+pools:
+- name: llama
+  models: [meta-llama/Llama-3.1-8B-Instruct, sql-lora]
+  endpoints: [{address: 10.0.0.1:8000}]
+- name: qwen
+  models: ['qwen-*']
+  plugins:
+  - type: kv-cache-utilization-scorer
+  - type: max-score-picker
+  refreshMetricsInterval: 20ms
+  endpoints: [{address: 10.0.1.1:8000}]
+- name: rest
+  endpoints: [{address: 10.0.2.1:8000}]
+";
+
+fn set_error(text: &str) -> String {
+    match load_set(text, 1, false) {
+        Ok(_) => panic!("accepted: {text}"),
+        Err(error) => error.to_string(),
+    }
+}
+
+#[test]
+fn a_pools_list_loads_each_pool_with_the_top_level_as_defaults() {
+    let set = load_set(POOLS, 1, false).unwrap();
+    let names: Vec<&str> = set.pools.iter().map(|p| p.name.as_str()).collect();
+    assert_eq!(names, ["llama", "qwen", "rest"]);
+    let types = |i: usize| -> Vec<&str> {
+        set.pools[i]
+            .config
+            .scheduler
+            .plugins()
+            .iter()
+            .map(|p| p.type_name)
+            .collect()
+    };
+    assert!(types(0).contains(&"queue-scorer"), "{:?}", types(0));
+    assert!(
+        types(1).contains(&"kv-cache-utilization-scorer"),
+        "{:?}",
+        types(1)
+    );
+    assert!(
+        !types(1).contains(&"queue-scorer"),
+        "the pool's plugins replace the top level's"
+    );
+    assert_eq!(
+        set.pools[1]
+            .config
+            .pool
+            .refresh_metrics_interval
+            .as_millis(),
+        20
+    );
+    assert_eq!(set.pools[2].models, None, "no models: the catch-all");
+    assert_eq!(
+        set.pools[1].models.as_deref(),
+        Some(&["qwen-*".to_owned()][..])
+    );
+    assert_eq!(set.pool_header, None);
+}
+
+#[test]
+fn a_single_pool_is_the_default_pool_serving_every_model() {
+    let set = load_set(POOL, 1, false).unwrap();
+    assert_eq!(set.pools.len(), 1);
+    assert_eq!(set.pools[0].name, DEFAULT_POOL_NAME);
+    assert_eq!(set.pools[0].models, None);
+}
+
+#[test]
+fn pools_errors_name_the_pool_and_the_key() {
+    let message = set_error("pools:\n- name: a\n  models: [m]\n  endpoints: [{address: nope}]\n");
+    assert!(
+        message.contains("pools[0].endpoints[0].address"),
+        "{message}"
+    );
+    assert!(message.contains("pool a"), "{message}");
+    assert!(set_error("pools: []\n").contains("non-empty"));
+    assert!(
+        set_error("pools:\n- models: [m]\n  endpoints: [{address: 1.2.3.4:80}]\n")
+            .contains("needs a name")
+    );
+    assert!(
+        set_error("pools:\n- name: Big_Name\n  endpoints: [{address: 1.2.3.4:80}]\n")
+            .contains("DNS label")
+    );
+    let twice = "pools:\n- name: a\n  models: [m]\n  endpoints: [{address: 1.2.3.4:80}]\n- name: a\n  models: [n]\n  endpoints: [{address: 1.2.3.5:80}]\n";
+    assert!(set_error(twice).contains("names two pools"));
+    let two_catch_alls = "pools:\n- name: a\n  endpoints: [{address: 1.2.3.4:80}]\n- name: b\n  endpoints: [{address: 1.2.3.5:80}]\n";
+    assert!(set_error(two_catch_alls).contains("at most one pool may omit"));
+    let both = format!("{POOL}pools:\n- name: a\n  endpoints: [{{address: 1.2.3.4:80}}]\n");
+    assert!(set_error(&both).contains("not both"));
+    assert!(
+        set_error("pools:\n- name: a\n  models: []\n  endpoints: [{address: 1.2.3.4:80}]\n")
+            .contains("pools[0].models")
+    );
+    let unknown = "pools:\n- name: a\n  models: [m]\n  endpoint: [{address: 1.2.3.4:80}]\n";
+    let message = set_error(unknown);
+    assert!(
+        message.contains("pools[0]") && message.contains("endpoint"),
+        "{message}"
+    );
+}
+
+#[test]
+fn the_pool_header_needs_pools_and_a_header_name() {
+    let set = load_set(
+        &format!("poolHeader: x-gateway-inference-pool\n{POOLS}"),
+        1,
+        false,
+    )
+    .unwrap();
+    assert_eq!(set.pool_header.as_deref(), Some("x-gateway-inference-pool"));
+    assert!(set_error(&format!("poolHeader: x-pool\n{POOL}")).contains("needs a `pools` list"));
+    assert!(set_error(&format!("poolHeader: 'Bad Header'\n{POOLS}")).contains("lowercase header"));
+    assert!(load(POOLS, 1).is_err(), "load reads one pool only");
+}

@@ -10,11 +10,12 @@ use crate::error_response::RequestError;
 use crate::host::{
     Clock, HostError, HttpCallouts, HttpHost, MetricKind, Metrics, SharedData, LOG_CRITICAL,
 };
+use crate::picker::Picker;
 use crate::protocol::DROPPED_REASON_HEADER;
 use crate::request_flow::{self, Carried, Flow, Outcome, RequestFlow};
 use crate::stats::FlowExit;
 use crate::stats::Stats;
-use crate::tick_flow::{self, TickFlow};
+use crate::tick_flow::{self, PoolTicks};
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{Action, BufferType, ContextType, MapType};
 use std::cell::RefCell;
@@ -30,7 +31,9 @@ proxy_wasm::main! {{
     proxy_wasm::set_root_context(|context_id| -> Box<dyn RootContext> { Box::new(PickerRoot::new(context_id)) });
 }}
 
-type SharedDirector = Rc<RefCell<Director>>;
+type SharedPicker = Rc<RefCell<Picker>>;
+/// Every pool's stats, in pool order.
+type SharedStats = Rc<Vec<Stats<EnvoyHost>>>;
 
 /// The root context's host: Envoy's shared data, HTTP callouts and clock.
 struct EnvoyHost;
@@ -88,15 +91,21 @@ impl Clock for EnvoyHost {
 
 struct PickerRoot {
     context_id: u32,
-    director: Option<SharedDirector>,
-    stats: Option<Rc<Stats<EnvoyHost>>>,
-    ticks: TickFlow,
+    picker: Option<SharedPicker>,
+    stats: Option<SharedStats>,
+    /// Per pool, in pool order: its tick flow and when its next full tick is due.
+    pools: Vec<RootPool>,
     /// This VM's linear memory as last added to the shared `vm_memory_bytes` gauge.
     vm_memory_reported: u64,
-    /// The configured tick period; while flow control holds requests anywhere the VM ticks
-    /// every [`FLOW_TICK_MS`] instead, doing the full tick (scrapes, sharing) when one is due.
+    /// The timer period: the shortest pool interval; while flow control holds requests
+    /// anywhere the VM ticks every [`FLOW_TICK_MS`] instead, doing each pool's full tick
+    /// (scrapes, sharing) when it is due.
     tick_ms: u32,
     flow_ticking: bool,
+}
+
+struct RootPool {
+    ticks: PoolTicks,
     next_full_tick_ms: u64,
 }
 
@@ -108,37 +117,34 @@ impl PickerRoot {
     fn new(context_id: u32) -> Self {
         PickerRoot {
             context_id,
-            director: None,
+            picker: None,
             stats: None,
-            ticks: TickFlow::new(None),
+            pools: Vec::new(),
             vm_memory_reported: 0,
             tick_ms: 0,
             flow_ticking: false,
-            next_full_tick_ms: 0,
         }
     }
-}
 
-impl PickerRoot {
-    /// The configured tick: scrapes, shared state, stats.
-    fn full_tick(&mut self, director: &mut Director) {
-        abi::sync_log_level();
-        if let Some(stats) = &self.stats {
-            stats.vm_memory(abi::memory_bytes(), &mut self.vm_memory_reported);
-        }
-        let outcome = self.ticks.on_tick(&EnvoyHost, director);
-        if let Some(stats) = &self.stats {
-            stats.after_tick(director, &mut self.ticks, &outcome);
+    /// The timer period now.
+    fn period_ms(&self) -> u32 {
+        if self.flow_ticking {
+            FLOW_TICK_MS
+        } else {
+            self.tick_ms
         }
     }
 
     /// Ticks every [`FLOW_TICK_MS`] while requests wait anywhere in this Envoy, at the
     /// configured period otherwise.
-    fn pace_ticks(&mut self, director: &Director, now_ms: u64) {
-        let waiting = director
-            .flow_control()
-            .is_some_and(|flow| !(flow.idle(now_ms) && flow.settled()))
-            || director.has_deferred();
+    fn pace_ticks(&mut self, picker: &Picker, now_ms: u64) {
+        let waiting = picker.slots().iter().any(|slot| {
+            let director = &slot.director;
+            director
+                .flow_control()
+                .is_some_and(|flow| !(flow.idle(now_ms) && flow.settled()))
+                || director.has_deferred()
+        });
         let fast = waiting && FLOW_TICK_MS < self.tick_ms;
         if fast == self.flow_ticking {
             return;
@@ -151,6 +157,14 @@ impl PickerRoot {
     }
 }
 
+/// A pool's configured tick: scrapes, shared state, stats.
+fn full_tick(pool: &mut RootPool, director: &mut Director, stats: Option<&Stats<EnvoyHost>>) {
+    let outcome = pool.ticks.flow.on_tick(&EnvoyHost, director);
+    if let Some(stats) = stats {
+        stats.after_tick(director, &mut pool.ticks.flow, &outcome);
+    }
+}
+
 impl Context for PickerRoot {
     fn on_http_call_response(
         &mut self,
@@ -159,27 +173,31 @@ impl Context for PickerRoot {
         body_size: usize,
         _trailers: usize,
     ) {
-        let Some(shared) = self.director.clone() else {
+        let Some(shared) = self.picker.clone() else {
             return;
         };
-        let Ok(mut director) = shared.try_borrow_mut() else {
+        let Ok(mut picker) = shared.try_borrow_mut() else {
             return;
         };
+        let Some(index) = self.pools.iter().position(|p| p.ticks.flow.owns(token)) else {
+            return;
+        };
+        let (Some(pool), Some(director)) = (self.pools.get_mut(index), picker.director_mut(index))
+        else {
+            return;
+        };
+        let stats = self.stats.as_deref().and_then(|stats| stats.get(index));
         // No headers: the call timed out or was reset; the flow sees no status.
         let body_size = if num_headers == 0 { 0 } else { body_size };
-        let outcome = self
+        let outcome = pool
             .ticks
-            .on_callout_response(&EnvoyHost, &mut director, token, body_size);
-        if let Some(stats) = &self.stats {
-            stats.after_callout(&director, &mut self.ticks, outcome);
+            .flow
+            .on_callout_response(&EnvoyHost, director, token, body_size);
+        if let Some(stats) = stats {
+            stats.after_callout(director, &mut pool.ticks.flow, outcome);
         }
         // A scrape that shows room lets held requests go at once, not at the next tick.
-        release_held(
-            &mut director,
-            self.stats.as_deref(),
-            self.context_id,
-            Callback::Root,
-        );
+        release_held(director, stats, self.context_id, Callback::Root);
     }
 }
 
@@ -211,52 +229,75 @@ impl RootContext for PickerRoot {
             return false;
         }
         let loaded_ns = abi::current_time_ns().unwrap_or(started_ns);
-        let stats = Stats::define(EnvoyHost, &configured.director);
+        let picker = configured.picker;
+        let stats: Vec<Stats<EnvoyHost>> = picker
+            .slots()
+            .iter()
+            .zip(&configured.ticks)
+            .map(|(slot, ticks)| Stats::define(EnvoyHost, &slot.director, &ticks.stats_prefix))
+            .collect();
         let defined_ns = abi::current_time_ns().unwrap_or(loaded_ns);
+        let endpoints: usize = picker.slots().iter().map(|s| s.director.pool().len()).sum();
         log::info!(
-            "inference-picker: configured with {} endpoints in {}ms (stats {}ms), scraping every {}ms",
-            configured.director.pool().len(),
+            "inference-picker: configured with {} pool(s), {endpoints} endpoints in {}ms (stats {}ms), ticking every {}ms",
+            picker.len(),
             defined_ns.saturating_sub(started_ns) / 1_000_000,
             defined_ns.saturating_sub(loaded_ns) / 1_000_000,
             configured.tick_ms
         );
-        self.ticks = configured.ticks;
+        self.pools = configured
+            .ticks
+            .into_iter()
+            .map(|ticks| RootPool {
+                ticks,
+                next_full_tick_ms: 0,
+            })
+            .collect();
         self.stats = Some(Rc::new(stats));
-        self.director = Some(Rc::new(RefCell::new(configured.director)));
+        self.picker = Some(Rc::new(RefCell::new(picker)));
         true
     }
 
     fn on_tick(&mut self) {
         let now_ms = EnvoyRequest.now_ms();
-        let Some(shared) = self.director.clone() else {
+        let Some(shared) = self.picker.clone() else {
             return;
         };
-        let Ok(mut director) = shared.try_borrow_mut() else {
+        let Ok(mut picker) = shared.try_borrow_mut() else {
             return;
         };
-        if !self.flow_ticking || now_ms >= self.next_full_tick_ms {
-            self.full_tick(&mut director);
-            self.next_full_tick_ms = now_ms.saturating_add(u64::from(self.tick_ms));
-        } else {
-            // A flow-control tick: the whole Envoy's in-flight counts, then what may go.
-            self.ticks.exchange_load(&EnvoyHost, &mut director, now_ms);
+        abi::sync_log_level();
+        let all_stats = self.stats.clone();
+        let stats_of = |index: usize| all_stats.as_deref().and_then(|stats| stats.get(index));
+        if let Some(stats) = stats_of(0) {
+            stats.vm_memory(abi::memory_bytes(), &mut self.vm_memory_reported);
         }
-        if director.flow_control().is_some() {
-            refresh_flow(&mut director);
-            release_held(
-                &mut director,
-                self.stats.as_deref(),
-                self.context_id,
-                Callback::Root,
-            );
-            self.pace_ticks(&director, now_ms);
+        // A tick that arrives a little early must not skip a whole interval.
+        let slack = u64::from(self.period_ms() / 2);
+        for (index, pool) in self.pools.iter_mut().enumerate() {
+            let Some(director) = picker.director_mut(index) else {
+                continue;
+            };
+            let stats = stats_of(index);
+            if now_ms.saturating_add(slack) >= pool.next_full_tick_ms {
+                full_tick(pool, director, stats);
+                pool.next_full_tick_ms = now_ms.saturating_add(pool.ticks.interval_ms);
+            } else if director.flow_control().is_some() {
+                // A flow-control tick: the whole Envoy's in-flight counts, then what may go.
+                pool.ticks.flow.exchange_load(&EnvoyHost, director, now_ms);
+            }
+            if director.flow_control().is_some() {
+                refresh_flow(director);
+                release_held(director, stats, self.context_id, Callback::Root);
+            }
         }
+        self.pace_ticks(&picker, now_ms);
     }
 
     fn create_http_context(&self, context_id: u32) -> Option<Box<dyn HttpContext>> {
         Some(Box::new(PickerHttp {
             context_id,
-            director: self.director.clone(),
+            picker: self.picker.clone(),
             stats: self.stats.clone(),
             flow: RequestFlow::new(context_id),
         }))
@@ -449,43 +490,50 @@ impl HttpHost for EnvoyRequest {
 
 struct PickerHttp {
     context_id: u32,
-    director: Option<SharedDirector>,
-    stats: Option<Rc<Stats<EnvoyHost>>>,
+    picker: Option<SharedPicker>,
+    stats: Option<SharedStats>,
     flow: RequestFlow,
 }
 
 impl PickerHttp {
+    /// The stats of the request's pool.
+    fn pool_stats(&self) -> Option<&Stats<EnvoyHost>> {
+        self.stats.as_deref()?.get(self.flow.pool())
+    }
+
     /// Runs one request callback. `last` says the stream's end was reached, so the decision
     /// (parse + schedule) happens in this callback and is timed; a paused headers callback of
     /// an inference request costs no clock read.
     fn run(
         &mut self,
         last: bool,
-        step: impl FnOnce(&mut RequestFlow, &mut Director) -> Flow,
+        step: impl FnOnce(&mut RequestFlow, &mut Picker) -> Flow,
     ) -> Action {
-        let Some(shared) = &self.director else {
+        let Some(shared) = self.picker.clone() else {
             return self.unavailable();
         };
-        let Ok(mut director) = shared.try_borrow_mut() else {
+        let Ok(mut picker) = shared.try_borrow_mut() else {
             return self.unavailable();
         };
         let was_pending = self.flow.outcome == Outcome::Pending;
         let started_ns = (was_pending && last)
             .then(abi::current_time_ns)
             .and_then(Result::ok);
-        let flow = step(&mut self.flow, &mut director);
+        let flow = step(&mut self.flow, &mut picker);
         if was_pending {
-            self.flow.log_decision(&EnvoyRequest, &director);
+            self.flow.log_decision(&EnvoyRequest, &picker);
             self.count_decision(started_ns);
         }
         if self.flow.outcome == Outcome::Held {
             // Held behind others while the pool may have room: let the right one go.
-            release_held(
-                &mut director,
-                self.stats.as_deref(),
-                self.context_id,
-                Callback::Stream,
-            );
+            if let Some(director) = picker.director_mut(self.flow.pool()) {
+                release_held(
+                    director,
+                    self.pool_stats(),
+                    self.context_id,
+                    Callback::Stream,
+                );
+            }
         }
         match flow {
             Flow::Continue => Action::Continue,
@@ -494,7 +542,7 @@ impl PickerHttp {
     }
 
     fn count_decision(&self, started_ns: Option<u64>) {
-        let Some(stats) = &self.stats else {
+        let Some(stats) = self.pool_stats() else {
             return;
         };
         match &self.flow.outcome {
@@ -522,55 +570,55 @@ impl Context for PickerHttp {}
 
 impl HttpContext for PickerHttp {
     fn on_http_request_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Action {
-        self.run(end_of_stream, |flow, director| {
-            flow.on_headers(&EnvoyRequest, director, end_of_stream)
+        self.run(end_of_stream, |flow, picker| {
+            flow.on_headers(&EnvoyRequest, picker, end_of_stream)
         })
     }
 
     fn on_http_request_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
-        self.run(end_of_stream, |flow, director| {
-            flow.on_body(&EnvoyRequest, director, body_size, end_of_stream)
+        self.run(end_of_stream, |flow, picker| {
+            flow.on_body(&EnvoyRequest, picker, body_size, end_of_stream)
         })
     }
 
     fn on_http_request_trailers(&mut self, _num_trailers: usize) -> Action {
-        self.run(true, |flow, director| {
-            flow.on_trailers(&EnvoyRequest, director)
-        })
+        self.run(true, |flow, picker| flow.on_trailers(&EnvoyRequest, picker))
     }
 
     fn on_http_response_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
-        if let Some(shared) = &self.director {
-            if let Ok(mut director) = shared.try_borrow_mut() {
-                self.flow.on_response_headers(&EnvoyRequest, &mut director);
+        if let Some(shared) = &self.picker {
+            if let Ok(mut picker) = shared.try_borrow_mut() {
+                self.flow.on_response_headers(&EnvoyRequest, &mut picker);
             }
         }
         Action::Continue
     }
 
     fn on_log(&mut self) {
-        let Some(shared) = &self.director else {
+        let Some(shared) = self.picker.clone() else {
             return;
         };
-        let Ok(mut director) = shared.try_borrow_mut() else {
+        let Ok(mut picker) = shared.try_borrow_mut() else {
             return;
         };
         let now_ms = EnvoyRequest.now_ms();
-        if let Some(waited_ms) = self.flow.on_done(&mut director, now_ms, &EnvoyHost) {
+        if let Some(waited_ms) = self.flow.on_done(&mut picker, now_ms, &EnvoyHost) {
             log::debug!(
                 "inference-picker: flow control dropped request_id={} waited_ms={waited_ms} reason=client-disconnected",
                 self.flow.request_id
             );
-            if let Some(stats) = &self.stats {
+            if let Some(stats) = self.pool_stats() {
                 stats.flow_left(FlowExit::Abandoned, waited_ms);
             }
         }
         // The slot this request held is free: let the next held request go now.
-        release_held(
-            &mut director,
-            self.stats.as_deref(),
-            self.context_id,
-            Callback::Stream,
-        );
+        if let Some(director) = picker.director_mut(self.flow.pool()) {
+            release_held(
+                director,
+                self.pool_stats(),
+                self.context_id,
+                Callback::Stream,
+            );
+        }
     }
 }

@@ -675,7 +675,38 @@ fn answers_to_unknown_calls_are_ignored() {
 fn configure_loads_or_says_why_not() {
     let configured = configure(POOL.as_bytes(), 7).unwrap();
     assert_eq!(configured.tick_ms, 50);
-    assert_eq!(configured.director.pool().len(), 3);
+    assert_eq!(configured.picker.director(0).unwrap().pool().len(), 3);
+    assert_eq!(configured.ticks[0].stats_prefix, "inference_picker");
     assert!(configure(b"\xff\xfe", 7).err().unwrap().contains("UTF-8"));
     assert!(configure(b"pool: {endpoints: nope}", 7).is_err());
+}
+
+#[test]
+fn many_pools_tick_at_the_shortest_interval_each_with_its_own_lease() {
+    let text = "
+pools:
+- name: llama
+  models: [llama-3]
+  endpoints: [{address: 10.0.0.1:8000}]
+- name: qwen
+  models: [qwen-*]
+  refreshMetricsInterval: 20ms
+  endpoints: [{address: 10.0.1.1:8000}, {address: 10.0.1.2:8000}]
+";
+    let configured = configure(text.as_bytes(), 7).unwrap();
+    assert_eq!(configured.tick_ms, 20);
+    assert_eq!(configured.picker.len(), 2);
+    assert_eq!(configured.picker.director(1).unwrap().pool().len(), 2);
+    let [llama, qwen] = &configured.ticks[..] else {
+        panic!("two pools");
+    };
+    assert_eq!((llama.interval_ms, qwen.interval_ms), (50, 20));
+    assert_eq!(qwen.stats_prefix, "inference_picker.pool.qwen");
+    let namespace = |t: &PoolTicks| t.flow.coordinator().unwrap().namespace().to_owned();
+    assert_ne!(
+        namespace(llama),
+        namespace(qwen),
+        "each pool elects its own scraper"
+    );
+    assert!(namespace(qwen).ends_with("/qwen"));
 }

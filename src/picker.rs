@@ -1,0 +1,266 @@
+//! Every pool of one filter and the choice between them: a request's model (after the
+//! `x-gateway-model-name-rewrite`) names its pool, then that pool's director picks the endpoint.
+//! One body parse serves both.
+
+use crate::director::{Director, HeaderUse, Prepared};
+use crate::error_response::RequestError;
+use crate::request::{ApiKind, RequestHeaders};
+use hashbrown::HashMap;
+
+/// Every stat's name starts with it.
+pub const STATS_PREFIX: &str = "inference_picker";
+
+/// The prefix of a pool's stats: the plain one for the single `pool` section, with
+/// `.pool.<name>` for each of many.
+pub fn stats_prefix(pool_name: Option<&str>) -> String {
+    match pool_name {
+        None => STATS_PREFIX.to_owned(),
+        Some(name) => format!("{STATS_PREFIX}.pool.{name}"),
+    }
+}
+
+/// One pool: its name and its director.
+pub struct PoolSlot {
+    pub name: String,
+    pub director: Director,
+}
+
+/// Which pool serves a model: exact names first (one lookup however many pools), then globs
+/// in configuration order, then the pool that lists no models.
+#[derive(Debug, Default)]
+pub struct ModelRouter {
+    exact: HashMap<String, usize>,
+    globs: Vec<(String, usize)>,
+    catch_all: Option<usize>,
+}
+
+impl ModelRouter {
+    /// `pools[i]` is pool i's model list (`None`: every model no other pool lists). A name two
+    /// pools list goes to the first.
+    pub fn new(pools: &[Option<Vec<String>>]) -> Self {
+        let mut router = ModelRouter::default();
+        for (index, models) in pools.iter().enumerate() {
+            let Some(models) = models else {
+                router.catch_all.get_or_insert(index);
+                continue;
+            };
+            for model in models {
+                if model.contains(['*', '?']) {
+                    router.globs.push((model.clone(), index));
+                } else {
+                    router.exact.entry(model.clone()).or_insert(index);
+                }
+            }
+        }
+        router
+    }
+
+    pub fn route(&self, model: &str) -> Option<usize> {
+        if let Some(&index) = self.exact.get(model) {
+            return Some(index);
+        }
+        self.globs
+            .iter()
+            .find(|(glob, _)| glob_matches(glob.as_bytes(), model.as_bytes()))
+            .map(|&(_, index)| index)
+            .or(self.catch_all)
+    }
+
+    /// The pool for requests without a model (`GET /v1/models`, health checks).
+    pub fn without_model(&self) -> usize {
+        self.catch_all.unwrap_or(0)
+    }
+}
+
+/// `*` matches any run of bytes, `?` any one byte; everything else itself. Backtracks only
+/// to the last `*` (at most glob x text steps, no recursion), so a hostile model name cannot
+/// make it slow.
+pub fn glob_matches(glob: &[u8], text: &[u8]) -> bool {
+    let (mut g, mut t) = (0, 0);
+    let mut star: Option<(usize, usize)> = None;
+    while t < text.len() {
+        match glob.get(g) {
+            Some(b'*') => {
+                star = Some((g, t));
+                g += 1;
+            }
+            Some(&c) if c == b'?' || Some(&c) == text.get(t) => {
+                g += 1;
+                t += 1;
+            }
+            _ => match star {
+                Some((star_g, star_t)) => {
+                    g = star_g + 1;
+                    t = star_t + 1;
+                    star = Some((star_g, star_t + 1));
+                }
+                None => return false,
+            },
+        }
+    }
+    glob.get(g..)
+        .is_some_and(|rest| rest.iter().all(|&c| c == b'*'))
+}
+
+pub struct Picker {
+    pools: Vec<PoolSlot>,
+    router: ModelRouter,
+    /// `poolHeader`: the request header the chosen pool's name is written to.
+    pool_header: Option<String>,
+    /// The optional headers any pool reads (the pool is known only after the body).
+    header_use: HeaderUse,
+    /// The largest body any pool accepts; each pool checks its own limit once chosen.
+    max_request_body_bytes: usize,
+}
+
+impl Picker {
+    /// `pools` in configuration order with each one's models (see [`ModelRouter::new`]).
+    pub fn new(pools: Vec<(PoolSlot, Option<Vec<String>>)>, pool_header: Option<String>) -> Self {
+        let models: Vec<Option<Vec<String>>> = pools.iter().map(|(_, m)| m.clone()).collect();
+        let pools: Vec<PoolSlot> = pools.into_iter().map(|(slot, _)| slot).collect();
+        let header_use = pools.iter().fold(HeaderUse::default(), |all, slot| {
+            all.union(slot.director.header_use())
+        });
+        let max_request_body_bytes = pools
+            .iter()
+            .map(|slot| slot.director.settings().max_request_body_bytes)
+            .max()
+            .unwrap_or(0);
+        Picker {
+            pools,
+            router: ModelRouter::new(&models),
+            pool_header,
+            header_use,
+            max_request_body_bytes,
+        }
+    }
+
+    /// One pool serving every model (the single `pool` section; tests).
+    pub fn single(director: Director) -> Self {
+        let slot = PoolSlot {
+            name: crate::config::DEFAULT_POOL_NAME.into(),
+            director,
+        };
+        Picker::new(vec![(slot, None)], None)
+    }
+
+    pub fn len(&self) -> usize {
+        self.pools.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.pools.is_empty()
+    }
+
+    pub fn slots(&self) -> &[PoolSlot] {
+        &self.pools
+    }
+
+    pub fn slots_mut(&mut self) -> &mut [PoolSlot] {
+        &mut self.pools
+    }
+
+    pub fn director(&self, pool: usize) -> Option<&Director> {
+        self.pools.get(pool).map(|slot| &slot.director)
+    }
+
+    pub fn director_mut(&mut self, pool: usize) -> Option<&mut Director> {
+        self.pools.get_mut(pool).map(|slot| &mut slot.director)
+    }
+
+    /// `(header, pool name)` to write into the request, when `poolHeader` is set.
+    pub fn pool_label(&self, pool: usize) -> Option<(&str, &str)> {
+        let header = self.pool_header.as_deref()?;
+        Some((header, self.pools.get(pool)?.name.as_str()))
+    }
+
+    pub fn header_use(&self) -> HeaderUse {
+        self.header_use
+    }
+
+    pub fn max_request_body_bytes(&self) -> usize {
+        self.max_request_body_bytes
+    }
+
+    pub fn new_request_id(&mut self) -> String {
+        match self.pools.first_mut() {
+            Some(slot) => slot.director.new_request_id(),
+            None => String::new(),
+        }
+    }
+
+    /// Parses the body once, picks the pool its model names, and prepares the request for
+    /// that pool. An unknown model is a 404 naming it.
+    pub fn prepare(
+        &mut self,
+        api: ApiKind,
+        body: Option<&[u8]>,
+        headers: RequestHeaders,
+    ) -> Result<(usize, Prepared), RequestError> {
+        let mut prepared = crate::director::parse_prepared(api, body, headers)?;
+        let pool = if api.is_inference() {
+            self.router
+                .route(&prepared.request.model)
+                .ok_or_else(|| RequestError::ModelNotFound(prepared.request.model.clone()))?
+        } else {
+            self.router.without_model()
+        };
+        let director = self
+            .director_mut(pool)
+            .ok_or_else(|| RequestError::NoEndpoint("no pool serves this request".into()))?;
+        director.complete_prepared(&mut prepared)?;
+        Ok((pool, prepared))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::harness::test;
+
+    #[test]
+    fn globs_match_runs_and_single_bytes() {
+        assert!(glob_matches(b"llama-*", b"llama-3-8b"));
+        assert!(glob_matches(b"*", b""));
+        assert!(glob_matches(b"*-lora-?", b"base-lora-7"));
+        assert!(glob_matches(b"a*b*c", b"a-xx-b-yy-c"));
+        assert!(!glob_matches(b"a*b*c", b"a-xx-b-yy"));
+        assert!(!glob_matches(b"llama-*", b"mistral"));
+        assert!(!glob_matches(b"?", b""));
+        assert!(!glob_matches(b"exact", b"exact-not"));
+    }
+
+    #[test]
+    fn a_hostile_name_against_many_stars_stays_fast() {
+        let glob = b"*a*a*a*a*a*a*a*a*b";
+        let text = vec![b'a'; 20_000];
+        assert!(!glob_matches(glob, &text));
+    }
+
+    #[test]
+    fn exact_names_win_over_globs_then_the_catch_all() {
+        let router = ModelRouter::new(&[
+            Some(vec!["llama-*".into()]),
+            Some(vec!["llama-guard".into(), "mistral".into()]),
+            None,
+        ]);
+        assert_eq!(router.route("llama-guard"), Some(1));
+        assert_eq!(router.route("llama-3"), Some(0));
+        assert_eq!(router.route("mistral"), Some(1));
+        assert_eq!(router.route("qwen"), Some(2));
+        assert_eq!(router.without_model(), 2);
+    }
+
+    #[test]
+    fn without_a_catch_all_an_unknown_model_has_no_pool() {
+        let router =
+            ModelRouter::new(&[Some(vec!["a".into()]), Some(vec!["a".into(), "b".into()])]);
+        assert_eq!(
+            router.route("a"),
+            Some(0),
+            "a name two pools list goes to the first"
+        );
+        assert_eq!(router.route("c"), None);
+        assert_eq!(router.without_model(), 0);
+    }
+}
