@@ -23,24 +23,31 @@ fn check_prints_an_effective_config_that_loads_again() {
         let path = entry.unwrap().path();
         let (ok, stdout, stderr) = checker(&["check", path.to_str().unwrap()]);
         assert!(ok, "{}: {stderr}", path.display());
-        let effective = stdout
-            .split_once("# effective configuration\n")
-            .map(|(_, yaml)| yaml)
-            .expect("effective configuration printed");
+        // One effective configuration per pool, each a single-pool document of its own.
         let original =
-            inference_picker::config::load(&std::fs::read_to_string(&path).unwrap(), 1).unwrap();
-        let again = inference_picker::config::load(effective, 1).unwrap_or_else(|e| {
-            panic!(
-                "{}: effective config does not load: {e}\n{effective}",
-                path.display()
-            )
-        });
-        assert_eq!(
-            again.scheduler.profiles().len(),
-            original.scheduler.profiles().len()
-        );
-        assert_eq!(again.metric_selectors, original.metric_selectors);
-        assert_eq!(again.pool, original.pool);
+            inference_picker::config::load_set(&std::fs::read_to_string(&path).unwrap(), 1, false)
+                .unwrap();
+        let sections: Vec<&str> = stdout
+            .split("# effective configuration\n")
+            .skip(1)
+            .map(|section| section.split("\n# ").next().unwrap_or(section))
+            .collect();
+        assert_eq!(sections.len(), original.pools.len(), "{}", path.display());
+        for (effective, original) in sections.into_iter().zip(&original.pools) {
+            let again = inference_picker::config::load(effective, 1).unwrap_or_else(|e| {
+                panic!(
+                    "{}: effective config does not load: {e}\n{effective}",
+                    path.display()
+                )
+            });
+            let original = &original.config;
+            assert_eq!(
+                again.scheduler.profiles().len(),
+                original.scheduler.profiles().len()
+            );
+            assert_eq!(again.metric_selectors, original.metric_selectors);
+            assert_eq!(again.pool, original.pool);
+        }
     }
 }
 

@@ -77,6 +77,15 @@ fn every_example_has_its_envoy_config() {
     names.sort();
     for name in names {
         let picker = std::fs::read_to_string(repo().join("examples/configs").join(&name)).unwrap();
+        if let Some(envoy_file) = hand_written(&name) {
+            let config = EnvoyConfig::load(envoy_file);
+            assert_eq!(
+                config.picker_config().trim_end(),
+                picker.trim_end(),
+                "{envoy_file}"
+            );
+            continue;
+        }
         let header = format!(
             "# Generated from envoy/envoy.yaml with the picker configuration of\n\
              # examples/configs/{name} (its endpoints are the pool cluster's members);\n\
@@ -105,6 +114,33 @@ fn every_example_has_its_envoy_config() {
     }
 }
 
+/// Examples whose Envoy config is written by hand rather than generated from envoy.yaml (one
+/// cluster per pool): the Envoy file must embed the example unchanged.
+fn hand_written(example: &str) -> Option<&'static str> {
+    (example == "multi-pool.yaml").then_some("envoy/envoy-multi-pool.yaml")
+}
+
+/// Every pool cluster of the multi-pool config lists exactly its pool's endpoints.
+#[test]
+fn each_pool_cluster_lists_its_pools_endpoints() {
+    let config = EnvoyConfig::load("envoy/envoy-multi-pool.yaml");
+    let picker: serde_yaml::Value = serde_yaml::from_str(&config.picker_config()).unwrap();
+    let pools = picker["pools"].as_sequence().unwrap();
+    assert_eq!(pools.len(), 3);
+    for pool in pools {
+        let name = pool["name"].as_str().unwrap();
+        let endpoints = pool_endpoints(
+            &serde_yaml::to_string(&serde_yaml::Value::Mapping(
+                [("pool".into(), pool.clone())].into_iter().collect(),
+            ))
+            .unwrap(),
+        );
+        let cluster = config.cluster(&format!("pool_{name}"));
+        assert!(is_pool_cluster(cluster), "pool_{name}");
+        assert_eq!(cluster_members(cluster), endpoints, "pool_{name}");
+    }
+}
+
 #[test]
 fn the_pool_cluster_lists_the_pickers_endpoints() {
     let mut files = vec!["envoy/envoy.yaml".to_string()];
@@ -124,10 +160,16 @@ fn the_pool_cluster_lists_the_pickers_endpoints() {
 /// large pool (Envoy's defaults, 1,024, overflow from about 1,024 endpoints on).
 fn check_metrics_cluster(file: &str) {
     let config = EnvoyConfig::load(file);
-    let picker = inference_picker::config::load(&config.picker_config(), 1)
+    let set = inference_picker::config::load_set(&config.picker_config(), 1, false)
         .unwrap_or_else(|e| panic!("{file}: {e}"));
-    let name = picker.pool.metrics_cluster.as_str();
-    let cluster = config.cluster(name);
+    // Pools sharing a metrics cluster share its breakers.
+    let mut in_flight_by_cluster: std::collections::BTreeMap<&str, usize> = Default::default();
+    for pool in &set.pools {
+        let settings = &pool.config.pool;
+        *in_flight_by_cluster
+            .entry(settings.metrics_cluster.as_str())
+            .or_default() += settings.max_scrapes_in_flight;
+    }
     let listener = config.listener(0);
     let routes = &listener.http_connection_manager()["route_config"]["virtual_hosts"];
     let routed: Vec<&str> = routes
@@ -138,30 +180,33 @@ fn check_metrics_cluster(file: &str) {
         .filter_map(|route| route["route"]["cluster"].as_str())
         .collect();
     assert!(!routed.is_empty(), "{file}: no routed cluster found");
-    assert!(
-        !routed.contains(&name),
-        "{file}: client requests must not share {name} with the scrapes"
-    );
-    let limits = &cluster["circuit_breakers"]["thresholds"][0];
-    let limit = |key: &str| limits[key].as_u64().unwrap_or(1024) as usize;
-    let in_flight = picker.pool.max_scrapes_in_flight;
-    assert!(limit("max_requests") >= 2 * in_flight, "{file}: {limits:?}");
-    assert!(
-        limit("max_pending_requests") >= 2 * in_flight,
-        "{file}: {limits:?}"
-    );
-    assert!(limit("max_connections") >= 16384, "{file}: {limits:?}");
-    // Hosts dropped between two scrapes would be re-created every round, each time an update
-    // of the whole host set on Envoy's main thread.
-    let cleanup = cluster["cleanup_interval"].as_str().unwrap_or("5s");
-    let seconds: u64 = cleanup.trim_end_matches('s').parse().unwrap_or(0);
-    assert!(seconds >= 60, "{file}: cleanup_interval {cleanup}");
+    for (name, in_flight) in in_flight_by_cluster {
+        let cluster = config.cluster(name);
+        assert!(
+            !routed.contains(&name),
+            "{file}: client requests must not share {name} with the scrapes"
+        );
+        let limits = &cluster["circuit_breakers"]["thresholds"][0];
+        let limit = |key: &str| limits[key].as_u64().unwrap_or(1024) as usize;
+        assert!(limit("max_requests") >= 2 * in_flight, "{file}: {limits:?}");
+        assert!(
+            limit("max_pending_requests") >= 2 * in_flight,
+            "{file}: {limits:?}"
+        );
+        assert!(limit("max_connections") >= 16384, "{file}: {limits:?}");
+        // Hosts dropped between two scrapes would be re-created every round, each time an
+        // update of the whole host set on Envoy's main thread.
+        let cleanup = cluster["cleanup_interval"].as_str().unwrap_or("5s");
+        let seconds: u64 = cleanup.trim_end_matches('s').parse().unwrap_or(0);
+        assert!(seconds >= 60, "{file}: cleanup_interval {cleanup}");
+    }
 }
 
 #[test]
 fn every_shipped_config_scrapes_through_a_cluster_of_its_own() {
     check_metrics_cluster("envoy/envoy.yaml");
     check_metrics_cluster("envoy/envoy-original-dst.yaml");
+    check_metrics_cluster("envoy/envoy-multi-pool.yaml");
     for entry in std::fs::read_dir(repo().join("envoy/examples")).unwrap() {
         let name = entry.unwrap().file_name().into_string().unwrap();
         check_metrics_cluster(&format!("envoy/examples/{name}"));

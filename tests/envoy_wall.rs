@@ -13,7 +13,9 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
-use support::{http1, picker_config_of, repo, with_endpoints, Envoy, Sim, MODEL};
+use support::{
+    http1, picker_config_of, repo, with_endpoints, with_pool_endpoints, Envoy, Sim, MODEL,
+};
 
 /// A loopback listener that counts the connections it accepts.
 struct Canary {
@@ -170,10 +172,21 @@ fn no_request_reaches_an_address_outside_the_pool_with_original_dst() {
     wall_holds("envoy/envoy-original-dst.yaml");
 }
 
+#[test]
+fn no_request_reaches_an_address_outside_the_pool_with_many_pools() {
+    wall_holds("envoy/envoy-multi-pool.yaml");
+}
+
 fn wall_holds(envoy_config: &str) {
     let a = Sim::start("pod-a", &[]);
     let b = Sim::start("pod-b", &[]);
-    let picker_config = with_endpoints(&picker_config_of(envoy_config), &[&a, &b]);
+    let shipped = picker_config_of(envoy_config);
+    // With many pools, the pods serve the first pool (the one serving MODEL).
+    let picker_config = if shipped.contains("\npools:") {
+        with_pool_endpoints(&shipped, "llama", &[&a, &b])
+    } else {
+        with_endpoints(&shipped, &[&a, &b])
+    };
     let envoy = Envoy::start_from(envoy_config, &picker_config, 2, |_| {});
     a.wait_for_scrapes(2);
     let canary = Canary::start();

@@ -1,7 +1,7 @@
 //! Every config in `examples/configs/` loads with the filter's own loader, without warnings,
 //! and routes as its comment says (checked natively through the picker with scraped metrics).
 
-use inference_picker::config::load;
+use inference_picker::config::{load, load_set};
 use inference_picker::director::{Director, Routed};
 use inference_picker::request::{ApiKind, RequestHeaders};
 use std::collections::BTreeMap;
@@ -65,8 +65,11 @@ fn every_example_loads_without_warnings() {
     names.sort();
     assert!(names.len() >= 9, "{names:?}");
     for name in names {
-        let config = load(&text(&name), 1).unwrap_or_else(|e| panic!("{name}: {e}"));
-        assert!(config.warnings.is_empty(), "{name}: {:?}", config.warnings);
+        let set = load_set(&text(&name), 1, false).unwrap_or_else(|e| panic!("{name}: {e}"));
+        for pool in set.pools {
+            let warnings = pool.config.warnings;
+            assert!(warnings.is_empty(), "{name} ({}): {warnings:?}", pool.name);
+        }
     }
 }
 

@@ -1,7 +1,8 @@
 //! `pools:`: many InferencePools in one filter, each serving its own models. Every entry is
 //! loaded as a document of its own: the top level's keys (plugins, profiles, saturation
 //! detector, flow control, feature gates) are every pool's defaults, and an entry overrides
-//! them with its own; the entry's other keys are its `pool` section.
+//! them with its own (a pool's own `plugins` also drop the shared `schedulingProfiles`); the
+//! entry's other keys are its `pool` section.
 
 use super::error::ConfigError;
 use crate::limits;
@@ -96,6 +97,11 @@ fn entry_of(i: usize, entry: &Value, shared: &Mapping) -> Result<PoolEntry, Conf
         }
     };
     let mut document = shared.clone();
+    // A pool's own plugins come with its own profiles (or the implicit one over them): the
+    // shared profiles name the shared plugins.
+    if pool.contains_key("plugins") {
+        document.remove("schedulingProfiles");
+    }
     for field in OVERRIDES {
         if let Some(value) = pool.remove(field) {
             document.insert(field.into(), value);

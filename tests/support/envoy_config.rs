@@ -111,19 +111,34 @@ impl EnvoyConfig {
     /// as a deployment lists them in both places.
     pub fn set_pool_members(&mut self, picker_config: &str) {
         let picker: Value = serde_yaml::from_str(picker_config).expect("picker config parses");
-        let members: Vec<Value> = picker["pool"]["endpoints"]
-            .as_sequence()
-            .map(|endpoints| {
-                endpoints
-                    .iter()
-                    .filter_map(|e| e["address"].as_str())
-                    .map(lb_endpoint)
-                    .collect()
-            })
-            .unwrap_or_default();
+        let members_of = |pool: &Value| -> Vec<Value> {
+            pool["endpoints"]
+                .as_sequence()
+                .map(|endpoints| {
+                    endpoints
+                        .iter()
+                        .filter_map(|e| e["address"].as_str())
+                        .map(lb_endpoint)
+                        .collect()
+                })
+                .unwrap_or_default()
+        };
+        // Many pools: cluster `pool_<name>` holds pool <name>'s members.
+        let pools = picker["pools"].as_sequence().cloned().unwrap_or_default();
         for cluster in self.pool_clusters_mut() {
-            cluster["load_assignment"]["endpoints"][0]["lb_endpoints"] =
-                Value::Sequence(members.clone());
+            let members = if pools.is_empty() {
+                members_of(&picker["pool"])
+            } else {
+                let name = cluster["name"].as_str().unwrap_or_default().to_owned();
+                pools
+                    .iter()
+                    .find(|pool| {
+                        pool["name"].as_str().map(|n| format!("pool_{n}")) == Some(name.clone())
+                    })
+                    .map(members_of)
+                    .unwrap_or_default()
+            };
+            cluster["load_assignment"]["endpoints"][0]["lb_endpoints"] = Value::Sequence(members);
         }
     }
 
@@ -390,6 +405,24 @@ pub fn with_addresses(picker_config: &str, addresses: &[&str]) -> String {
         })
         .collect();
     config["pool"]["endpoints"] = Value::Sequence(endpoints);
+    serde_yaml::to_string(&config).expect("serialize picker config")
+}
+
+/// `picker_config` with the endpoints of its `pools[]` entry named `pool` replaced by these pods.
+pub fn with_pool_endpoints(picker_config: &str, pool: &str, sims: &[&Sim]) -> String {
+    let mut config: Value = serde_yaml::from_str(picker_config).expect("picker config parses");
+    let entries = config["pools"].as_sequence_mut().expect("a pools list");
+    let entry = entries
+        .iter_mut()
+        .find(|entry| entry["name"] == pool)
+        .unwrap_or_else(|| panic!("no pool {pool}"));
+    let endpoints: Vec<Value> = sims
+        .iter()
+        .map(|sim| {
+            serde_yaml::from_str(&format!("{{address: '{}'}}", sim.address)).expect("endpoint")
+        })
+        .collect();
+    entry["endpoints"] = Value::Sequence(endpoints);
     serde_yaml::to_string(&config).expect("serialize picker config")
 }
 

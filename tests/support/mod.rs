@@ -21,7 +21,7 @@ pub mod processes;
 pub use envoy_config::{
     cluster_members, example_config, is_pool_cluster, lb_endpoint, picker_config_of,
     shipped_envoy_config, shipped_picker_config, static_cluster, with_addresses, with_endpoints,
-    with_pool_keys, EnvoyConfig, Listener,
+    with_pool_endpoints, with_pool_keys, EnvoyConfig, Listener,
 };
 pub use http::{request, try_request, Response};
 pub use load::{completion, BackgroundLoad, Exchange, KeepAlive, Served, MODEL};
