@@ -117,6 +117,11 @@ pub struct Routed {
     pub priority: i32,
     /// Set when no endpoint had fresh metrics.
     pub degraded: bool,
+    /// The prompt's blocks, kept while Envoy may retry on a fallback: the pod that serves it
+    /// learns them.
+    pub prompt_blocks: Option<Vec<u64>>,
+    /// `x-gateway-destination-endpoint-scores`, with `pool.emitEndpointScores`.
+    pub scores: Option<String>,
 }
 
 pub struct Director {
@@ -143,6 +148,11 @@ pub struct Director {
     dispatched: HashMap<u32, Routed>,
     /// Refusals of held requests waiting for a root callback to send them.
     deferred: Vec<Release>,
+    /// With `models-data-source`: where each pod's model list is read, what each pod last
+    /// reported (by pool index), and the pool's union of them.
+    models_source: Option<crate::config::ModelsSource>,
+    endpoint_models: Vec<Option<Vec<String>>>,
+    served_models: Vec<String>,
 }
 
 impl Director {
@@ -183,7 +193,124 @@ impl Director {
             held: HashMap::new(),
             dispatched: HashMap::new(),
             deferred: Vec::new(),
+            models_source: config.models_source,
+            endpoint_models: Vec::new(),
+            served_models: Vec::new(),
         }
+    }
+
+    pub fn models_source(&self) -> Option<&crate::config::ModelsSource> {
+        self.models_source.as_ref()
+    }
+
+    /// The models the pool's pods report (sorted), with `models-data-source`.
+    pub fn served_models(&self) -> &[String] {
+        &self.served_models
+    }
+
+    /// What endpoint `index` reported at its model list; returns true when the pool's union
+    /// changed. A removed endpoint's models no longer count.
+    pub fn set_endpoint_models(&mut self, index: usize, models: Vec<String>) -> bool {
+        if self.endpoint_models.len() < self.pool.len() {
+            self.endpoint_models.resize(self.pool.len(), None);
+        }
+        if let Some(slot) = self.endpoint_models.get_mut(index) {
+            *slot = Some(models);
+        }
+        self.recompute_served_models()
+    }
+
+    /// Each endpoint's reported models, `(address, models)`, for the other VMs.
+    pub fn reported_models(&self) -> impl Iterator<Item = (&str, &[String])> {
+        self.endpoint_models
+            .iter()
+            .zip(&self.pool.endpoints)
+            .filter_map(|(models, endpoint)| Some((endpoint.address.as_str(), models.as_deref()?)))
+    }
+
+    /// The scraping VM's [`Director::reported_models`]; returns true when the pool's union
+    /// changed.
+    pub fn apply_reported_models(&mut self, reported: &[(String, Vec<String>)]) -> bool {
+        self.endpoint_models.clear();
+        self.endpoint_models.resize(self.pool.len(), None);
+        for (address, models) in reported {
+            if let Some(slot) = self
+                .pool
+                .index_of(address)
+                .and_then(|index| self.endpoint_models.get_mut(index))
+            {
+                *slot = Some(models.clone());
+            }
+        }
+        self.recompute_served_models()
+    }
+
+    /// Whether endpoint `index` reported serving `model`; `None` when the pool learns no
+    /// models or no endpoint reported it (the configuration names it: no restriction).
+    fn serves(&self, model: &str) -> Option<Vec<bool>> {
+        self.models_source.as_ref()?;
+        let serving: Vec<bool> = (0..self.pool.len())
+            .map(|index| {
+                self.endpoint_models
+                    .get(index)
+                    .and_then(Option::as_ref)
+                    .is_some_and(|models| {
+                        models.binary_search_by(|m| m.as_str().cmp(model)).is_ok()
+                    })
+            })
+            .collect();
+        serving.contains(&true).then_some(serving)
+    }
+
+    /// The endpoints the request may go to when something narrows the pool: the proxy's
+    /// subset hint and, with `models-data-source`, the pods that report serving its model.
+    /// `None`: every endpoint.
+    fn eligible(&self, request: &InferenceRequest) -> Option<Vec<bool>> {
+        let subset = request.headers.subset_hint.as_ref().map(|addresses| {
+            let mut mask = vec![false; self.pool.len()];
+            for address in addresses {
+                let canonical = crate::endpoint::canonical_address(address).ok();
+                let index = canonical.and_then(|address| self.pool.index_of(&address));
+                if let Some(slot) = index.and_then(|index| mask.get_mut(index)) {
+                    *slot = true;
+                }
+            }
+            mask
+        });
+        match (subset, self.serves(&request.model)) {
+            (Some(subset), Some(serving)) => {
+                Some(subset.iter().zip(serving).map(|(a, b)| *a && b).collect())
+            }
+            (subset, serving) => subset.or(serving),
+        }
+    }
+
+    fn recompute_served_models(&mut self) -> bool {
+        let reported = self.endpoint_models.iter().zip(&self.pool.endpoints);
+        let mut union: Vec<String> = Vec::new();
+        let mut all_reported = true;
+        for (models, _) in reported.filter(|(_, endpoint)| !endpoint.removed) {
+            match models {
+                Some(models) => union.extend(models.iter().cloned()),
+                None => all_reported = false,
+            }
+        }
+        // Until every pod has answered once (a VM taking over the scraping), the models the
+        // pool served so far stay: a partial round must not make models vanish.
+        if !all_reported {
+            union.extend(self.served_models.iter().cloned());
+        }
+        union.sort();
+        union.dedup();
+        self.set_served_models(union)
+    }
+
+    fn set_served_models(&mut self, models: Vec<String>) -> bool {
+        if models == self.served_models {
+            return false;
+        }
+        self.served_models = models;
+        true
     }
 
     pub fn flow_control(&self) -> Option<&FlowControl> {
@@ -462,6 +589,13 @@ impl Director {
             self.pool.release_in_flight(routed.primary, routed.tokens);
             self.pool.add_in_flight(index, routed.tokens);
             routed.primary = index;
+            if let Some(hashes) = routed.prompt_blocks.take() {
+                let learned = crate::scheduling::LearnedPrefix {
+                    endpoint: index,
+                    hashes,
+                };
+                self.scheduler.learn_served(&learned);
+            }
         }
         started
     }
@@ -679,17 +813,18 @@ impl Director {
                 request.priority
             )));
         }
-        let decision =
-            self.scheduler
-                .schedule(request, &self.pool)
-                .map_err(|error| match error {
-                    ScheduleError::NoReachableEndpoint => {
-                        RequestError::NoEndpoint(error.to_string())
-                    }
-                    ScheduleError::FilteredOut { .. } => {
-                        RequestError::TooManyRequests(error.to_string())
-                    }
-                })?;
+        let eligible = self.eligible(request);
+        let scheduled = match &eligible {
+            Some(mask) => {
+                let eligible = |index: usize| mask.get(index) == Some(&true);
+                self.scheduler.schedule_where(request, &self.pool, eligible)
+            }
+            None => self.scheduler.schedule(request, &self.pool),
+        };
+        let decision = scheduled.map_err(|error| match error {
+            ScheduleError::NoReachableEndpoint => RequestError::NoEndpoint(error.to_string()),
+            ScheduleError::FilteredOut { .. } => RequestError::TooManyRequests(error.to_string()),
+        })?;
         let targets = decision.targets();
         let primary = *targets
             .first()
@@ -714,6 +849,13 @@ impl Director {
             .header_use
             .session_token
             .then(|| session_affinity_scorer::token_for(self.address(primary).unwrap_or("")));
+        let prompt_blocks = (!fallbacks.is_empty())
+            .then(|| self.scheduler.last_prompt_blocks().map(<[u64]>::to_vec))
+            .flatten();
+        let scores = self
+            .settings
+            .emit_endpoint_scores
+            .then(|| self.scheduler.scores_json(&self.pool));
         let header = if self.settings.destination_list && !fallbacks.is_empty() {
             format!("{destination},{fallbacks}")
         } else {
@@ -731,6 +873,8 @@ impl Director {
             model: request.model.clone(),
             priority: request.priority,
             degraded: decision.degraded,
+            prompt_blocks,
+            scores,
         })
     }
 
@@ -857,6 +1001,140 @@ pool:
         assert_eq!(director.pool().endpoints[2].in_flight_tokens, 1 + 256);
         director.release(&routed);
         assert_eq!(director.pool().endpoints[2].in_flight, 0);
+    }
+
+    fn with_subset(subset: &[&str]) -> RequestHeaders {
+        RequestHeaders {
+            subset_hint: Some(subset.iter().map(|a| a.to_string()).collect()),
+            ..RequestHeaders::default()
+        }
+    }
+
+    #[test]
+    fn the_subset_hint_narrows_the_pick_and_an_empty_one_is_503() {
+        let mut director = director();
+        for index in 0..3 {
+            scrape(&mut director, index, index as u32, 0.1);
+        }
+        director.on_tick(1000);
+        let api = ApiKind::Completions;
+        // The best (shortest queue) is 10.0.0.1; the hint leaves only 10.0.0.3 and an address
+        // outside the pool, which never becomes a candidate.
+        let hint = with_subset(&["10.0.0.3:8000", "10.9.9.9:8000"]);
+        let routed = director.route(api, Some(BODY), hint).unwrap();
+        assert_eq!(routed.destination, "10.0.0.3:8000");
+        assert_eq!(routed.fallbacks, "", "no fallback outside the subset");
+        director.release(&routed);
+        let error = director
+            .route(api, Some(BODY), with_subset(&[]))
+            .unwrap_err();
+        assert_eq!(error.status(), 503);
+        let outside = director.route(api, Some(BODY), with_subset(&["10.9.9.9:8000"]));
+        assert_eq!(outside.unwrap_err().status(), 503);
+        assert!(director.pool().endpoints.iter().all(|e| e.in_flight == 0));
+        // Unreachable metrics everywhere: the degraded pick still stays within the hint.
+        director.on_tick(1_000_000);
+        let routed = director
+            .route(api, Some(BODY), with_subset(&["10.0.0.2:8000"]))
+            .unwrap();
+        assert!(routed.degraded);
+        assert_eq!(routed.destination, "10.0.0.2:8000");
+    }
+
+    #[test]
+    fn with_a_models_source_only_pods_reporting_the_model_are_candidates() {
+        let config = "featureGates: [dataLayer]\nplugins: [{type: queue-scorer}, {type: max-score-picker}, {type: models-data-source}]\npool: {endpoints: [{address: 10.0.0.1:8000}, {address: 10.0.0.2:8000}]}";
+        let mut director = Director::new(load(config, 1).unwrap());
+        scrape(&mut director, 0, 0, 0.1);
+        scrape(&mut director, 1, 5, 0.1);
+        director.on_tick(1000);
+        director.set_endpoint_models(0, vec!["base".into()]);
+        assert!(director.set_endpoint_models(1, vec!["base".into(), "lora-x".into()]));
+        assert_eq!(director.served_models(), ["base", "lora-x"]);
+        let body = |model: &str| format!(r#"{{"model":"{model}","prompt":"hi"}}"#);
+        let route = |director: &mut Director, model: &str| {
+            let routed = director
+                .route(
+                    ApiKind::Completions,
+                    Some(body(model).as_bytes()),
+                    RequestHeaders::default(),
+                )
+                .unwrap();
+            director.release(&routed);
+            routed.destination
+        };
+        assert_eq!(
+            route(&mut director, "base"),
+            "10.0.0.1:8000",
+            "shortest queue"
+        );
+        assert_eq!(
+            route(&mut director, "lora-x"),
+            "10.0.0.2:8000",
+            "the only pod with it"
+        );
+        // Another VM applies what this one learned, pod by pod.
+        let reported: Vec<(String, Vec<String>)> = director
+            .reported_models()
+            .map(|(a, m)| (a.to_owned(), m.to_vec()))
+            .collect();
+        let mut follower = Director::new(load(config, 2).unwrap());
+        assert!(follower.apply_reported_models(&reported));
+        assert_eq!(follower.served_models(), ["base", "lora-x"]);
+        assert_eq!(follower.serves("lora-x"), Some(vec![false, true]));
+        assert_eq!(
+            follower.serves("unlisted"),
+            None,
+            "no pod reports it: no restriction"
+        );
+    }
+
+    #[test]
+    fn a_request_served_by_a_fallback_teaches_the_prefix_to_the_server() {
+        let config = "plugins: [{type: prefix-cache-scorer}, {type: queue-scorer}, {type: max-score-picker, parameters: {maxNumOfEndpoints: 2}}]\npool: {emitEndpointScores: true, endpoints: [{address: 10.0.0.1:8000}, {address: 10.0.0.2:8000}]}";
+        let mut director = Director::new(load(config, 1).unwrap());
+        scrape(&mut director, 0, 0, 0.1);
+        scrape(&mut director, 1, 3, 0.1);
+        director.on_tick(1000);
+        let prompt = "a long shared system prompt ".repeat(40);
+        let body = format!(r#"{{"model":"m","prompt":"{prompt}"}}"#);
+        let mut routed = director
+            .route(
+                ApiKind::Completions,
+                Some(body.as_bytes()),
+                RequestHeaders::default(),
+            )
+            .unwrap();
+        assert_eq!(
+            (routed.primary, routed.fallbacks.as_str()),
+            (0, "10.0.0.2:8000")
+        );
+        let scores: serde_json::Value =
+            serde_json::from_str(routed.scores.as_deref().unwrap()).unwrap();
+        assert!(
+            scores["10.0.0.1:8000"].as_f64().unwrap() > scores["10.0.0.2:8000"].as_f64().unwrap()
+        );
+        let mut learned = Vec::new();
+        director.take_learned(&mut learned);
+        assert!(
+            learned.iter().all(|l| l.endpoint == 0),
+            "the pick taught the primary"
+        );
+        // Envoy retried it on the fallback, which answered.
+        director.report_response(&mut routed, Some("10.0.0.2:8000"), false);
+        assert_eq!(routed.primary, 1);
+        director.take_learned(&mut learned);
+        let served = learned
+            .iter()
+            .find(|l| l.endpoint == 1)
+            .expect("the server learned it");
+        assert!(!served.hashes.is_empty());
+        assert_eq!(
+            director.pool().endpoints[1].in_flight,
+            1,
+            "in flight where it is served"
+        );
+        assert_eq!(director.pool().endpoints[0].in_flight, 0);
     }
 
     #[test]

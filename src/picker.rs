@@ -30,13 +30,15 @@ pub struct PoolSlot {
 #[derive(Debug, Default)]
 pub struct ModelRouter {
     exact: HashMap<String, usize>,
+    /// What the pools' pods report (`models-data-source`), after the configured names.
+    learned: HashMap<String, usize>,
     globs: Vec<(String, usize)>,
     catch_all: Option<usize>,
 }
 
 impl ModelRouter {
-    /// `pools[i]` is pool i's model list (`None`: every model no other pool lists). A name two
-    /// pools list goes to the first.
+    /// `pools[i]` is pool i's model list (`None`: every model no other pool lists; an empty
+    /// list: only what its pods report). A name two pools list goes to the first.
     pub fn new(pools: &[Option<Vec<String>>]) -> Self {
         let mut router = ModelRouter::default();
         for (index, models) in pools.iter().enumerate() {
@@ -44,19 +46,33 @@ impl ModelRouter {
                 router.catch_all.get_or_insert(index);
                 continue;
             };
-            for model in models {
-                if model.contains(['*', '?']) {
-                    router.globs.push((model.clone(), index));
-                } else {
-                    router.exact.entry(model.clone()).or_insert(index);
-                }
-            }
+            router.add(index, models);
         }
         router
     }
 
+    fn add(&mut self, index: usize, models: &[String]) {
+        for model in models {
+            if model.contains(['*', '?']) {
+                self.globs.push((model.clone(), index));
+            } else {
+                self.exact.entry(model.clone()).or_insert(index);
+            }
+        }
+    }
+
+    /// Replaces the learned names: `pools[i]` is what pool i's pods report.
+    pub fn set_learned<'a>(&mut self, pools: impl Iterator<Item = &'a [String]>) {
+        self.learned.clear();
+        for (index, models) in pools.enumerate() {
+            for model in models {
+                self.learned.entry(model.clone()).or_insert(index);
+            }
+        }
+    }
+
     pub fn route(&self, model: &str) -> Option<usize> {
-        if let Some(&index) = self.exact.get(model) {
+        if let Some(&index) = self.exact.get(model).or_else(|| self.learned.get(model)) {
             return Some(index);
         }
         self.globs
@@ -182,6 +198,13 @@ impl Picker {
         self.max_request_body_bytes
     }
 
+    /// Re-reads what each pool's pods report serving (after a tick or an answer said it
+    /// changed).
+    pub fn refresh_learned_models(&mut self) {
+        let pools = self.pools.iter().map(|slot| slot.director.served_models());
+        self.router.set_learned(pools);
+    }
+
     pub fn new_request_id(&mut self) -> String {
         match self.pools.first_mut() {
             Some(slot) => slot.director.new_request_id(),
@@ -249,6 +272,27 @@ mod tests {
         assert_eq!(router.route("mistral"), Some(1));
         assert_eq!(router.route("qwen"), Some(2));
         assert_eq!(router.without_model(), 2);
+    }
+
+    #[test]
+    fn learned_names_come_after_listed_ones_and_before_globs() {
+        let mut router =
+            ModelRouter::new(&[Some(vec!["a".into()]), Some(vec![]), Some(vec!["*".into()])]);
+        assert_eq!(router.route("b"), Some(2));
+        let reported = [vec!["a".to_owned()], vec!["a".into(), "b".into()], vec![]];
+        router.set_learned(reported.iter().map(Vec::as_slice));
+        assert_eq!(
+            router.route("a"),
+            Some(0),
+            "a listed name wins over a reported one"
+        );
+        assert_eq!(router.route("b"), Some(1));
+        router.set_learned(std::iter::empty());
+        assert_eq!(
+            router.route("b"),
+            Some(2),
+            "a pod that stops serving it, stops routing it"
+        );
     }
 
     #[test]

@@ -7,6 +7,9 @@ pub const DESTINATION_HEADER: &str = "x-gateway-destination-endpoint";
 pub const FALLBACK_HEADER: &str = "x-gateway-destination-endpoint-fallback";
 /// Every fallback, comma-separated, best first.
 pub const FALLBACKS_HEADER: &str = "x-gateway-destination-endpoint-fallbacks";
+/// With `pool.emitEndpointScores`: every scored endpoint's total, a JSON object
+/// `{"ip:port": score, ...}` (llm-d-router's key of the same name in `envoy.lb`).
+pub const SCORES_HEADER: &str = "x-gateway-destination-endpoint-scores";
 /// The prefill endpoint of a P/D-disaggregated request.
 pub const PREFILLER_HEADER: &str = "x-prefiller-host-port";
 /// The pod a session sticks to (base64 of its `ip:port`), read and returned.
@@ -27,3 +30,84 @@ pub const SLO_TTFT_LEGACY_HEADER: &str = "x-slo-ttft-ms";
 /// On a flow-control refusal: why the request was dropped (as llm-d labels it).
 pub const DROPPED_REASON_HEADER: &str = "x-llm-d-request-dropped-reason";
 pub const MODEL_REWRITE_HEADER: &str = "x-gateway-model-name-rewrite";
+
+/// The GIE protocol's subset hint: filter metadata namespace and key.
+pub const SUBSET_HINT_NAMESPACE: &str = "envoy.lb_subset_hint";
+pub const SUBSET_HINT_KEY: &str = "x-gateway-destination-endpoint-subset";
+
+/// The subset hint's addresses from the bytes Envoy returns for the metadata value: a list
+/// comes serialized as proxy-wasm pairs (count, then key and value sizes, then each key and
+/// value NUL-terminated; the elements are the keys); a plain string is a comma-separated list.
+pub fn parse_subset_hint(bytes: &[u8]) -> Vec<String> {
+    match pairs_keys(bytes) {
+        Some(keys) => keys,
+        None => String::from_utf8_lossy(bytes)
+            .split(',')
+            .map(str::trim)
+            .filter(|a| !a.is_empty())
+            .map(str::to_owned)
+            .collect(),
+    }
+}
+
+/// The keys of a proxy-wasm pairs buffer; `None` unless `bytes` is exactly one.
+fn pairs_keys(bytes: &[u8]) -> Option<Vec<String>> {
+    let word = |at: usize| -> Option<usize> {
+        let raw: [u8; 4] = bytes.get(at..at + 4)?.try_into().ok()?;
+        usize::try_from(u32::from_le_bytes(raw)).ok()
+    };
+    let count = word(0)?;
+    let mut data = 4usize.checked_add(count.checked_mul(8)?)?;
+    if data > bytes.len() {
+        return None;
+    }
+    let mut keys = Vec::with_capacity(count);
+    for pair in 0..count {
+        let key_len = word(4 + pair * 8)?;
+        let value_len = word(8 + pair * 8)?;
+        let key = bytes.get(data..data.checked_add(key_len)?)?;
+        keys.push(String::from_utf8(key.to_vec()).ok()?);
+        // Each key and value is followed by a NUL.
+        data = data
+            .checked_add(key_len)?
+            .checked_add(1)?
+            .checked_add(value_len)?
+            .checked_add(1)?;
+    }
+    (data == bytes.len()).then_some(keys)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::harness::test;
+
+    /// What Envoy 1.40 returned for `["127.0.0.1:8002", "127.0.0.1:8003"]` set by the
+    /// `set_metadata` filter.
+    const ENVOY_LIST: &[u8] =
+        b"\x02\0\0\0\x0e\0\0\0\0\0\0\0\x0e\0\0\0\0\0\0\x00127.0.0.1:8002\0\x00127.0.0.1:8003\0\0";
+
+    #[test]
+    fn a_metadata_list_is_read_from_envoys_pairs() {
+        assert_eq!(
+            parse_subset_hint(ENVOY_LIST),
+            ["127.0.0.1:8002", "127.0.0.1:8003"]
+        );
+        assert_eq!(
+            parse_subset_hint(b"\0\0\0\0"),
+            Vec::<String>::new(),
+            "an empty list"
+        );
+    }
+
+    #[test]
+    fn a_string_is_a_comma_separated_list_and_garbage_is_not_a_pairs_buffer() {
+        assert_eq!(
+            parse_subset_hint(b"10.0.0.1:80, 10.0.0.2:80"),
+            ["10.0.0.1:80", "10.0.0.2:80"]
+        );
+        // A count that promises more than the buffer holds is text, not a list.
+        assert_eq!(parse_subset_hint(b"\xff\xff\xff\x7f").len(), 1);
+        assert!(parse_subset_hint(&ENVOY_LIST[..ENVOY_LIST.len() - 1]).len() == 1);
+    }
+}

@@ -119,6 +119,10 @@ pub struct RequestHeaders {
     pub objective: Option<String>,
     /// `x-gateway-model-name-rewrite`: the model the request is scheduled and served as.
     pub model_rewrite: Option<String>,
+    /// The proxy's subset hint (filter metadata `envoy.lb_subset_hint`,
+    /// `x-gateway-destination-endpoint-subset`): the only addresses the pick may choose from;
+    /// empty means none may serve it.
+    pub subset_hint: Option<Vec<String>>,
 }
 
 /// What scheduling needs to know about one request.

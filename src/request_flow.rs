@@ -9,9 +9,9 @@ use crate::request::{ApiKind, RequestHeaders};
 
 use crate::host::{HostError, HttpHost, SharedData};
 use crate::protocol::{
-    DESTINATION_HEADER, FAIRNESS_ID_HEADER, FALLBACKS_HEADER, FALLBACK_HEADER,
+    parse_subset_hint, DESTINATION_HEADER, FAIRNESS_ID_HEADER, FALLBACKS_HEADER, FALLBACK_HEADER,
     LLMD_FAIRNESS_ID_HEADER, LLMD_OBJECTIVE_HEADER, MODEL_REWRITE_HEADER, OBJECTIVE_HEADER,
-    PREFILLER_HEADER, REQUEST_ID_HEADER, SESSION_TOKEN_HEADER, SLO_TTFT_HEADER,
+    PREFILLER_HEADER, REQUEST_ID_HEADER, SCORES_HEADER, SESSION_TOKEN_HEADER, SLO_TTFT_HEADER,
     SLO_TTFT_LEGACY_HEADER, TEST_SELECTION_HEADER,
 };
 
@@ -23,6 +23,9 @@ pub enum Flow {
 }
 
 /// What the flow decided, for logs and the in-flight release.
+// One per stream, inside the stream's own heap-allocated context: boxing the routed outcome
+// would add an allocation per request to save bytes nobody copies.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone, PartialEq)]
 pub enum Outcome {
     Pending,
@@ -111,6 +114,8 @@ impl RequestFlow {
             objective: read(uses.objective, LLMD_OBJECTIVE_HEADER)
                 .or_else(|| read(uses.objective, OBJECTIVE_HEADER)),
             model_rewrite: header_text(host, MODEL_REWRITE_HEADER),
+            // Metadata only: a client header must not steer the pick.
+            subset_hint: host.subset_hint().map(|raw| parse_subset_hint(&raw)),
         };
         self.request_id = match header_text(host, REQUEST_ID_HEADER) {
             Some(id) => id,
@@ -484,6 +489,9 @@ fn apply_routing(host: &impl HttpHost, routed: &Routed, body_size: usize) -> Res
     match &routed.prefill {
         Some(prefill) => host.set_request_header(PREFILLER_HEADER, prefill)?,
         None => host.remove_request_header(PREFILLER_HEADER)?,
+    }
+    if let Some(scores) = &routed.scores {
+        host.set_request_header(SCORES_HEADER, scores)?;
     }
     if let Some(body) = &routed.rewritten_body {
         host.replace_request_body(body_size, body)?;

@@ -181,7 +181,9 @@ impl<H: Metrics> Stats<H> {
         match outcome {
             CalloutOutcome::Scraped { index, ok } => self.scrape(index, ok),
             CalloutOutcome::Discovered { changed: true } => self.cover(director),
-            CalloutOutcome::Discovered { changed: false } | CalloutOutcome::Unknown => {}
+            CalloutOutcome::Discovered { changed: false }
+            | CalloutOutcome::Models { .. }
+            | CalloutOutcome::Unknown => {}
         }
     }
 

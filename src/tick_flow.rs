@@ -13,6 +13,9 @@ use crate::picker::{stats_prefix, Picker, PoolSlot};
 use crate::protocol::DESTINATION_HEADER;
 use crate::shared_state::{Coordinator, Role};
 use hashbrown::{HashMap, HashSet};
+use models::ModelLists;
+
+mod models;
 use std::collections::VecDeque;
 
 /// One VM's configuration, loaded: every pool's director (in the picker) and tick flow, in the
@@ -62,11 +65,16 @@ pub fn configure(text: &[u8], vm_seed: u64) -> Result<Configured, String> {
             stats_prefix: stats_prefix(many.then_some(pool.name.as_str())),
             interval_ms,
         });
+        // A pool that lists no models but learns them serves only what its pods report.
+        let models = match (pool.models, director.models_source()) {
+            (None, Some(_)) => Some(Vec::new()),
+            (models, _) => models,
+        };
         let slot = PoolSlot {
             name: pool.name,
             director,
         };
-        slots.push((slot, pool.models));
+        slots.push((slot, models));
     }
     let tick_ms = ticks.iter().map(|t| t.interval_ms).min().unwrap_or(1000);
     Ok(Configured {
@@ -84,6 +92,8 @@ pub struct TickOutcome {
     pub report: TickReport,
     /// Another VM changed the pool's members (the stats must cover the new ones).
     pub members_changed: bool,
+    /// The pool's models (from `models-data-source`) changed: the picker re-reads them.
+    pub models_changed: bool,
 }
 
 /// What a callout's answer was.
@@ -93,6 +103,8 @@ pub enum CalloutOutcome {
     Scraped { index: usize, ok: bool },
     /// The Kubernetes pod list; `changed` when members were added or removed.
     Discovered { changed: bool },
+    /// A pod's model list; `changed` when the pool's models changed.
+    Models { changed: bool },
     /// Not a call of ours (e.g. one sent before a reconfiguration).
     Unknown,
 }
@@ -147,6 +159,8 @@ pub struct TickFlow {
     /// only after a good scrape.
     oversized: HashSet<usize>,
     oversize_warnings: usize,
+    /// `models-data-source`'s calls and sharing.
+    models: ModelLists,
 }
 
 impl TickFlow {
@@ -171,6 +185,7 @@ impl TickFlow {
             next_discovery_ms: 0,
             oversized: HashSet::new(),
             oversize_warnings: 0,
+            models: ModelLists::default(),
         }
     }
 
@@ -218,22 +233,56 @@ impl TickFlow {
         }
         let report = director.on_tick(self.last_tick_ms);
         self.log_unsent();
+        let mut models_changed = false;
         if role == Role::Scraper {
             // Every VM sees the same transitions; only the scraper logs them.
             log_health(&report);
             self.dispatch_discovery(host, director);
             self.scrape(host, director);
+            self.models.send_when_due(host, director, self.last_tick_ms);
         } else {
             // Another VM holds the lease: it scrapes what this one had not sent yet.
             for index in self.queue.drain(..) {
                 director.cancel_scrape(index);
             }
+            models_changed = self.read_models(host, director);
         }
         TickOutcome {
             role,
             now_ms: self.last_tick_ms,
             report,
             members_changed,
+            models_changed,
+        }
+    }
+
+    /// Shares the pool's models (from `models-data-source`) with the other VMs.
+    fn publish_models(&mut self, store: &impl SharedData, director: &Director) {
+        let Some(coordinator) = &self.coordinator else {
+            return;
+        };
+        if let Err(error) = self
+            .models
+            .publish(store, coordinator.namespace(), director)
+        {
+            log::warn!("inference-picker: sharing the pool's models: {error}");
+        }
+    }
+
+    /// Reads the pool's models the scraping VM published; returns whether they changed.
+    fn read_models(&mut self, store: &impl SharedData, director: &mut Director) -> bool {
+        let (Some(coordinator), Some(_)) = (&self.coordinator, director.models_source()) else {
+            return false;
+        };
+        match self
+            .models
+            .apply_shared(store, coordinator.namespace(), director)
+        {
+            Ok(changed) => changed,
+            Err(error) => {
+                log::debug!("inference-picker: reading the pool's models: {error}");
+                false
+            }
         }
     }
 
@@ -249,7 +298,9 @@ impl TickFlow {
 
     /// Whether `token` is one of this flow's callouts (a scrape or a discovery call).
     pub fn owns(&self, token: u32) -> bool {
-        self.discovery_call == Some(token) || self.scrapes.contains_key(&token)
+        self.discovery_call == Some(token)
+            || self.scrapes.contains_key(&token)
+            || self.models.owns(token)
     }
 
     pub fn on_callout_response(
@@ -263,6 +314,13 @@ impl TickFlow {
             self.discovery_call = None;
             let changed = self.on_discovery_response(host, director, body_size);
             return CalloutOutcome::Discovered { changed };
+        }
+        if self.models.owns(token) {
+            let changed = self.models.on_answer(host, director, token, body_size);
+            if changed {
+                self.publish_models(host, director);
+            }
+            return CalloutOutcome::Models { changed };
         }
         let Some(scrape) = self.scrapes.remove(&token) else {
             return CalloutOutcome::Unknown;

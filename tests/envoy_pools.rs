@@ -168,3 +168,55 @@ fn every_pool_is_scraped_once_per_envoy() {
     }
     drop(envoy);
 }
+
+/// A pool without a model list learns its models from its pods' `/v1/models`
+/// (`models-data-source`): the base model and the adapters they report.
+#[test]
+fn a_pool_serves_the_models_its_pods_report() {
+    let pods = pods();
+    let mistral_with_adapter = Sim::start(
+        "mistral-b",
+        &["--model", MISTRAL, "--adapters", "support-lora"],
+    );
+    let mut config: serde_yaml::Value = serde_yaml::from_str(&picker_config_of(CONFIG)).unwrap();
+    config["featureGates"] = serde_yaml::from_str("[dataLayer]").unwrap();
+    let mistral = config["pools"]
+        .as_sequence_mut()
+        .unwrap()
+        .iter_mut()
+        .find(|pool| pool["name"] == "mistral")
+        .unwrap();
+    mistral.as_mapping_mut().unwrap().remove("models");
+    mistral["plugins"] = serde_yaml::from_str(
+        "[{type: queue-scorer}, {type: max-score-picker}, {type: models-data-source, parameters: {refreshInterval: 500ms}}]",
+    )
+    .unwrap();
+    let mut text = serde_yaml::to_string(&config).unwrap();
+    text = with_pool_endpoints(&text, "llama", &[&pods.llama[0], &pods.llama[1]]);
+    text = with_pool_endpoints(&text, "qwen", &[&pods.qwen]);
+    text = with_pool_endpoints(&text, "mistral", &[&pods.mistral, &mistral_with_adapter]);
+    let envoy = Envoy::start_from(CONFIG, &text, 2, |_| {});
+    mistral_with_adapter.wait_for_scrapes(2);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    let mut response = envoy.post("/v1/chat/completions", &chat("support-lora", 0));
+    while response.status == 404 && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        response = envoy.post("/v1/chat/completions", &chat("support-lora", 0));
+    }
+    assert_eq!(response.status, 200, "{}", response.text());
+    assert_eq!(
+        response.pod(),
+        "mistral-b",
+        "only the pod with the adapter loaded reports it"
+    );
+    for n in 0..6 {
+        let response = envoy.post("/v1/chat/completions", &chat(MISTRAL, n));
+        assert_eq!(response.status, 200, "{}", response.text());
+        assert!(response.pod().starts_with("mistral-"), "{}", response.pod());
+    }
+    let response = envoy.post("/v1/chat/completions", &chat("gpt-4o", 0));
+    assert_eq!(
+        response.status, 404,
+        "learning a list is not serving every model"
+    );
+}

@@ -189,6 +189,9 @@ fn explain(args: &[String]) -> Result<(), String> {
         test_endpoint_selection: header("test-epp-endpoint-selection"),
         objective: header("x-gateway-inference-objective"),
         model_rewrite: header("x-gateway-model-name-rewrite"),
+        // `--header x-gateway-destination-endpoint-subset:a,b` stands for the proxy's hint.
+        subset_hint: header("x-gateway-destination-endpoint-subset")
+            .map(|list| inference_picker::protocol::parse_subset_hint(list.as_bytes())),
     };
     let body = body.as_deref().map(str::as_bytes);
     if director.flow_control().is_some() {

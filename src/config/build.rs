@@ -325,6 +325,15 @@ pub(super) fn wire_data_layer(
                     format!("{:?} is an extractor, not a data source", source.plugin_ref),
                 ))
             }
+            DataLayerPlugin::Models { .. } => {
+                if !source.extractors.is_empty() {
+                    return Err(ConfigError::invalid(
+                        format!("dataLayer.sources[{s}].extractors"),
+                        "a models data source has no metric extractors",
+                    ));
+                }
+                continue;
+            }
         }
         for (e, extractor) in source.extractors.iter().enumerate() {
             let key = format!("dataLayer.sources[{s}].extractors[{e}].pluginRef");
@@ -376,6 +385,23 @@ pub(super) fn wire_data_layer(
         }
     }
     Ok(wiring)
+}
+
+/// The `models-data-source`, if one is declared (it needs no wiring: declaring it is asking
+/// for the pods' model lists).
+pub(super) fn models_source(instances: &[PluginInstance]) -> Option<super::ModelsSource> {
+    instances
+        .iter()
+        .find_map(|instance| match &instance.plugin {
+            Plugin::DataLayer(DataLayerPlugin::Models {
+                path,
+                refresh_interval,
+            }) => Some(super::ModelsSource {
+                path: path.clone(),
+                refresh_interval: *refresh_interval,
+            }),
+            _ => None,
+        })
 }
 
 pub(super) fn find_data_plugin<'a>(

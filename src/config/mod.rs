@@ -18,7 +18,7 @@ pub use pools::DEFAULT_POOL_NAME;
 use crate::metrics::MetricSelector;
 use crate::scheduling::Scheduler;
 use build::{
-    build_plugins, build_profiles, flow_control, profile_handler, resolve_scorers,
+    build_plugins, build_profiles, flow_control, models_source, profile_handler, resolve_scorers,
     saturation_detector, wire_data_layer,
 };
 use defaults::with_defaults;
@@ -37,6 +37,15 @@ pub struct FilterConfig {
     pub flow_control: Option<crate::flow_control::FlowControlConfig>,
     /// Not fatal, but worth a log line (e.g. a plugin no profile uses).
     pub warnings: Vec<String>,
+    /// Where the pods' model lists are read, with `models-data-source`.
+    pub models_source: Option<ModelsSource>,
+}
+
+/// `models-data-source`'s settings.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ModelsSource {
+    pub path: String,
+    pub refresh_interval: std::time::Duration,
 }
 
 /// Every pool of a document: one named [`DEFAULT_POOL_NAME`] serving every model for a
@@ -111,10 +120,24 @@ pub fn load_set(text: &str, seed: u64, with_effective: bool) -> Result<PoolSet, 
             effective,
         });
     }
+    let catch_alls = loaded.iter().filter(|p| p.serves_any_model()).count();
+    if catch_alls > 1 {
+        return Err(ConfigError::invalid(
+            "pools",
+            "at most one pool may omit `models` without a models-data-source (it serves every model no other pool lists)",
+        ));
+    }
     Ok(PoolSet {
         pools: loaded,
         pool_header,
     })
+}
+
+impl NamedPool {
+    /// Lists no models and learns none: it serves every model no other pool claims.
+    pub fn serves_any_model(&self) -> bool {
+        self.models.is_none() && self.config.models_source.is_none()
+    }
 }
 
 /// Names the pool an error is in; its `pool.` keys are the entry's own.
@@ -189,6 +212,7 @@ fn load_raw(
             flow_control.as_ref(),
         )
     });
+    let models_source = models_source(&instances);
     let mut scheduler = Scheduler::new(instances, profiles, handler, seed);
     scheduler.set_saturation_detector(detector);
     let config = FilterConfig {
@@ -198,6 +222,7 @@ fn load_raw(
         feature_gates: raw.feature_gates,
         flow_control,
         warnings,
+        models_source,
     };
     Ok((config, effective))
 }

@@ -71,6 +71,8 @@ pub struct PoolConfig {
     pub passive_health_backoff: Duration,
     /// What load-reading plugins see between two scrapes.
     pub load_signals: LoadSignals,
+    /// Write every scored endpoint's total into `x-gateway-destination-endpoint-scores`.
+    pub emit_endpoint_scores: bool,
 }
 
 /// `pool.loadSignals`: scraped metrics alone go stale the moment the picker routes a request,
@@ -103,6 +105,7 @@ impl Default for PoolConfig {
             discovery: None,
             passive_health_backoff: Duration::from_secs(5),
             load_signals: LoadSignals::Live,
+            emit_endpoint_scores: false,
         }
     }
 }

@@ -28,7 +28,8 @@ const OVERRIDES: [&str; 6] = [
 /// One `pools[]` entry, split: its name, the models it serves and its own document.
 pub(super) struct PoolEntry {
     pub(super) name: String,
-    /// `None`: the entry lists no models, so it serves every model no other pool claims.
+    /// `None`: the entry lists no models: it serves those its pods report (with a
+    /// `models-data-source`) or every model no other pool claims.
     pub(super) models: Option<Vec<String>>,
     pub(super) document: Value,
 }
@@ -68,13 +69,6 @@ pub(super) fn split(document: &Value) -> Result<Option<Vec<PoolEntry>>, ConfigEr
             ));
         }
         split.push(entry);
-    }
-    let catch_alls = split.iter().filter(|e| e.models.is_none()).count();
-    if catch_alls > 1 {
-        return Err(ConfigError::invalid(
-            "pools",
-            "at most one pool may omit `models` (it serves every model no other pool lists)",
-        ));
     }
     Ok(Some(split))
 }

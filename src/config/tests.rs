@@ -765,3 +765,13 @@ fn the_pool_header_needs_pools_and_a_header_name() {
     assert!(set_error(&format!("poolHeader: 'Bad Header'\n{POOLS}")).contains("lowercase header"));
     assert!(load(POOLS, 1).is_err(), "load reads one pool only");
 }
+
+#[test]
+fn a_pool_that_learns_its_models_is_no_catch_all() {
+    let text = "featureGates: [dataLayer]\npools:\n- name: a\n  endpoints: [{address: 1.2.3.4:80}]\n- name: b\n  plugins: [{type: queue-scorer}, {type: max-score-picker}, {type: models-data-source}]\n  endpoints: [{address: 1.2.3.5:80}]\n";
+    let set = load_set(text, 1, false).unwrap();
+    assert!(set.pools[0].serves_any_model());
+    assert!(!set.pools[1].serves_any_model());
+    let source = set.pools[1].config.models_source.as_ref().unwrap();
+    assert_eq!(source.path, "/v1/models");
+}

@@ -11,11 +11,11 @@ use crate::host::{
     Clock, HostError, HttpCallouts, HttpHost, MetricKind, Metrics, SharedData, LOG_CRITICAL,
 };
 use crate::picker::Picker;
-use crate::protocol::DROPPED_REASON_HEADER;
+use crate::protocol::{DROPPED_REASON_HEADER, SUBSET_HINT_KEY, SUBSET_HINT_NAMESPACE};
 use crate::request_flow::{self, Carried, Flow, Outcome, RequestFlow};
 use crate::stats::FlowExit;
 use crate::stats::Stats;
-use crate::tick_flow::{self, PoolTicks};
+use crate::tick_flow::{self, CalloutOutcome, PoolTicks};
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{Action, BufferType, ContextType, MapType};
 use std::cell::RefCell;
@@ -157,12 +157,18 @@ impl PickerRoot {
     }
 }
 
-/// A pool's configured tick: scrapes, shared state, stats.
-fn full_tick(pool: &mut RootPool, director: &mut Director, stats: Option<&Stats<EnvoyHost>>) {
+/// A pool's configured tick: scrapes, shared state, stats. Returns whether the pool's
+/// models (as its pods report them) changed.
+fn full_tick(
+    pool: &mut RootPool,
+    director: &mut Director,
+    stats: Option<&Stats<EnvoyHost>>,
+) -> bool {
     let outcome = pool.ticks.flow.on_tick(&EnvoyHost, director);
     if let Some(stats) = stats {
         stats.after_tick(director, &mut pool.ticks.flow, &outcome);
     }
+    outcome.models_changed
 }
 
 impl Context for PickerRoot {
@@ -198,6 +204,9 @@ impl Context for PickerRoot {
         }
         // A scrape that shows room lets held requests go at once, not at the next tick.
         release_held(director, stats, self.context_id, Callback::Root);
+        if let CalloutOutcome::Models { changed: true } = outcome {
+            picker.refresh_learned_models();
+        }
     }
 }
 
@@ -274,13 +283,14 @@ impl RootContext for PickerRoot {
         }
         // A tick that arrives a little early must not skip a whole interval.
         let slack = u64::from(self.period_ms() / 2);
+        let mut models_changed = false;
         for (index, pool) in self.pools.iter_mut().enumerate() {
             let Some(director) = picker.director_mut(index) else {
                 continue;
             };
             let stats = stats_of(index);
             if now_ms.saturating_add(slack) >= pool.next_full_tick_ms {
-                full_tick(pool, director, stats);
+                models_changed |= full_tick(pool, director, stats);
                 pool.next_full_tick_ms = now_ms.saturating_add(pool.ticks.interval_ms);
             } else if director.flow_control().is_some() {
                 // A flow-control tick: the whole Envoy's in-flight counts, then what may go.
@@ -290,6 +300,9 @@ impl RootContext for PickerRoot {
                 refresh_flow(director);
                 release_held(director, stats, self.context_id, Callback::Root);
             }
+        }
+        if models_changed {
+            picker.refresh_learned_models();
         }
         self.pace_ticks(&picker, now_ms);
     }
@@ -464,6 +477,16 @@ impl HttpHost for EnvoyRequest {
         String::from_utf8(bytes)
             .ok()
             .filter(|address| !address.is_empty())
+    }
+
+    fn subset_hint(&self) -> Option<Vec<u8>> {
+        let path = [
+            "metadata",
+            "filter_metadata",
+            SUBSET_HINT_NAMESPACE,
+            SUBSET_HINT_KEY,
+        ];
+        abi::property(&path).ok().flatten()
     }
 
     fn now_ms(&self) -> u64 {

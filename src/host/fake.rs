@@ -16,6 +16,8 @@ pub struct FakeHost {
     pub reads: RefCell<Vec<String>>,
     /// What `upstream_address` answers.
     pub upstream: RefCell<Option<String>>,
+    /// What `subset_hint` answers.
+    pub subset_hint: RefCell<Option<Vec<u8>>>,
     pub now_ms: Cell<u64>,
     pub shared: FakeShared,
 }
@@ -52,6 +54,9 @@ impl HttpHost for FakeHost {
     }
     fn upstream_address(&self) -> Option<String> {
         self.upstream.borrow().clone()
+    }
+    fn subset_hint(&self) -> Option<Vec<u8>> {
+        self.subset_hint.borrow().clone()
     }
     fn response_header(&self, name: &str) -> Option<Vec<u8>> {
         self.response_headers

@@ -28,6 +28,9 @@ pub trait HttpHost {
     /// The `ip:port` the request's last upstream attempt went to (Envoy's `upstream.address`
     /// property), once the response is known; `None` when there was none or it is unreadable.
     fn upstream_address(&self) -> Option<String>;
+    /// The raw value of the proxy's subset hint (filter metadata `envoy.lb_subset_hint`,
+    /// key `x-gateway-destination-endpoint-subset`), `None` when the proxy set none.
+    fn subset_hint(&self) -> Option<Vec<u8>>;
     /// Answers the request with the error's status and OpenAI-style JSON body (plus llm-d's
     /// `x-llm-d-request-dropped-reason` for flow-control refusals).
     fn send_error(&self, error: &crate::error_response::RequestError) -> Result<(), HostError>;

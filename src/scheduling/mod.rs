@@ -113,6 +113,17 @@ pub trait Scorer: Send {
     /// Picks this VM learned since the last call, to share with the other workers.
     fn take_learned(&mut self, _out: &mut Vec<LearnedPrefix>) {}
 
+    /// The prompt blocks of the last request it prepared (the prefix index's hashes).
+    fn last_prompt_blocks(&self) -> Option<&[u64]> {
+        None
+    }
+
+    /// A request picked for one endpoint was served by another (Envoy retried it there):
+    /// learn that, and share it like an own pick.
+    fn learn_served(&mut self, learned: LearnedPrefix) {
+        self.learn_remote(&learned);
+    }
+
     /// A pick another worker learned.
     fn learn_remote(&mut self, _learned: &LearnedPrefix) {}
 
@@ -205,8 +216,16 @@ pub enum Plugin {
 /// `metrics-data-source` and `prometheus-metric` as plain data; the loader wires them.
 #[derive(Debug, Clone, PartialEq)]
 pub enum DataLayerPlugin {
-    Source { path: String, scheme: String },
+    Source {
+        path: String,
+        scheme: String,
+    },
     Extractor(crate::metrics::MetricSelector),
+    /// `models-data-source`: each pod's model list, asked every `refresh_interval`.
+    Models {
+        path: String,
+        refresh_interval: std::time::Duration,
+    },
 }
 
 impl std::fmt::Debug for Plugin {
@@ -227,6 +246,7 @@ impl Plugin {
             Plugin::FlowPolicy(_) => "flow-control policy",
             Plugin::DataLayer(DataLayerPlugin::Source { .. }) => "data source",
             Plugin::DataLayer(DataLayerPlugin::Extractor(_)) => "metric extractor",
+            Plugin::DataLayer(DataLayerPlugin::Models { .. }) => "models data source",
             Plugin::BuiltIn(_) => "built-in handler",
         }
     }
@@ -453,6 +473,45 @@ impl Scheduler {
         }
     }
 
+    /// The prompt blocks the prefix index hashed for the last request, if any scorer did.
+    pub fn last_prompt_blocks(&self) -> Option<&[u64]> {
+        self.plugins
+            .iter()
+            .find_map(|instance| match &instance.plugin {
+                Plugin::Scorer(scorer) => scorer.last_prompt_blocks(),
+                _ => None,
+            })
+    }
+
+    /// See [`Scorer::learn_served`].
+    pub fn learn_served(&mut self, learned: &LearnedPrefix) {
+        for instance in &mut self.plugins {
+            if let Plugin::Scorer(scorer) = &mut instance.plugin {
+                scorer.learn_served(learned.clone());
+            }
+        }
+    }
+
+    /// The first profile's weighted totals in the last decision, as a JSON object
+    /// `{"ip:port": total, ...}` over every endpoint it scored.
+    pub fn scores_json(&self, pool: &Pool) -> String {
+        let mut json = String::from("{");
+        if let Some(trace) = self.traces.iter().take(self.traces_used).next() {
+            for (i, &endpoint) in trace.candidates.iter().enumerate() {
+                let (Some(address), Some(total)) = (pool.get(endpoint), trace.totals.get(i)) else {
+                    continue;
+                };
+                if json.len() > 1 {
+                    json.push(',');
+                }
+                let total = if total.is_finite() { *total } else { 0.0 };
+                json.push_str(&format!("\"{}\":{:.4}", address.address, total));
+            }
+        }
+        json.push('}');
+        json
+    }
+
     /// Randomness for callers outside a scheduling cycle (request ids).
     pub fn random_u64(&mut self) -> u64 {
         self.rng.next_u64()
@@ -469,18 +528,29 @@ impl Scheduler {
         request: &InferenceRequest,
         pool: &Pool,
     ) -> Result<Decision, ScheduleError> {
+        self.schedule_where(request, pool, |_| true)
+    }
+
+    /// [`Scheduler::schedule`] among the endpoints `eligible` accepts only (the protocol's
+    /// subset hint, the pods that serve the model): none eligible is no endpoint.
+    pub fn schedule_where(
+        &mut self,
+        request: &InferenceRequest,
+        pool: &Pool,
+        eligible: impl Fn(usize) -> bool,
+    ) -> Result<Decision, ScheduleError> {
         self.traces_used = 0;
         self.base.clear();
         self.base.extend(
             pool.endpoints
                 .iter()
                 .enumerate()
-                .filter(|(_, endpoint)| endpoint.routable(pool.now_ms()))
+                .filter(|(index, endpoint)| endpoint.routable(pool.now_ms()) && eligible(*index))
                 .map(|(index, _)| index),
         );
         self.cycle.prefix = None;
         if self.base.is_empty() {
-            return least_in_flight_reachable(pool);
+            return least_in_flight_reachable(pool, eligible);
         }
         let mut cycle = std::mem::take(&mut self.cycle);
         for instance in &mut self.plugins {
@@ -719,12 +789,17 @@ pub fn clamp_score(score: f64) -> f64 {
 }
 
 /// With no fresh metrics anywhere, route by the filter's own load so traffic keeps flowing.
-fn least_in_flight_reachable(pool: &Pool) -> Result<Decision, ScheduleError> {
+fn least_in_flight_reachable(
+    pool: &Pool,
+    eligible: impl Fn(usize) -> bool,
+) -> Result<Decision, ScheduleError> {
     let target = pool
         .endpoints
         .iter()
         .enumerate()
-        .filter(|(_, endpoint)| !endpoint.removed && endpoint.health != Health::Unreachable)
+        .filter(|(index, endpoint)| {
+            !endpoint.removed && endpoint.health != Health::Unreachable && eligible(*index)
+        })
         .min_by_key(|(_, endpoint)| endpoint.total_in_flight())
         .map(|(index, _)| index)
         .ok_or(ScheduleError::NoReachableEndpoint)?;
@@ -870,14 +945,14 @@ mod tests {
         pool.endpoints[1].health = Health::Unreachable;
         pool.endpoints[2].health = Health::Unknown;
         pool.endpoints[2].in_flight = 5;
-        let decision = least_in_flight_reachable(&pool).unwrap();
+        let decision = least_in_flight_reachable(&pool, |_| true).unwrap();
         assert!(decision.degraded);
         assert_eq!(decision.targets(), [0]);
         for endpoint in &mut pool.endpoints {
             endpoint.health = Health::Unreachable;
         }
         assert_eq!(
-            least_in_flight_reachable(&pool),
+            least_in_flight_reachable(&pool, |_| true),
             Err(ScheduleError::NoReachableEndpoint)
         );
     }

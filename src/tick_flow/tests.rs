@@ -710,3 +710,80 @@ pools:
     );
     assert!(namespace(qwen).ends_with("/qwen"));
 }
+
+const LEARNING_POOL: &str = "featureGates: [dataLayer]
+plugins:
+- type: queue-scorer
+- type: max-score-picker
+- type: models-data-source
+  parameters: {refreshInterval: 1s}
+pool:
+  refreshMetricsInterval: 50ms
+  endpoints: [{address: '10.0.0.1:8000'}, {address: '10.0.0.2:8000'}]
+";
+
+/// Tokens of the `/v1/models` calls a VM sent, by address.
+fn model_calls(vm: &Vm) -> Vec<(u32, String)> {
+    vm.host
+        .callouts
+        .sent
+        .borrow()
+        .iter()
+        .filter(|call| {
+            call.headers
+                .iter()
+                .any(|(n, v)| n == ":path" && v == "/v1/models")
+        })
+        .map(|call| {
+            let authority = call.headers.iter().find(|(n, _)| n == ":authority");
+            (
+                call.token,
+                authority.map(|(_, v)| v.clone()).unwrap_or_default(),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn the_scraper_learns_each_pods_models_and_the_others_read_them() {
+    let (shared, clock) = (FakeShared::default(), FakeClock::default());
+    let mut a = Vm::new(LEARNING_POOL, 1, &shared, &clock);
+    let mut b = Vm::new(LEARNING_POOL, 2, &shared, &clock);
+    a.tick();
+    b.tick();
+    let calls = model_calls(&a);
+    assert_eq!(calls.len(), 2, "one /v1/models call per pod");
+    assert!(model_calls(&b).is_empty(), "the follower asks no pod");
+    let lists = [
+        r#"{"object":"list","data":[{"id":"llama"},{"id":"sql-lora","parent":"llama"}]}"#,
+        r#"{"object":"list","data":[{"id":"llama"}]}"#,
+    ];
+    for ((token, _), body) in calls.iter().zip(lists) {
+        a.deliver(*token, Some("200"), body);
+    }
+    assert_eq!(a.director.served_models(), ["llama", "sql-lora"]);
+    let outcome = b.tick();
+    assert!(outcome.models_changed);
+    assert_eq!(b.director.served_models(), ["llama", "sql-lora"]);
+    assert!(!b.tick().models_changed, "read once per change");
+    // No new round before refreshInterval; then the adapter is unloaded on the first pod.
+    clock.advance(500);
+    a.tick();
+    assert_eq!(model_calls(&a).len(), 2);
+    clock.advance(600);
+    a.tick();
+    let calls = model_calls(&a);
+    assert_eq!(calls.len(), 4);
+    let (token, _) = calls[2].clone();
+    let changed = a.deliver(token, Some("200"), lists[1]);
+    assert_eq!(changed, CalloutOutcome::Models { changed: true });
+    assert_eq!(a.director.served_models(), ["llama"]);
+    // A pod that cannot answer keeps what it reported; a page that is not a list is ignored.
+    let (token, _) = calls[3].clone();
+    assert_eq!(
+        a.deliver(token, Some("503"), ""),
+        CalloutOutcome::Models { changed: false }
+    );
+    assert!(b.tick().models_changed);
+    assert_eq!(b.director.served_models(), ["llama"]);
+}

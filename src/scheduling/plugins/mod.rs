@@ -24,6 +24,7 @@ use serde_yaml::Value;
 /// Every plugin type, by kind. Each entry is the `SPEC` its own file declares.
 const REGISTRY: &[&PluginSpec] = &[
     &datalayer::metrics_data_source::SPEC,
+    &datalayer::models_data_source::SPEC,
     &datalayer::prometheus_metric::SPEC,
     &filter::by_label::SPEC,
     &filter::decode_filter::SPEC,

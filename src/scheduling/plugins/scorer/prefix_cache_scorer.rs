@@ -275,6 +275,17 @@ impl Scorer for PrefixCacheScorer {
     fn learn_remote(&mut self, learned: &LearnedPrefix) {
         self.index.insert(learned.endpoint, &learned.hashes);
     }
+
+    fn last_prompt_blocks(&self) -> Option<&[u64]> {
+        (!self.hashes.is_empty()).then_some(self.hashes.as_slice())
+    }
+
+    fn learn_served(&mut self, learned: LearnedPrefix) {
+        self.index.insert(learned.endpoint, &learned.hashes);
+        if self.learned.len() < MAX_UNSHARED {
+            self.learned.push(learned);
+        }
+    }
 }
 
 #[cfg(test)]
