@@ -209,6 +209,13 @@ fn a_pool_serves_the_models_its_pods_report() {
         "mistral-b",
         "only the pod with the adapter loaded reports it"
     );
+    // Learned: every request for the adapter goes to the one pod that has it, although
+    // mistral-a is as idle (a 404 from mistral-a would show a pick outside the reporters).
+    for n in 1..7 {
+        let response = envoy.post("/v1/chat/completions", &chat("support-lora", n));
+        assert_eq!(response.status, 200, "{}", response.text());
+        assert_eq!(response.pod(), "mistral-b");
+    }
     for n in 0..6 {
         let response = envoy.post("/v1/chat/completions", &chat(MISTRAL, n));
         assert_eq!(response.status, 200, "{}", response.text());
