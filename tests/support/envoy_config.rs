@@ -123,20 +123,18 @@ impl EnvoyConfig {
                 })
                 .unwrap_or_default()
         };
-        // Many pools: cluster `pool_<name>` holds pool <name>'s members.
+        // Many pools: cluster `pool_<name>` holds pool <name>'s members, any other every
+        // pool's.
         let pools = picker["pools"].as_sequence().cloned().unwrap_or_default();
         for cluster in self.pool_clusters_mut() {
-            let members = if pools.is_empty() {
-                members_of(&picker["pool"])
-            } else {
-                let name = cluster["name"].as_str().unwrap_or_default().to_owned();
-                pools
-                    .iter()
-                    .find(|pool| {
-                        pool["name"].as_str().map(|n| format!("pool_{n}")) == Some(name.clone())
-                    })
-                    .map(members_of)
-                    .unwrap_or_default()
+            let name = cluster["name"].as_str().unwrap_or_default().to_owned();
+            let own = pools.iter().find(|pool| {
+                pool["name"].as_str().map(|n| format!("pool_{n}")).as_ref() == Some(&name)
+            });
+            let members = match own {
+                _ if pools.is_empty() => members_of(&picker["pool"]),
+                Some(pool) => members_of(pool),
+                None => pools.iter().flat_map(members_of).collect(),
             };
             cluster["load_assignment"]["endpoints"][0]["lb_endpoints"] = Value::Sequence(members);
         }
