@@ -28,9 +28,13 @@ pub trait HttpHost {
     /// The `ip:port` the request's last upstream attempt went to (Envoy's `upstream.address`
     /// property), once the response is known; `None` when there was none or it is unreadable.
     fn upstream_address(&self) -> Option<String>;
-    /// Answers the request with the error's status and OpenAI-style JSON body (plus llm-d's
+    /// Answers the request with the error's status and JSON body in `shape` (plus llm-d's
     /// `x-llm-d-request-dropped-reason` for flow-control refusals).
-    fn send_error(&self, error: &crate::error_response::RequestError) -> Result<(), HostError>;
+    fn send_error(
+        &self,
+        error: &crate::error_response::RequestError,
+        shape: crate::error_response::ErrorShape,
+    ) -> Result<(), HostError>;
     /// The host's wall clock in milliseconds (0 if unreadable).
     fn now_ms(&self) -> u64;
     /// The process-wide shared data (flow control's Envoy-wide queue accounting).
