@@ -22,7 +22,7 @@ use build::{
 use defaults::with_defaults;
 use raw::RawConfig;
 use serde_yaml::Value;
-use validate::{check_header, warn_missing_prefix_scorer, warn_unused};
+use validate::{check_header, check_parsers, warn_missing_prefix_scorer, warn_unused};
 
 /// A loaded configuration, ready to schedule.
 pub struct FilterConfig {
@@ -73,6 +73,7 @@ fn load_document(
     let handler = profile_handler(&mut instances, &profiles)?;
     warn_unused(&instances, &profiles, handler, &mut warnings);
     warn_missing_prefix_scorer(&instances, &mut warnings);
+    check_parsers(&raw, &instances)?;
     let detector = saturation_detector(&raw, &mut instances)?;
     let flow_control = flow_control(&raw, &instances, &pool, &mut warnings)?;
     let effective = with_effective.then(|| {

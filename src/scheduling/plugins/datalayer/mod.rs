@@ -1,5 +1,6 @@
 //! Data layer: where metrics come from and which series are extracted.
 
+pub mod core_metrics_extractor;
 pub mod metrics_data_source;
 pub mod prometheus_metric;
 
