@@ -1,4 +1,4 @@
-//! OpenAI-style error bodies returned to clients as local replies.
+//! Error bodies returned to clients as local replies, in the shape of the API they called.
 
 use serde::Serialize;
 
@@ -65,6 +65,16 @@ impl Dropped {
     }
 }
 
+/// Which API's error body a refusal is written in; the status is the same in both.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ErrorShape {
+    /// `{"error":{"message","type","code"}}`, for the OpenAI-compatible APIs.
+    #[default]
+    OpenAi,
+    /// `{"type":"error","error":{"type","message"}}`, for Anthropic's Messages API.
+    Anthropic,
+}
+
 #[derive(Serialize)]
 struct ErrorEnvelope<'a> {
     error: ErrorBody<'a>,
@@ -76,6 +86,20 @@ struct ErrorBody<'a> {
     #[serde(rename = "type")]
     kind: &'a str,
     code: u16,
+}
+
+#[derive(Serialize)]
+struct AnthropicEnvelope<'a> {
+    #[serde(rename = "type")]
+    kind: &'static str,
+    error: AnthropicError<'a>,
+}
+
+#[derive(Serialize)]
+struct AnthropicError<'a> {
+    #[serde(rename = "type")]
+    kind: &'static str,
+    message: &'a str,
 }
 
 impl RequestError {
@@ -126,6 +150,37 @@ impl RequestError {
         }
     }
 
+    /// Anthropic's error type for the status: its SDKs pick the exception class from it.
+    fn anthropic_kind(&self) -> &'static str {
+        match self.status() {
+            400 => "invalid_request_error",
+            404 => "not_found_error",
+            413 => "request_too_large",
+            429 => "rate_limit_error",
+            503 => "overloaded_error",
+            _ => "api_error",
+        }
+    }
+
+    /// The JSON body in the shape the client's API uses.
+    pub fn to_json_for(&self, shape: ErrorShape) -> Vec<u8> {
+        match shape {
+            ErrorShape::OpenAi => self.to_json(),
+            ErrorShape::Anthropic => {
+                let message = self.message();
+                let envelope = AnthropicEnvelope {
+                    kind: "error",
+                    error: AnthropicError {
+                        kind: self.anthropic_kind(),
+                        message: &message,
+                    },
+                };
+                serde_json::to_vec(&envelope)
+                    .unwrap_or_else(|_| b"{\"type\":\"error\",\"error\":{}}".to_vec())
+            }
+        }
+    }
+
     /// The JSON body: `{"error":{"message":..,"type":..,"code":..}}`.
     pub fn to_json(&self) -> Vec<u8> {
         let message = self.message();
@@ -158,6 +213,39 @@ mod tests {
         assert_eq!(body["error"]["message"], "missing \"model\"");
         assert_eq!(body["error"]["type"], "invalid_request_error");
         assert_eq!(body["error"]["code"], 400);
+    }
+
+    #[test]
+    fn anthropic_shape_keeps_the_status_and_names_the_type() {
+        let cases = [
+            (
+                RequestError::BadRequest("bad".into()),
+                "invalid_request_error",
+            ),
+            (RequestError::BodyTooLarge { limit: 1 }, "request_too_large"),
+            (
+                RequestError::TooManyRequests("busy".into()),
+                "rate_limit_error",
+            ),
+            (RequestError::NoEndpoint("none".into()), "overloaded_error"),
+            (
+                RequestError::Dropped(Dropped::TtlExpired),
+                "rate_limit_error",
+            ),
+            (
+                RequestError::Dropped(Dropped::QueueFullNoEndpoints),
+                "overloaded_error",
+            ),
+        ];
+        for (error, kind) in cases {
+            let body: serde_json::Value =
+                serde_json::from_slice(&error.to_json_for(ErrorShape::Anthropic)).unwrap();
+            assert_eq!(body["type"], "error", "{error}");
+            assert_eq!(body["error"]["type"], kind, "{error}");
+            assert_eq!(body["error"]["message"], error.message().as_str());
+            assert!(body["error"].get("code").is_none(), "{body}");
+            assert_eq!(error.to_json_for(ErrorShape::OpenAi), error.to_json());
+        }
     }
 
     #[test]

@@ -1,9 +1,9 @@
-//! OpenAI-compatible request bodies: which API a path is, and the model and prompt text a
-//! request carries. The body is parsed exactly once per request.
+//! OpenAI-compatible and Anthropic Messages request bodies: which API a path is, and the model
+//! and prompt text a request carries. The body is parsed exactly once per request.
 
 mod json;
 
-use crate::error_response::RequestError;
+use crate::error_response::{ErrorShape, RequestError};
 use json::{Content, Item, Message, Prompt};
 use serde::Deserialize;
 use std::borrow::Cow;
@@ -17,6 +17,8 @@ pub enum ApiKind {
     ChatCompletions,
     Embeddings,
     Responses,
+    /// Anthropic's Messages API (`/v1/messages`), as vLLM serves it.
+    Messages,
     /// Any other path (`/v1/models`, health checks): routed without reading a body.
     Other,
 }
@@ -30,6 +32,7 @@ impl ApiKind {
             b"/v1/chat/completions" => ApiKind::ChatCompletions,
             b"/v1/embeddings" => ApiKind::Embeddings,
             b"/v1/responses" => ApiKind::Responses,
+            b"/v1/messages" => ApiKind::Messages,
             _ => ApiKind::Other,
         }
     }
@@ -38,11 +41,19 @@ impl ApiKind {
         self != ApiKind::Other
     }
 
+    /// The error body clients of this API can read: Anthropic's SDKs do not parse OpenAI's.
+    pub fn error_shape(self) -> ErrorShape {
+        match self {
+            ApiKind::Messages => ErrorShape::Anthropic,
+            _ => ErrorShape::OpenAi,
+        }
+    }
+
     /// The body field that carries the prompt.
     fn prompt_field(self) -> &'static str {
         match self {
             ApiKind::Completions => "prompt",
-            ApiKind::ChatCompletions => "messages",
+            ApiKind::ChatCompletions | ApiKind::Messages => "messages",
             ApiKind::Embeddings | ApiKind::Responses => "input",
             ApiKind::Other => "",
         }
@@ -178,6 +189,9 @@ struct Body<'a> {
     input: Option<Prompt<'a>>,
     #[serde(borrow)]
     instructions: Option<Cow<'a, str>>,
+    /// Anthropic's system prompt, outside `messages`: a string or text blocks.
+    #[serde(borrow)]
+    system: Option<Content<'a>>,
     max_tokens: Option<u32>,
     max_completion_tokens: Option<u32>,
     max_output_tokens: Option<u32>,
@@ -212,6 +226,20 @@ pub fn parse_body(kind: ApiKind, body: &[u8]) -> Result<InferenceRequest, Reques
     let prompt_chars = prompt.chars().count();
     let estimated = prompt_chars.div_ceil(CHARS_PER_TOKEN);
     let prompt_tokens = u32::try_from(token_ids.unwrap_or(estimated)).unwrap_or(u32::MAX);
+    let max_tokens = match kind {
+        // Anthropic has one budget field and requires it; vLLM refuses the request without it,
+        // so the picker says why before a pod is spent on it.
+        ApiKind::Messages => Some(parsed.max_tokens.ok_or_else(|| {
+            RequestError::BadRequest(
+                "missing required field \"max_tokens\" (the Messages API requires an output token budget)"
+                    .into(),
+            )
+        })?),
+        _ => parsed
+            .max_completion_tokens
+            .or(parsed.max_tokens)
+            .or(parsed.max_output_tokens),
+    };
     Ok(InferenceRequest {
         model,
         headers: RequestHeaders::default(),
@@ -219,10 +247,7 @@ pub fn parse_body(kind: ApiKind, body: &[u8]) -> Result<InferenceRequest, Reques
         prompt,
         prompt_chars,
         prompt_tokens,
-        max_tokens: parsed
-            .max_completion_tokens
-            .or(parsed.max_tokens)
-            .or(parsed.max_output_tokens),
+        max_tokens,
         stream: parsed.stream.unwrap_or(false),
     })
 }
@@ -242,6 +267,21 @@ fn prompt_text(kind: ApiKind, body: &Body) -> Result<(String, Option<usize>), Re
         }
         ApiKind::ChatCompletions => {
             append_messages(&mut text, body.messages.as_deref().ok_or_else(missing)?);
+            None
+        }
+        ApiKind::Messages => {
+            let messages = body.messages.as_deref().ok_or_else(missing)?;
+            if messages.is_empty() {
+                return Err(RequestError::BadRequest(
+                    "\"messages\" must hold at least one message".into(),
+                ));
+            }
+            // Rendered as a leading system turn, as a chat request with the same system prompt
+            // would be, so the two share prefix-cache blocks on the same pod.
+            if let Some(system) = &body.system {
+                append_content(&mut text, "system", Some(system));
+            }
+            append_messages(&mut text, messages);
             None
         }
         ApiKind::Responses => {
@@ -329,17 +369,23 @@ fn append_messages(text: &mut String, messages: &[Message]) {
 }
 
 fn append_message(text: &mut String, message: &Message) {
-    match &message.content {
-        Some(Content::Text(content)) => push_line(text, &message.role, content),
+    append_content(text, &message.role, message.content.as_ref());
+}
+
+/// One turn as a `role: content` line; only the text of content parts (OpenAI's parts,
+/// Anthropic's blocks) counts, images and tool blocks carry none.
+fn append_content(text: &mut String, role: &str, content: Option<&Content>) {
+    match content {
+        Some(Content::Text(content)) => push_line(text, role, content),
         Some(Content::Parts(parts)) => {
-            text.push_str(&message.role);
+            text.push_str(role);
             text.push_str(": ");
             for part in parts {
                 text.push_str(part.text.as_deref().unwrap_or(""));
             }
             text.push('\n');
         }
-        None => push_line(text, &message.role, ""),
+        None => push_line(text, role, ""),
     }
 }
 
@@ -366,6 +412,9 @@ mod tests {
         assert_eq!(api("/v1/chat/completions?x=1"), ApiKind::ChatCompletions);
         assert_eq!(api("/v1/embeddings/"), ApiKind::Embeddings);
         assert_eq!(api("/v1/responses"), ApiKind::Responses);
+        assert_eq!(api("/v1/messages"), ApiKind::Messages);
+        assert_eq!(api("/v1/%6dessages/"), ApiKind::Messages);
+        assert_eq!(api("/v1/messages/count_tokens"), ApiKind::Other);
         assert_eq!(api("/v1/models"), ApiKind::Other);
         // Every spelling a server would route to an inference API is one.
         for spelling in [
@@ -444,6 +493,90 @@ mod tests {
         assert_eq!(request.max_tokens, Some(9));
         let request = parse(ApiKind::Responses, r#"{"model":"r","input":"plain"}"#).unwrap();
         assert_eq!(request.prompt, "plain");
+    }
+
+    #[test]
+    fn messages_with_a_string_system_prompt() {
+        let body = r#"{"model":"claude","max_tokens":64,"stream":true,"system":"Be brief.",
+            "messages":[{"role":"user","content":"Hi"},{"role":"assistant","content":"Hello"}]}"#;
+        let request = parse(ApiKind::Messages, body).unwrap();
+        assert_eq!(request.model, "claude");
+        assert_eq!(
+            request.prompt,
+            "system: Be brief.\nuser: Hi\nassistant: Hello\n"
+        );
+        assert_eq!(request.max_tokens, Some(64));
+        assert!(request.stream);
+        assert_eq!(
+            request.prompt_tokens,
+            u32::try_from(request.prompt.len().div_ceil(CHARS_PER_TOKEN)).unwrap()
+        );
+    }
+
+    #[test]
+    fn messages_prompt_is_the_chat_prompt_of_the_same_conversation() {
+        let messages = r#"[{"role":"user","content":[
+            {"type":"text","text":"Look at "},
+            {"type":"image","source":{"type":"base64","media_type":"image/png","data":"iVBORw0KGgo="}},
+            {"type":"text","text":"this","cache_control":{"type":"ephemeral"}}]},
+            {"role":"assistant","content":[{"type":"tool_use","id":"t1","name":"f","input":{"a":[1,{"b":2}]}}]},
+            {"role":"user","content":[{"type":"tool_result","tool_use_id":"t1","content":[{"type":"text","text":"ok"}]}]}]"#;
+        let anthropic = format!(
+            r#"{{"model":"m","max_tokens":8,"system":[{{"type":"text","text":"Long "}},{{"type":"text","text":"rules."}}],"messages":{messages}}}"#
+        );
+        let request = parse(ApiKind::Messages, &anthropic).unwrap();
+        assert_eq!(
+            request.prompt,
+            "system: Long rules.\nuser: Look at this\nassistant: \nuser: \n"
+        );
+        assert!(!request.stream);
+        // The same turns as a chat request render the same text, so they hash to the same blocks.
+        let chat = r#"{"model":"m","messages":[{"role":"system","content":"Long rules."}]}"#;
+        let chat = parse(ApiKind::ChatCompletions, chat).unwrap();
+        assert!(request.prompt.starts_with(&chat.prompt));
+    }
+
+    #[test]
+    fn messages_client_errors() {
+        let cases = [
+            (
+                r#"{"model":"m","messages":[{"role":"user","content":"x"}]}"#,
+                "\"max_tokens\"",
+            ),
+            (r#"{"model":"m","max_tokens":5}"#, "\"messages\""),
+            (
+                r#"{"model":"m","max_tokens":5,"messages":[]}"#,
+                "at least one",
+            ),
+            (
+                r#"{"max_tokens":5,"messages":[{"role":"user","content":"x"}]}"#,
+                "\"model\"",
+            ),
+            (
+                r#"{"model":"m","max_tokens":-1,"messages":[{"role":"user","content":"x"}]}"#,
+                "invalid value",
+            ),
+            (
+                r#"{"model":"m","max_tokens":5,"system":7,"messages":[{"role":"user","content":"x"}]}"#,
+                "invalid type",
+            ),
+            ("{not json", "not valid"),
+        ];
+        for (body, needle) in cases {
+            let error = parse(ApiKind::Messages, body).unwrap_err();
+            assert_eq!(error.status(), 400, "{body}");
+            assert!(
+                error.message().contains(needle),
+                "{body}: {}",
+                error.message()
+            );
+        }
+        let error = parse(ApiKind::Messages, "{not json").unwrap_err();
+        let json: serde_json::Value =
+            serde_json::from_slice(&error.to_json_for(ApiKind::Messages.error_shape())).unwrap();
+        assert_eq!(json["type"], "error");
+        assert_eq!(json["error"]["type"], "invalid_request_error");
+        assert_eq!(ApiKind::Completions.error_shape(), ErrorShape::OpenAi);
     }
 
     #[test]

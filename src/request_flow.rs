@@ -380,7 +380,7 @@ impl RequestFlow {
     }
 
     fn reject(&mut self, host: &impl HttpHost, error: RequestError) -> Flow {
-        if let Err(host_error) = host.send_error(&error) {
+        if let Err(host_error) = host.send_error(&error, self.api.error_shape()) {
             log::error!(
                 "inference-picker: sending the {} reply: {host_error}",
                 error.status()
@@ -457,7 +457,9 @@ pub fn carry_out(
             "inference-picker: flow control refused request_id={request_id} waited_ms={waited_ms} reason={} {error}",
             error.dropped_reason().unwrap_or("no-endpoint")
         );
-        if let Err(host_error) = host.send_error(error) {
+        // The held stream's own path: flow control keeps no API kind for what it holds.
+        let path = host.request_header(":path").unwrap_or_default();
+        if let Err(host_error) = host.send_error(error, ApiKind::from_path(&path).error_shape()) {
             log::error!(
                 "inference-picker: sending the {} reply: {host_error}",
                 error.status()
@@ -979,5 +981,33 @@ mod tests {
             .insert(MODEL_REWRITE_HEADER.into(), "qwen-14b".into());
         routed(&host, &mut picker);
         assert_eq!(host.headers.borrow()[DESTINATION_HEADER], "127.0.0.1:8002");
+    }
+
+    #[test]
+    fn messages_api_refusals_are_anthropic_shaped() {
+        let anthropic = |host: &FakeHost| {
+            let (status, json) = host.reply.borrow().clone().unwrap();
+            let body: serde_json::Value = serde_json::from_slice(&json).unwrap();
+            assert_eq!(body["type"], "error", "{body}");
+            (
+                status,
+                body["error"]["type"].as_str().unwrap_or("").to_owned(),
+            )
+        };
+        let mut director = director();
+        let bad = host("/v1//messages/", "{oops");
+        let mut flow = RequestFlow::default();
+        flow.on_headers(&bad, &mut director, false);
+        flow.on_body(&bad, &mut director, 5, true);
+        assert_eq!(anthropic(&bad), (400, "invalid_request_error".into()));
+        let held = host("/v1/messages", "");
+        let refusal = Release::Refused {
+            id: 7,
+            request_id: "r".into(),
+            error: RequestError::Dropped(crate::error_response::Dropped::QueueFullNoEndpoints),
+            waited_ms: 5,
+        };
+        carry_out(&held, director.director_mut(0).unwrap(), refusal, true);
+        assert_eq!(anthropic(&held), (503, "overloaded_error".into()));
     }
 }

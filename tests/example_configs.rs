@@ -286,7 +286,8 @@ fn readme_plugin_table_lists_every_registered_type() {
     let table: Vec<&str> = readme
         .lines()
         .skip_while(|line| !line.starts_with("### Plugins"))
-        .take_while(|line| !line.starts_with("### Requests"))
+        .skip(1)
+        .take_while(|line| !line.starts_with("### "))
         .filter(|line| line.starts_with("| `"))
         .collect();
     for type_name in inference_picker::scheduling::plugins::all_types() {

@@ -78,3 +78,94 @@ fn every_spec_has_a_row_that_matches_its_declaration() {
         );
     }
 }
+
+/// `(type, status, notes)` of every row of the llm-d-router table.
+fn llm_d_router_rows(readme: &str) -> Vec<(String, String, String)> {
+    readme
+        .split("### llm-d-router plugin types")
+        .nth(1)
+        .expect("README has a ### llm-d-router plugin types section")
+        .lines()
+        .skip_while(|line| !line.starts_with("| llm-d-router type |"))
+        .skip(2)
+        .take_while(|line| line.starts_with('|'))
+        .map(|line| {
+            let cells: Vec<&str> = line
+                .trim_start_matches("| ")
+                .trim_end_matches(" |")
+                .split(" | ")
+                .collect();
+            assert_eq!(cells.len(), 3, "{line}");
+            (
+                cells[0].trim_matches('`').to_owned(),
+                cells[1].to_owned(),
+                cells[2].to_owned(),
+            )
+        })
+        .collect()
+}
+
+/// Each row of the llm-d-router table says what loading that type really does: registered
+/// under the name, an alias of the named plugin, accepted as a plugin that does nothing (with
+/// the warning text the row quotes), or refused with the reason the row quotes.
+#[test]
+fn every_llm_d_router_type_is_registered_aliased_accepted_or_refused_as_documented() {
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md"))
+        .expect("README.md");
+    let rows = llm_d_router_rows(&readme);
+    assert_eq!(rows.len(), 97, "llm-d-router registers 97 plugin types");
+    let mut names: Vec<&str> = rows.iter().map(|(name, _, _)| name.as_str()).collect();
+    names.sort_unstable();
+    names.dedup();
+    assert_eq!(names.len(), rows.len(), "a type is listed twice");
+    for (name, status, notes) in &rows {
+        let spec = plugins::spec(name);
+        let refused = plugins::not_supported(name);
+        match status.as_str() {
+            "supported" if notes.contains("multi-pool") && spec.is_none() => {
+                // Loaded by the multi-pool configuration, which registers it.
+                assert_eq!(refused, None, "{name}");
+            }
+            "supported" => {
+                let spec = spec.unwrap_or_else(|| panic!("{name} is not registered"));
+                assert_eq!(spec.type_name, name, "{name} is only an alias");
+                assert_eq!(spec.done_by, None, "{name} does nothing: say so");
+                assert_eq!(refused, None, "{name}");
+            }
+            "accepted, does nothing" => {
+                let spec = spec.unwrap_or_else(|| panic!("{name} is not registered"));
+                assert_eq!(spec.type_name, name, "{name} is only an alias");
+                assert_eq!(
+                    spec.done_by,
+                    Some(notes.as_str()),
+                    "{name}: the warning differs"
+                );
+                assert!(
+                    plugins::build(name, &serde_yaml::Value::Null).is_ok(),
+                    "{name}"
+                );
+            }
+            "not supported" => {
+                assert_eq!(refused, Some(notes.as_str()), "{name}: the reason differs");
+                assert!(spec.is_none(), "{name} is refused but registered");
+                let error = plugins::build(name, &serde_yaml::Value::Null).unwrap_err();
+                assert!(error.contains(name.as_str()) && error.contains(notes.as_str()));
+            }
+            alias => {
+                let target = alias
+                    .strip_prefix("alias of `")
+                    .and_then(|rest| rest.strip_suffix('`'))
+                    .unwrap_or_else(|| panic!("{name}: unknown status {alias:?}"));
+                let spec = spec.unwrap_or_else(|| panic!("{name} is not registered"));
+                assert_eq!(spec.type_name, target, "{name}");
+                assert_ne!(target, name);
+            }
+        }
+    }
+    for (refused, _) in plugins::refused_types() {
+        assert!(
+            rows.iter().any(|(name, _, _)| name == refused),
+            "{refused} is refused but not in the README's llm-d-router table"
+        );
+    }
+}

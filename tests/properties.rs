@@ -434,14 +434,14 @@ proptest! {
 
     #[test]
     fn no_body_panics_the_parser(body in prop::collection::vec(any::<u8>(), 0..400)) {
-        for kind in [ApiKind::Completions, ApiKind::ChatCompletions, ApiKind::Embeddings, ApiKind::Responses] {
+        for kind in [ApiKind::Completions, ApiKind::ChatCompletions, ApiKind::Embeddings, ApiKind::Responses, ApiKind::Messages] {
             let _ = parse_body(kind, &body);
         }
     }
 
     #[test]
-    fn no_json_shaped_body_panics_the_parser(body in r#"\{("(model|prompt|messages|input|max_tokens|role|content|text)":(\[|\{|"[a-z]*"|[0-9]+|null|true|,|\]|\})*)*\}"#) {
-        for kind in [ApiKind::Completions, ApiKind::ChatCompletions, ApiKind::Embeddings, ApiKind::Responses] {
+    fn no_json_shaped_body_panics_the_parser(body in r#"\{("(model|prompt|messages|input|max_tokens|role|content|text|system|type)":(\[|\{|"[a-z]*"|[0-9]+|null|true|,|\]|\})*)*\}"#) {
+        for kind in [ApiKind::Completions, ApiKind::ChatCompletions, ApiKind::Embeddings, ApiKind::Responses, ApiKind::Messages] {
             let _ = parse_body(kind, body.as_bytes());
         }
     }

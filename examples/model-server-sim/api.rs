@@ -1,5 +1,6 @@
-//! The OpenAI-compatible API as vLLM serves it: request parsing (completions, chat
-//! completions, embeddings, responses), the prompt's tokens, and the response bodies.
+//! The OpenAI-compatible API and Anthropic's Messages API as vLLM serves them: request parsing
+//! (completions, chat completions, embeddings, responses, messages), the prompt's tokens, and
+//! the response bodies and events.
 
 use crate::tokenizer::{self, Message, BEGIN_OF_TEXT};
 use serde_json::{json, Map, Value};
@@ -15,6 +16,8 @@ pub enum Api {
     Chat,
     Embeddings,
     Responses,
+    /// Anthropic's Messages API: chat turns, answered in Anthropic's shapes.
+    Messages,
 }
 
 impl Api {
@@ -24,6 +27,7 @@ impl Api {
             "/v1/chat/completions" => Some(Api::Chat),
             "/v1/embeddings" => Some(Api::Embeddings),
             "/v1/responses" => Some(Api::Responses),
+            "/v1/messages" => Some(Api::Messages),
             _ => None,
         }
     }
@@ -99,10 +103,18 @@ pub fn parse(api: Api, body: &[u8]) -> Result<ApiRequest, String> {
         Api::Embeddings => plain_prompt(&fields, "input")?,
         Api::Chat => Prompt::Chat(messages(required(&fields, "messages")?, "messages")?),
         Api::Responses => responses_prompt(&fields)?,
+        Api::Messages => messages_prompt(&fields)?,
     };
-    let max_tokens = ["max_completion_tokens", "max_tokens", "max_output_tokens"]
-        .iter()
-        .find_map(|name| fields.get(*name).and_then(Value::as_u64));
+    let max_tokens = match api {
+        // Anthropic's only output budget, and a required one (vLLM refuses a request without).
+        Api::Messages => match required(&fields, "max_tokens")? {
+            Value::Number(n) => Some(n.as_u64().ok_or("\"max_tokens\" must be a whole number")?),
+            _ => return Err("\"max_tokens\" must be a whole number".into()),
+        },
+        _ => ["max_completion_tokens", "max_tokens", "max_output_tokens"]
+            .iter()
+            .find_map(|name| fields.get(*name).and_then(Value::as_u64)),
+    };
     let stream = match fields.get("stream") {
         None | Some(Value::Null) => false,
         Some(Value::Bool(stream)) => *stream,
@@ -166,22 +178,51 @@ fn messages(value: &Value, name: &str) -> Result<Vec<Message>, String> {
                 .get("role")
                 .and_then(Value::as_str)
                 .ok_or_else(|| wrong("has a message without a string \"role\""))?;
-            let content = match item.get("content") {
-                None | Some(Value::Null) => String::new(),
-                Some(Value::String(text)) => text.clone(),
-                Some(Value::Array(parts)) => parts
-                    .iter()
-                    .filter_map(|part| part.get("text").and_then(Value::as_str))
-                    .collect::<Vec<_>>()
-                    .join("\n"),
-                Some(_) => return Err(wrong("has a message whose content is not text")),
-            };
+            let content = content_text(item.get("content"))
+                .ok_or_else(|| wrong("has a message whose content is not text"))?;
             Ok(Message {
                 role: role.to_string(),
                 content,
             })
         })
         .collect()
+}
+
+/// A turn's text: a string, null, or parts / content blocks whose text is joined (images and
+/// tool blocks have none). `None` for any other value.
+fn content_text(content: Option<&Value>) -> Option<String> {
+    match content {
+        None | Some(Value::Null) => Some(String::new()),
+        Some(Value::String(text)) => Some(text.clone()),
+        Some(Value::Array(parts)) => Some(
+            parts
+                .iter()
+                .filter_map(|part| part.get("text").and_then(Value::as_str))
+                .collect::<Vec<_>>()
+                .join("\n"),
+        ),
+        Some(_) => None,
+    }
+}
+
+/// The Messages API: `system` (a string or text blocks) becomes the system turn, as vLLM's
+/// Anthropic endpoint renders it through the chat template; `messages` must not be empty.
+fn messages_prompt(fields: &Map<String, Value>) -> Result<Prompt, String> {
+    let mut turns = Vec::new();
+    if let Some(system) = fields.get("system") {
+        let content = content_text(Some(system))
+            .ok_or("\"system\" must be a string or a list of text blocks")?;
+        turns.push(Message {
+            role: "system".into(),
+            content,
+        });
+    }
+    let conversation = messages(required(fields, "messages")?, "messages")?;
+    if conversation.is_empty() {
+        return Err("\"messages\" must hold at least one message".into());
+    }
+    turns.extend(conversation);
+    Ok(Prompt::Chat(turns))
 }
 
 /// The Responses API: `instructions` become the system turn; `input` is a string (one user
@@ -208,6 +249,19 @@ fn responses_prompt(fields: &Map<String, Value>) -> Result<Prompt, String> {
 /// The `i`-th generated token's text.
 pub fn word(i: usize) -> String {
     format!(" tok{i}")
+}
+
+/// Why a Messages response stopped: the budget, or (past the simulator's cap) the model's
+/// own end of turn.
+fn stop_reason(request: &ApiRequest, output_tokens: usize) -> &'static str {
+    if request
+        .max_tokens
+        .is_some_and(|max| output_tokens as u64 >= max)
+    {
+        "max_tokens"
+    } else {
+        "end_turn"
+    }
 }
 
 /// A whole (non-streamed) response.
@@ -239,6 +293,48 @@ pub fn full_response(
         }
         Api::Completions => json!({"id": id, "object": "text_completion", "model": model,
             "choices": [{"index": 0, "text": text, "finish_reason": "length"}], "usage": usage}),
+        Api::Messages => json!({"id": id, "type": "message", "role": "assistant", "model": model,
+            "content": [{"type": "text", "text": text}],
+            "stop_reason": stop_reason(request, output_tokens), "stop_sequence": Value::Null,
+            "usage": {"input_tokens": prompt_tokens, "output_tokens": output_tokens}}),
+    }
+}
+
+/// One Anthropic server-sent event: its name, and the same name as the data's `type`.
+fn named_event(data: &Value) -> String {
+    let name = data.get("type").and_then(Value::as_str).unwrap_or("");
+    format!("event: {name}\ndata: {data}\n\n")
+}
+
+/// What a stream sends before its first token: for Messages the message and its text block
+/// open; the OpenAI APIs send nothing.
+pub fn stream_start(request: &ApiRequest, id: &str, prompt_tokens: usize) -> String {
+    match request.api {
+        Api::Messages => {
+            let message = json!({"id": id, "type": "message", "role": "assistant",
+                "model": request.model, "content": [], "stop_reason": Value::Null,
+                "stop_sequence": Value::Null,
+                "usage": {"input_tokens": prompt_tokens, "output_tokens": 0}});
+            named_event(&json!({"type": "message_start", "message": message}))
+                + &named_event(&json!({"type": "content_block_start", "index": 0,
+                    "content_block": {"type": "text", "text": ""}}))
+        }
+        _ => String::new(),
+    }
+}
+
+/// What a stream sends after its last token: `[DONE]`, or for Messages the block's and the
+/// message's end with the output usage.
+pub fn stream_end(request: &ApiRequest, output_tokens: usize) -> String {
+    match request.api {
+        Api::Messages => {
+            named_event(&json!({"type": "content_block_stop", "index": 0}))
+                + &named_event(&json!({"type": "message_delta",
+                    "delta": {"stop_reason": stop_reason(request, output_tokens), "stop_sequence": Value::Null},
+                    "usage": {"output_tokens": output_tokens}}))
+                + &named_event(&json!({"type": "message_stop"}))
+        }
+        _ => STREAM_END.to_string(),
     }
 }
 
@@ -246,6 +342,10 @@ pub fn full_response(
 pub fn stream_event(request: &ApiRequest, id: &str, i: usize) -> String {
     let model = &request.model;
     let chunk = match request.api {
+        Api::Messages => {
+            return named_event(&json!({"type": "content_block_delta", "index": 0,
+                "delta": {"type": "text_delta", "text": word(i)}}))
+        }
         Api::Chat => json!({"id": id, "object": "chat.completion.chunk", "model": model,
             "choices": [{"index": 0, "delta": {"content": word(i)}, "finish_reason": Value::Null}]}),
         _ => json!({"id": id, "object": "text_completion", "model": model,
@@ -258,6 +358,22 @@ pub const STREAM_END: &str = "data: [DONE]\n\n";
 
 pub fn error_body(message: &str, kind: &str, code: u16) -> Value {
     json!({"error": {"message": message, "type": kind, "code": code}})
+}
+
+/// A refusal in the shape the API's clients read: Anthropic's for Messages.
+pub fn error_for(api: Option<Api>, message: &str, kind: &str, code: u16) -> Value {
+    if api != Some(Api::Messages) {
+        return error_body(message, kind, code);
+    }
+    let kind = match code {
+        400 => "invalid_request_error",
+        404 => "not_found_error",
+        413 => "request_too_large",
+        429 => "rate_limit_error",
+        503 | 529 => "overloaded_error",
+        _ => "api_error",
+    };
+    json!({"type": "error", "error": {"type": kind, "message": message}})
 }
 
 #[cfg(test)]
@@ -327,6 +443,63 @@ mod tests {
     }
 
     #[test]
+    fn messages_render_system_and_text_blocks_through_the_chat_template() {
+        let body = r#"{"model":"m","max_tokens":3,"system":[{"type":"text","text":"Rules."}],
+            "messages":[{"role":"user","content":[{"type":"text","text":"Hi"},
+            {"type":"image","source":{"type":"base64","media_type":"image/png","data":"AA=="}},
+            {"type":"text","text":"there"}]}]}"#;
+        let request = parse_str(Api::Messages, body).unwrap();
+        let chat = parse_str(
+            Api::Chat,
+            r#"{"model":"m","messages":[{"role":"system","content":"Rules."},{"role":"user","content":"Hi\nthere"}]}"#,
+        )
+        .unwrap();
+        assert_eq!(request.prompt, chat.prompt);
+        assert_eq!(request.prompt_tokens(), chat.prompt_tokens());
+        assert_eq!(request.output_tokens(), 3);
+        let full = full_response(&request, "msg_1", 9, 3);
+        assert_eq!(
+            (
+                &full["type"],
+                &full["stop_reason"],
+                &full["usage"]["input_tokens"]
+            ),
+            (&json!("message"), &json!("max_tokens"), &json!(9))
+        );
+        assert_eq!(full["content"][0]["text"], " tok0 tok1 tok2");
+        let events = stream_start(&request, "msg_1", 9)
+            + &stream_event(&request, "msg_1", 0)
+            + &stream_end(&request, 1);
+        let names: Vec<&str> = events
+            .lines()
+            .filter_map(|line| line.strip_prefix("event: "))
+            .collect();
+        assert_eq!(
+            names,
+            [
+                "message_start",
+                "content_block_start",
+                "content_block_delta",
+                "content_block_stop",
+                "message_delta",
+                "message_stop"
+            ]
+        );
+        assert!(!events.contains("[DONE]"));
+        let error = parse_str(
+            Api::Messages,
+            r#"{"model":"m","messages":[{"role":"user","content":"x"}]}"#,
+        )
+        .unwrap_err();
+        assert!(error.contains("\"max_tokens\""), "{error}");
+        let body = error_for(Some(Api::Messages), &error, "invalid_request_error", 400);
+        assert_eq!(
+            (&body["type"], &body["error"]["type"]),
+            (&json!("error"), &json!("invalid_request_error"))
+        );
+    }
+
+    #[test]
     fn client_errors() {
         let cases = [
             (Api::Completions, "", "empty"),
@@ -368,5 +541,6 @@ mod tests {
     fn paths() {
         assert_eq!(Api::from_path("/v1/chat/completions/"), Some(Api::Chat));
         assert_eq!(Api::from_path("/v1/models"), None);
+        assert_eq!(Api::from_path("/v1/messages"), Some(Api::Messages));
     }
 }

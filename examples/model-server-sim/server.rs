@@ -1,5 +1,6 @@
-//! One pod's HTTP surface: the OpenAI routes, `/metrics`, `/health`, `/v1/models`, the admin
-//! routes, faults, and the life of one inference request through the engine.
+//! One pod's HTTP surface: the OpenAI routes and Anthropic's `/v1/messages`, `/metrics`,
+//! `/health`, `/v1/models`, the admin routes, faults, and the life of one inference request
+//! through the engine.
 
 use crate::api::{self, Api, ApiRequest};
 use crate::engine::{Engine, Fault, Limits};
@@ -102,7 +103,12 @@ impl Pod {
         };
         match fault {
             Some(Fault::Error(status)) => {
-                let body = api::error_body("injected fault", "server_error", status);
+                let body = api::error_for(
+                    Api::from_path(path),
+                    "injected fault",
+                    "server_error",
+                    status,
+                );
                 return self.respond_json(out, status, &body);
             }
             Some(Fault::Slow(ms)) => thread::sleep(Duration::from_millis(ms)),
@@ -231,7 +237,7 @@ impl Pod {
         let parsed = match api::parse(api, &request.body) {
             Ok(parsed) => parsed,
             Err(message) => {
-                let body = api::error_body(&message, "invalid_request_error", 400);
+                let body = api::error_for(Some(api), &message, "invalid_request_error", 400);
                 return self.respond_json(out, 400, &body);
             }
         };
@@ -248,7 +254,7 @@ impl Pod {
             Some(parsed.model.as_str())
         } else {
             let message = format!("The model `{}` does not exist.", parsed.model);
-            let body = api::error_body(&message, "invalid_request_error", 404);
+            let body = api::error_for(Some(api), &message, "invalid_request_error", 404);
             return self.respond_json(out, 404, &body);
         };
         // Outside the lock: tokenizing and hashing a large prompt takes a while.
@@ -288,13 +294,14 @@ impl Pod {
         let id = match request.header("x-sim-response-id") {
             Some(id) => id.to_string(),
             None => format!(
-                "cmpl-{}-{}",
+                "{}-{}-{}",
+                if api == Api::Messages { "msg" } else { "cmpl" },
                 self.settings.name,
                 self.started.elapsed().as_nanos()
             ),
         };
         let ok = if parsed.stream && api != Api::Embeddings {
-            self.stream(&parsed, &id, output_tokens, out)
+            self.stream(&parsed, &id, prompt_tokens, output_tokens, out)
         } else {
             for _ in 0..output_tokens {
                 thread::sleep(self.decode_step());
@@ -320,6 +327,7 @@ impl Pod {
         &self,
         request: &ApiRequest,
         id: &str,
+        prompt_tokens: usize,
         output_tokens: usize,
         out: &mut TcpStream,
     ) -> bool {
@@ -332,6 +340,10 @@ impl Pod {
         if http1::write_chunked_head(out, 200, &headers).is_err() {
             return false;
         }
+        let start = api::stream_start(request, id, prompt_tokens);
+        if !start.is_empty() && http1::write_chunk(out, start.as_bytes()).is_err() {
+            return false;
+        }
         for i in 0..output_tokens {
             thread::sleep(self.decode_step());
             let event = api::stream_event(request, id, i);
@@ -339,7 +351,7 @@ impl Pod {
                 return false;
             }
         }
-        http1::write_chunk(out, api::STREAM_END.as_bytes()).is_ok()
+        http1::write_chunk(out, api::stream_end(request, output_tokens).as_bytes()).is_ok()
             && http1::write_last_chunk(out).is_ok()
     }
 

@@ -10,6 +10,7 @@ fuzz_target!(|body: &[u8]| {
         ApiKind::ChatCompletions,
         ApiKind::Embeddings,
         ApiKind::Responses,
+        ApiKind::Messages,
     ] {
         if parse_body(kind, body).is_ok() {
             let _ = rewrite_model(body, "rewritten");

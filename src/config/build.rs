@@ -9,7 +9,8 @@ use super::validate::weight;
 use crate::flow_control::FlowControlConfig;
 use crate::scheduling::plugins::{self, profile_handler::single_profile_handler};
 use crate::scheduling::{
-    DataLayerPlugin, Plugin, PluginInstance, PluginSummary, Profile, WeightedScorer, Wiring,
+    DataLayerPlugin, ModelsSource, Plugin, PluginInstance, PluginSummary, Profile, WeightedScorer,
+    Wiring,
 };
 use serde_yaml::Value;
 
@@ -325,7 +326,7 @@ pub(super) fn wire_data_layer(
                     format!("{:?} is an extractor, not a data source", source.plugin_ref),
                 ))
             }
-            DataLayerPlugin::Models { .. } => {
+            DataLayerPlugin::Models(_) => {
                 if !source.extractors.is_empty() {
                     return Err(ConfigError::invalid(
                         format!("dataLayer.sources[{s}].extractors"),
@@ -389,17 +390,11 @@ pub(super) fn wire_data_layer(
 
 /// The `models-data-source`, if one is declared (it needs no wiring: declaring it is asking
 /// for the pods' model lists).
-pub(super) fn models_source(instances: &[PluginInstance]) -> Option<super::ModelsSource> {
+pub(super) fn models_source(instances: &[PluginInstance]) -> Option<ModelsSource> {
     instances
         .iter()
         .find_map(|instance| match &instance.plugin {
-            Plugin::DataLayer(DataLayerPlugin::Models {
-                path,
-                refresh_interval,
-            }) => Some(super::ModelsSource {
-                path: path.clone(),
-                refresh_interval: *refresh_interval,
-            }),
+            Plugin::DataLayer(DataLayerPlugin::Models(source)) => Some(source.clone()),
             _ => None,
         })
 }

@@ -11,6 +11,7 @@ mod pools;
 mod raw;
 mod validate;
 
+pub use crate::scheduling::ModelsSource;
 pub use error::ConfigError;
 pub use pool::{EndpointConfig, LoadSignals, ObjectiveConfig, PoolConfig};
 pub use pools::DEFAULT_POOL_NAME;
@@ -24,7 +25,7 @@ use build::{
 use defaults::with_defaults;
 use raw::RawConfig;
 use serde_yaml::Value;
-use validate::{check_header, warn_missing_prefix_scorer, warn_unused};
+use validate::{check_header, check_parsers, warn_missing_prefix_scorer, warn_unused};
 
 /// A loaded configuration, ready to schedule.
 pub struct FilterConfig {
@@ -39,13 +40,6 @@ pub struct FilterConfig {
     pub warnings: Vec<String>,
     /// Where the pods' model lists are read, with `models-data-source`.
     pub models_source: Option<ModelsSource>,
-}
-
-/// `models-data-source`'s settings.
-#[derive(Debug, Clone, PartialEq)]
-pub struct ModelsSource {
-    pub path: String,
-    pub refresh_interval: std::time::Duration,
 }
 
 /// Every pool of a document: one named [`DEFAULT_POOL_NAME`] serving every model for a
@@ -199,6 +193,7 @@ fn load_raw(
     let handler = profile_handler(&mut instances, &profiles)?;
     warn_unused(&instances, &profiles, handler, &mut warnings);
     warn_missing_prefix_scorer(&instances, &mut warnings);
+    check_parsers(&raw, &instances)?;
     let detector = saturation_detector(&raw, &mut instances)?;
     let flow_control = flow_control(&raw, &instances, &pool, &mut warnings)?;
     let effective = with_effective.then(|| {

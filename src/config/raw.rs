@@ -20,6 +20,16 @@ pub(super) struct RawConfig {
     pub(super) data_layer: Option<RawDataLayer>,
     pub(super) pool: Option<PoolConfig>,
     pub(super) flow_control: Option<crate::flow_control::config::RawFlowControl>,
+    /// llm-d-router's parser list; `parser` is its older single-parser form.
+    pub(super) request_handler: Option<RawRequestHandler>,
+    pub(super) parser: Option<RawRef>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawRequestHandler {
+    #[serde(default)]
+    pub(super) parsers: Vec<RawRef>,
 }
 
 #[derive(Debug, Clone, Deserialize)]

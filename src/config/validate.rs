@@ -4,7 +4,7 @@
 use super::error::ConfigError;
 use super::raw::RawConfig;
 use crate::limits::MAX_WEIGHT;
-use crate::scheduling::plugins::{self, Data};
+use crate::scheduling::plugins::{self, Data, Kind};
 use crate::scheduling::{Plugin, PluginInstance, Profile};
 
 pub(super) const API_VERSIONS: &[&str] = &[
@@ -56,6 +56,8 @@ pub(super) fn weight(weight: Option<f64>, key: &str) -> Result<f64, ConfigError>
     }
 }
 
+/// Plugins that change nothing: declared but in no profile, or accepted llm-d plugins whose
+/// job the filter does on its own.
 pub(super) fn warn_unused(
     instances: &[PluginInstance],
     profiles: &[Profile],
@@ -84,7 +86,56 @@ pub(super) fn warn_unused(
                 instance.name
             ));
         }
+        if let Some(done_by) = plugins::spec(instance.type_name).and_then(|spec| spec.done_by) {
+            let plugin = if instance.name == instance.type_name {
+                format!("{:?}", instance.name)
+            } else {
+                format!("{:?} ({})", instance.name, instance.type_name)
+            };
+            warnings.push(format!(
+                "plugin {plugin} is accepted and does nothing here: {done_by}"
+            ));
+        }
     }
+}
+
+/// `requestHandler.parsers` and `parser` name declared parser plugins. The filter parses what
+/// it knows on every route whatever the list says, so the list is only checked.
+pub(super) fn check_parsers(
+    raw: &RawConfig,
+    instances: &[PluginInstance],
+) -> Result<(), ConfigError> {
+    let listed = raw
+        .request_handler
+        .iter()
+        .flat_map(|handler| handler.parsers.iter().enumerate())
+        .map(|(i, parser)| (format!("requestHandler.parsers[{i}].pluginRef"), parser))
+        .chain(
+            raw.parser
+                .iter()
+                .map(|parser| ("parser.pluginRef".to_owned(), parser)),
+        );
+    for (key, parser) in listed {
+        let instance = instances
+            .iter()
+            .find(|instance| instance.name == parser.plugin_ref)
+            .ok_or_else(|| {
+                ConfigError::invalid(
+                    &key,
+                    format!("no plugin named {:?} is declared", parser.plugin_ref),
+                )
+            })?;
+        if plugins::spec(instance.type_name).map(|spec| spec.kind) != Some(Kind::Parser) {
+            return Err(ConfigError::invalid(
+                &key,
+                format!(
+                    "{:?} ({}) is not a request parser",
+                    parser.plugin_ref, instance.type_name
+                ),
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// A plugin that reads prefix matches sees none unless a plugin that computes them is declared.

@@ -6,12 +6,13 @@ mod abi;
 
 use crate::director::Director;
 use crate::director::Release;
-use crate::error_response::RequestError;
+use crate::error_response::{ErrorShape, RequestError};
 use crate::host::{
     Clock, HostError, HttpCallouts, HttpHost, MetricKind, Metrics, SharedData, LOG_CRITICAL,
 };
 use crate::picker::Picker;
 use crate::protocol::{DROPPED_REASON_HEADER, SUBSET_HINT_KEY, SUBSET_HINT_NAMESPACE};
+use crate::request::ApiKind;
 use crate::request_flow::{self, Carried, Flow, Outcome, RequestFlow};
 use crate::stats::FlowExit;
 use crate::stats::Stats;
@@ -497,9 +498,9 @@ impl HttpHost for EnvoyRequest {
         &EnvoyHost
     }
 
-    fn send_error(&self, error: &RequestError) -> Result<(), HostError> {
+    fn send_error(&self, error: &RequestError, shape: ErrorShape) -> Result<(), HostError> {
         let content_type = ("content-type", "application/json");
-        let body = error.to_json();
+        let body = error.to_json_for(shape);
         match error.dropped_reason() {
             Some(reason) => abi::send_local_response(
                 error.status(),
@@ -584,7 +585,8 @@ impl PickerHttp {
 
     fn unavailable(&self) -> Action {
         let error = RequestError::NoEndpoint("the endpoint picker is not configured".into());
-        let _ = EnvoyRequest.send_error(&error);
+        let path = EnvoyRequest.request_header(":path").unwrap_or_default();
+        let _ = EnvoyRequest.send_error(&error, ApiKind::from_path(&path).error_shape());
         Action::Pause
     }
 }

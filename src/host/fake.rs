@@ -70,8 +70,12 @@ impl HttpHost for FakeHost {
             .insert(name.into(), value.into());
         Ok(())
     }
-    fn send_error(&self, error: &crate::error_response::RequestError) -> Result<(), HostError> {
-        *self.reply.borrow_mut() = Some((error.status(), error.to_json()));
+    fn send_error(
+        &self,
+        error: &crate::error_response::RequestError,
+        shape: crate::error_response::ErrorShape,
+    ) -> Result<(), HostError> {
+        *self.reply.borrow_mut() = Some((error.status(), error.to_json_for(shape)));
         Ok(())
     }
     fn now_ms(&self) -> u64 {

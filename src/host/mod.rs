@@ -31,9 +31,13 @@ pub trait HttpHost {
     /// The raw value of the proxy's subset hint (filter metadata `envoy.lb_subset_hint`,
     /// key `x-gateway-destination-endpoint-subset`), `None` when the proxy set none.
     fn subset_hint(&self) -> Option<Vec<u8>>;
-    /// Answers the request with the error's status and OpenAI-style JSON body (plus llm-d's
+    /// Answers the request with the error's status and JSON body in `shape` (plus llm-d's
     /// `x-llm-d-request-dropped-reason` for flow-control refusals).
-    fn send_error(&self, error: &crate::error_response::RequestError) -> Result<(), HostError>;
+    fn send_error(
+        &self,
+        error: &crate::error_response::RequestError,
+        shape: crate::error_response::ErrorShape,
+    ) -> Result<(), HostError>;
     /// The host's wall clock in milliseconds (0 if unreadable).
     fn now_ms(&self) -> u64;
     /// The process-wide shared data (flow control's Envoy-wide queue accounting).

@@ -222,10 +222,14 @@ pub enum DataLayerPlugin {
     },
     Extractor(crate::metrics::MetricSelector),
     /// `models-data-source`: each pod's model list, asked every `refresh_interval`.
-    Models {
-        path: String,
-        refresh_interval: std::time::Duration,
-    },
+    Models(ModelsSource),
+}
+
+/// `models-data-source`'s settings.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ModelsSource {
+    pub path: String,
+    pub refresh_interval: std::time::Duration,
 }
 
 impl std::fmt::Debug for Plugin {
@@ -246,7 +250,7 @@ impl Plugin {
             Plugin::FlowPolicy(_) => "flow-control policy",
             Plugin::DataLayer(DataLayerPlugin::Source { .. }) => "data source",
             Plugin::DataLayer(DataLayerPlugin::Extractor(_)) => "metric extractor",
-            Plugin::DataLayer(DataLayerPlugin::Models { .. }) => "models data source",
+            Plugin::DataLayer(DataLayerPlugin::Models(_)) => "models data source",
             Plugin::BuiltIn(_) => "built-in handler",
         }
     }

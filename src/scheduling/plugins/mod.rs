@@ -1,10 +1,13 @@
 //! Every plugin type the filter knows, registered in one place. Each plugin lives in a file
 //! named after its config `type` and carries its parameters, defaults and tests.
 
+pub mod data_producer;
 pub mod datalayer;
 pub mod decider;
 pub mod filter;
 pub mod flow_control;
+mod not_supported;
+pub mod parser;
 pub mod picker;
 pub mod pre_request;
 pub mod profile_handler;
@@ -23,7 +26,9 @@ use serde_yaml::Value;
 
 /// Every plugin type, by kind. Each entry is the `SPEC` its own file declares.
 const REGISTRY: &[&PluginSpec] = &[
+    &datalayer::core_metrics_extractor::SPEC,
     &datalayer::metrics_data_source::SPEC,
+    &datalayer::models_data_extractor::SPEC,
     &datalayer::models_data_source::SPEC,
     &datalayer::prometheus_metric::SPEC,
     &filter::by_label::SPEC,
@@ -64,14 +69,17 @@ const REGISTRY: &[&PluginSpec] = &[
     &flow_control::slo_deadline_ordering_policy::SPEC,
     &flow_control::static_usage_limit_policy::SPEC,
     &flow_control::priority_holdback_policy::SPEC,
+    &data_producer::approx_prefix_cache_producer::SPEC,
+    &data_producer::inflight_load_producer::SPEC,
+    &data_producer::token_producer::SPEC,
+    &parser::openai_parser::SPEC,
+    &parser::anthropic_parser::SPEC,
+    &parser::passthrough_parser::SPEC,
+    &parser::vllmhttp_parser::SPEC,
+    &parser::sglanghttp_parser::SPEC,
 ];
 
-/// llm-d plugin types the filter knows but does not implement, and why: loading one is an
-/// error that says so instead of "unknown type".
-const NOT_SUPPORTED: &[(&str, &str)] = &[
-    ("program-aware-fairness", "its least-attained-service bookkeeping is not implemented; use round-robin-fairness-policy"),
-    ("soft-reflective-ceiling-policy", "adaptive ceilings are not implemented; use static-usage-limit-policy"),
-];
+use not_supported::NOT_SUPPORTED;
 
 /// The spec registered for a type name or one of its aliases.
 pub fn spec(type_name: &str) -> Option<&'static PluginSpec> {
@@ -96,6 +104,11 @@ pub fn known_type(type_name: &str) -> Option<&'static str> {
 /// Every type name and alias the loader accepts.
 pub fn all_types() -> impl Iterator<Item = &'static str> {
     specs().flat_map(|spec| std::iter::once(spec.type_name).chain(spec.aliases.iter().copied()))
+}
+
+/// Every llm-d type the filter refuses by name, with its reason.
+pub fn refused_types() -> impl Iterator<Item = (&'static str, &'static str)> {
+    NOT_SUPPORTED.iter().copied()
 }
 
 /// Why an llm-d plugin type the filter knows of is not implemented.

@@ -18,6 +18,9 @@ pub enum Kind {
     /// Flow control's fairness, ordering and usage-limit policies.
     FlowControl,
     DataLayer,
+    /// llm-d-router's request parsers, named by `requestHandler.parsers`; the filter parses
+    /// the bodies it knows itself.
+    Parser,
     /// Accepted for llm-d configs; the behaviour is built into the filter.
     BuiltIn,
 }
@@ -34,6 +37,7 @@ impl Kind {
             Kind::SaturationDetector => "saturation detector",
             Kind::FlowControl => "flow-control policy",
             Kind::DataLayer => "data layer",
+            Kind::Parser => "parser",
             Kind::BuiltIn => "built in",
         }
     }
@@ -81,6 +85,9 @@ pub struct PluginSpec {
     pub effective: Effective,
     pub consumes: &'static [Data],
     pub produces: &'static [Data],
+    /// For an llm-d plugin whose job the filter does on its own: what does it here. Loading
+    /// one says so in a warning, so nobody tunes a plugin that changes nothing.
+    pub done_by: Option<&'static str>,
 }
 
 impl PluginSpec {
@@ -99,7 +106,14 @@ impl PluginSpec {
             effective,
             consumes: &[],
             produces: &[],
+            done_by: None,
         }
+    }
+
+    /// Accepted and built in: `what` does this plugin's job in the filter (see `done_by`).
+    pub const fn done_by(mut self, what: &'static str) -> Self {
+        self.done_by = Some(what);
+        self
     }
 
     pub const fn with_aliases(mut self, aliases: &'static [&'static str]) -> Self {

@@ -18,6 +18,22 @@ pub struct Parameters {
     /// `http` or `https`; with `https` the metrics cluster must carry a TLS transport socket,
     /// since Envoy, not the filter, owns the connection.
     pub scheme: String,
+    /// llm-d-router's TLS verification switch: accepted, since verification is the metrics
+    /// cluster's transport socket's (see `scheme`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub insecure_skip_verify: Option<bool>,
+    /// llm-d-router's certificates, scrape port and period: refused with where they go here,
+    /// since a scrape that silently used other ones would mislead.
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub ca_cert_path: String,
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub client_cert_path: String,
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub client_key_path: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub port: Option<u16>,
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub interval: String,
 }
 
 impl Default for Parameters {
@@ -25,6 +41,12 @@ impl Default for Parameters {
         Parameters {
             path: "/metrics".into(),
             scheme: "http".into(),
+            insecure_skip_verify: None,
+            ca_cert_path: String::new(),
+            client_cert_path: String::new(),
+            client_key_path: String::new(),
+            port: None,
+            interval: String::new(),
         }
     }
 }
@@ -33,6 +55,25 @@ pub fn build(parameters: &Value) -> Result<Plugin, String> {
     let parameters: Parameters = super::parameters(parameters)?;
     if !parameters.path.starts_with('/') {
         return Err(format!("path {:?} must start with '/'", parameters.path));
+    }
+    let certificates = [
+        ("caCertPath", &parameters.ca_cert_path),
+        ("clientCertPath", &parameters.client_cert_path),
+        ("clientKeyPath", &parameters.client_key_path),
+    ];
+    if let Some((key, _)) = certificates.iter().find(|(_, path)| !path.is_empty()) {
+        return Err(format!(
+            "{key}: Envoy makes the scrape's TLS connection; put the certificates in the metrics cluster's transport socket (pool.metricsCluster)"
+        ));
+    }
+    if parameters.port.is_some() {
+        return Err("port: each pod is scraped at its endpoint's own address and port; a separate metrics port is not supported".into());
+    }
+    if !parameters.interval.is_empty() {
+        return Err(format!(
+            "interval {:?}: the scrape period is pool.refreshMetricsInterval",
+            parameters.interval
+        ));
     }
     if parameters.scheme != "http" && parameters.scheme != "https" {
         return Err(format!(
@@ -62,5 +103,22 @@ mod tests {
         assert!(build(&bad).unwrap_err().contains("scheme"));
         let bad: Value = serde_yaml::from_str("{path: metrics}").unwrap();
         assert!(build(&bad).unwrap_err().contains("path"));
+    }
+
+    #[test]
+    fn llm_d_router_parameters_are_accepted_or_refused_with_where_they_go() {
+        let tls: Value =
+            serde_yaml::from_str("{scheme: https, insecureSkipVerify: false}").unwrap();
+        assert!(build(&tls).is_ok());
+        for (given, needle) in [
+            ("{caCertPath: /etc/ca.pem}", "transport socket"),
+            ("{clientKeyPath: /etc/key.pem}", "transport socket"),
+            ("{port: 9090}", "port"),
+            ("{interval: 1s}", "pool.refreshMetricsInterval"),
+        ] {
+            let value: Value = serde_yaml::from_str(given).unwrap();
+            let error = build(&value).unwrap_err();
+            assert!(error.contains(needle), "{given}: {error}");
+        }
     }
 }

@@ -8,7 +8,7 @@
 
 use crate::duration::serde_go;
 use crate::scheduling::plugins::spec::{effective, Kind, PluginSpec};
-use crate::scheduling::{DataLayerPlugin, Plugin};
+use crate::scheduling::{DataLayerPlugin, ModelsSource, Plugin};
 use serde_yaml::Value;
 use std::time::Duration;
 
@@ -49,10 +49,10 @@ pub fn build(parameters: &Value) -> Result<Plugin, String> {
             "refreshInterval {interval:?} must be between 100ms and 1h"
         ));
     }
-    Ok(Plugin::DataLayer(DataLayerPlugin::Models {
+    Ok(Plugin::DataLayer(DataLayerPlugin::Models(ModelsSource {
         path: parameters.path,
         refresh_interval: interval,
-    }))
+    })))
 }
 
 /// The model ids of a `/v1/models` answer, sorted and without duplicates; `None` when it is
@@ -85,10 +85,10 @@ mod tests {
 
     #[test]
     fn defaults_and_validation() {
-        let Ok(Plugin::DataLayer(DataLayerPlugin::Models {
+        let Ok(Plugin::DataLayer(DataLayerPlugin::Models(ModelsSource {
             path,
             refresh_interval,
-        })) = build(&Value::Null)
+        }))) = build(&Value::Null)
         else {
             panic!("not a models source");
         };

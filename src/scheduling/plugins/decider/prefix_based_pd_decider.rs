@@ -1,6 +1,7 @@
 //! `prefix-based-pd-decider`: disaggregates when the decode endpoint would have to prefill at
 //! least `nonCachedTokens` prompt tokens it does not hold (prompt tokens minus its prefix-cache
-//! match). `nonCachedTokens: 0` (the default) never disaggregates.
+//! match). `nonCachedTokens: 0` (the default) never disaggregates. llm-d-router's
+//! `promptTokens` also keeps prompts shorter than that on the decode pod.
 
 use crate::scheduling::plugins::spec::{effective, Data, Kind, PluginSpec};
 use crate::scheduling::{PdDecider, Plugin, SchedulingContext};
@@ -18,6 +19,13 @@ pub struct Parameters {
     pub non_cached_tokens: u32,
     /// Accepted for llm-d configs; the matches come from `prefix-cache-scorer`.
     pub prefix_plugin_name: String,
+    /// Shortest prompt (estimated tokens) ever disaggregated; 0 = no such gate.
+    pub prompt_tokens: u32,
+    /// Accepted for llm-d configs, like `prefixPluginName`.
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub prefix_plugin_type: String,
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub prefix_match_info_producer_name: String,
 }
 
 impl Default for Parameters {
@@ -26,24 +34,29 @@ impl Default for Parameters {
             non_cached_tokens: 0,
             prefix_plugin_name: crate::scheduling::plugins::scorer::prefix_cache_scorer::TYPE
                 .into(),
+            prompt_tokens: 0,
+            prefix_plugin_type: String::new(),
+            prefix_match_info_producer_name: String::new(),
         }
     }
 }
 
 pub struct PrefixBasedPdDecider {
     pub non_cached_tokens: u32,
+    pub prompt_tokens: u32,
 }
 
 pub fn build(parameters: &Value) -> Result<Plugin, String> {
     let parameters: Parameters = super::parameters(parameters)?;
     Ok(Plugin::PdDecider(Box::new(PrefixBasedPdDecider {
         non_cached_tokens: parameters.non_cached_tokens,
+        prompt_tokens: parameters.prompt_tokens,
     })))
 }
 
 impl PdDecider for PrefixBasedPdDecider {
     fn disaggregate(&self, ctx: &SchedulingContext<'_>, decode_endpoint: usize) -> bool {
-        if self.non_cached_tokens == 0 {
+        if self.non_cached_tokens == 0 || ctx.request.prompt_tokens < self.prompt_tokens {
             return false;
         }
         ctx.cycle
@@ -76,12 +89,27 @@ mod tests {
         };
         let decider = PrefixBasedPdDecider {
             non_cached_tokens: 50,
+            prompt_tokens: 0,
         };
         assert!(decider.disaggregate(&ctx, 0), "100 uncached >= 50");
         assert!(!decider.disaggregate(&ctx, 1), "36 uncached < 50");
         let off = PrefixBasedPdDecider {
             non_cached_tokens: 0,
+            prompt_tokens: 0,
         };
         assert!(!off.disaggregate(&ctx, 0));
+        let long_prompts_only = PrefixBasedPdDecider {
+            non_cached_tokens: 50,
+            prompt_tokens: 101,
+        };
+        assert!(
+            !long_prompts_only.disaggregate(&ctx, 0),
+            "a 100-token prompt is under promptTokens"
+        );
+        let value: Value = serde_yaml::from_str(
+            "{nonCachedTokens: 16, promptTokens: 256, prefixMatchInfoProducerName: approx-prefix-cache-producer}",
+        )
+        .unwrap();
+        assert!(build(&value).is_ok());
     }
 }

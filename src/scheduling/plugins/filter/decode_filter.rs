@@ -1,5 +1,6 @@
 //! `decode-filter`: keeps endpoints that can decode, by their `llm-d.ai/role` label: `decode`,
-//! `prefill-decode`, `both`, or no role at all (a plain aggregated server).
+//! `prefill-decode`, `both`, `encode-prefill-decode`, or no role at all (a plain aggregated
+//! server).
 //! `prefill-filter` and `encode-filter` are the same filter with other accepted roles.
 
 use crate::endpoint::ROLE_LABEL;
@@ -48,24 +49,27 @@ pub fn build(parameters: &Value) -> Result<Plugin, String> {
     build_role_filter(
         parameters,
         RoleFilter {
-            roles: &["decode", "prefill-decode", "both"],
+            roles: &["decode", "prefill-decode", "both", "encode-prefill-decode"],
             unlabelled: true,
         },
     )
 }
 
-/// Candidates left by `filter` over pods with roles: decode, prefill, both, none, encode.
+/// Candidates left by `filter` over pods with roles: decode, prefill, both, none, encode,
+/// encode-prefill, encode-prefill-decode.
 #[cfg(test)]
 pub(super) fn survivors(filter: &mut dyn Filter) -> Vec<usize> {
     use crate::request::InferenceRequest;
     use crate::scheduling::test_support::queues;
-    let mut pool = queues(&[0.0; 5]);
+    let mut pool = queues(&[0.0; 7]);
     let roles = [
         Some("decode"),
         Some("prefill"),
         Some("both"),
         None,
         Some("encode"),
+        Some("encode-prefill"),
+        Some("encode-prefill-decode"),
     ];
     for (endpoint, role) in pool.endpoints.iter_mut().zip(roles) {
         if let Some(role) = role {
@@ -73,7 +77,7 @@ pub(super) fn survivors(filter: &mut dyn Filter) -> Vec<usize> {
         }
     }
     let request = InferenceRequest::empty();
-    let mut candidates = vec![0, 1, 2, 3, 4];
+    let mut candidates = vec![0, 1, 2, 3, 4, 5, 6];
     filter.filter(&SchedulingContext::new(&request, &pool), &mut candidates);
     candidates
 }
@@ -88,6 +92,6 @@ mod tests {
         let Ok(Plugin::Filter(mut filter)) = build(&Value::Null) else {
             panic!("not a filter");
         };
-        assert_eq!(survivors(filter.as_mut()), [0, 2, 3]);
+        assert_eq!(survivors(filter.as_mut()), [0, 2, 3, 6]);
     }
 }

@@ -1,5 +1,5 @@
-//! `encode-filter`: keeps endpoints whose `llm-d.ai/role` is `encode` (multimodal encoders in
-//! encode/prefill/decode disaggregation).
+//! `encode-filter`: keeps endpoints whose `llm-d.ai/role` is `encode`, `encode-prefill` or
+//! `encode-prefill-decode` (multimodal encoders in encode/prefill/decode disaggregation).
 
 use super::decode_filter::{build_role_filter, RoleFilter};
 use crate::scheduling::plugins::spec::{effective, Data, Kind, NoParameters, PluginSpec};
@@ -16,7 +16,7 @@ pub fn build(parameters: &Value) -> Result<Plugin, String> {
     build_role_filter(
         parameters,
         RoleFilter {
-            roles: &["encode"],
+            roles: &["encode", "encode-prefill", "encode-prefill-decode"],
             unlabelled: false,
         },
     )
@@ -32,6 +32,9 @@ mod tests {
         let Ok(Plugin::Filter(mut filter)) = build(&Value::Null) else {
             panic!("not a filter");
         };
-        assert_eq!(super::super::decode_filter::survivors(filter.as_mut()), [4]);
+        assert_eq!(
+            super::super::decode_filter::survivors(filter.as_mut()),
+            [4, 5, 6]
+        );
     }
 }

@@ -1,5 +1,6 @@
-//! `prefill-filter`: keeps endpoints whose `llm-d.ai/role` is `prefill`, `prefill-decode` or
-//! `both`; unlabelled endpoints are not prefill workers.
+//! `prefill-filter`: keeps endpoints whose `llm-d.ai/role` is `prefill`, `prefill-decode`,
+//! `both`, `encode-prefill` or `encode-prefill-decode`; unlabelled endpoints are not prefill
+//! workers.
 
 use super::decode_filter::{build_role_filter, RoleFilter};
 use crate::scheduling::plugins::spec::{effective, Data, Kind, NoParameters, PluginSpec};
@@ -16,7 +17,13 @@ pub fn build(parameters: &Value) -> Result<Plugin, String> {
     build_role_filter(
         parameters,
         RoleFilter {
-            roles: &["prefill", "prefill-decode", "both"],
+            roles: &[
+                "prefill",
+                "prefill-decode",
+                "both",
+                "encode-prefill",
+                "encode-prefill-decode",
+            ],
             unlabelled: false,
         },
     )
@@ -34,7 +41,7 @@ mod tests {
         };
         assert_eq!(
             super::super::decode_filter::survivors(filter.as_mut()),
-            [1, 2]
+            [1, 2, 5, 6]
         );
     }
 }

@@ -26,6 +26,23 @@ pub struct Parameters {
     pub deciders: BTreeMap<String, String>,
     pub decode_profile: String,
     pub prefill_profile: String,
+    /// llm-d-router's profile names by stage; a name here wins over the flat keys above.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub profiles: BTreeMap<String, String>,
+    /// llm-d-router's older flat decider keys, read as `deciders.prefill`.
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub prefill_decider_plugin_name: String,
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub decider_plugin_name: String,
+    /// llm-d-router's encode stage: its profile name loads (it is unused until a decider
+    /// enables the stage); an encode decider is refused.
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub encode_profile: String,
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub encode_decider_plugin_name: String,
+    /// The order of the encode and prefill stages: with no encode stage there is one order.
+    #[serde(skip_serializing_if = "Value::is_null")]
+    pub stage_order: Value,
 }
 
 impl Default for Parameters {
@@ -34,9 +51,18 @@ impl Default for Parameters {
             deciders: BTreeMap::new(),
             decode_profile: "decode".into(),
             prefill_profile: "prefill".into(),
+            profiles: BTreeMap::new(),
+            prefill_decider_plugin_name: String::new(),
+            decider_plugin_name: String::new(),
+            encode_profile: String::new(),
+            encode_decider_plugin_name: String::new(),
+            stage_order: Value::Null,
         }
     }
 }
+
+const ENCODE_REFUSED: &str =
+    "encode disaggregation is not implemented: this handler runs decode and prefill only";
 
 /// How the handler decides whether to disaggregate.
 pub enum Decision {
@@ -59,15 +85,43 @@ pub struct DisaggProfileHandler {
 }
 
 pub fn build(parameters: &Value) -> Result<Plugin, String> {
-    let parameters: Parameters = super::parameters(parameters)?;
+    let mut parameters: Parameters = super::parameters(parameters)?;
+    if parameters.deciders.contains_key("encode")
+        || !parameters.encode_decider_plugin_name.is_empty()
+    {
+        return Err(format!("deciders.encode: {ENCODE_REFUSED}"));
+    }
     if let Some(stage) = parameters.deciders.keys().find(|stage| *stage != "prefill") {
         return Err(format!(
             "deciders: stage {stage:?} is not supported (only \"prefill\")"
         ));
     }
-    let decision = match parameters.deciders.get("prefill") {
+    if let Some(stage) = parameters
+        .profiles
+        .keys()
+        .find(|stage| !matches!(stage.as_str(), "decode" | "prefill" | "encode"))
+    {
+        return Err(format!(
+            "profiles: stage {stage:?} is not one of decode, prefill, encode"
+        ));
+    }
+    if let Some(decode) = parameters.profiles.remove("decode") {
+        parameters.decode_profile = decode;
+    }
+    if let Some(prefill) = parameters.profiles.remove("prefill") {
+        parameters.prefill_profile = prefill;
+    }
+    let decider = parameters.deciders.remove("prefill").or_else(|| {
+        [
+            parameters.prefill_decider_plugin_name,
+            parameters.decider_plugin_name,
+        ]
+        .into_iter()
+        .find(|name| !name.is_empty())
+    });
+    let decision = match decider {
         Some(name) => Decision::Plugin {
-            name: name.clone(),
+            name,
             index: usize::MAX,
         },
         None => Decision::Always,

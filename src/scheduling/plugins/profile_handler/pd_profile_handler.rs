@@ -25,6 +25,15 @@ pub struct Parameters {
     pub prefill_profile: String,
     /// Accepted for llm-d configs: the decode pod's port is part of its pool address.
     pub primary_port: Option<u16>,
+    /// llm-d-router's decider plugin: when set it decides instead of `threshold`, as with
+    /// `disagg-profile-handler`'s `deciders.prefill`.
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub decider_plugin_name: String,
+    /// Accepted for llm-d configs, like `prefixPluginName`.
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub prefix_plugin_type: String,
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub prefix_match_info_producer_name: String,
 }
 
 impl Default for Parameters {
@@ -36,6 +45,9 @@ impl Default for Parameters {
             decode_profile: "decode".into(),
             prefill_profile: "prefill".into(),
             primary_port: None,
+            decider_plugin_name: String::new(),
+            prefix_plugin_type: String::new(),
+            prefix_match_info_producer_name: String::new(),
         }
     }
 }
@@ -52,10 +64,18 @@ impl PdDecider for UncachedThreshold {
 
 pub fn build(parameters: &Value) -> Result<Plugin, String> {
     let parameters: Parameters = super::parameters(parameters)?;
+    let decision = if parameters.decider_plugin_name.is_empty() {
+        Decision::BuiltIn(Box::new(UncachedThreshold(parameters.threshold)))
+    } else {
+        Decision::Plugin {
+            name: parameters.decider_plugin_name,
+            index: usize::MAX,
+        }
+    };
     Ok(Plugin::ProfileHandler(Box::new(DisaggProfileHandler::new(
         parameters.decode_profile,
         parameters.prefill_profile,
-        Decision::BuiltIn(Box::new(UncachedThreshold(parameters.threshold))),
+        decision,
     ))))
 }
 

@@ -35,6 +35,9 @@ pub struct Parameters {
     pub headroom: f64,
     /// Accepted for llm-d configs: without fresh counts the filter still routes (fails open).
     pub fail_open: bool,
+    /// llm-d-router's producer instance to read from; accepted, since the filter keeps one.
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub in_flight_load_producer_name: String,
 }
 
 impl Default for Parameters {
@@ -45,6 +48,7 @@ impl Default for Parameters {
             max_token_concurrency: 1_000_000,
             headroom: 0.0,
             fail_open: true,
+            in_flight_load_producer_name: String::new(),
         }
     }
 }

@@ -26,6 +26,9 @@ pub struct Parameters {
     /// (complete, reset or timed out) with a callback that releases the count.
     #[serde(with = "serde_go")]
     pub request_timeout: Duration,
+    /// llm-d-router's producer instance to read from; accepted, since the filter keeps one.
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub in_flight_load_producer_name: String,
 }
 
 impl Default for Parameters {
@@ -34,6 +37,7 @@ impl Default for Parameters {
             idle_threshold: 0,
             max_busy_score: 1.0,
             request_timeout: Duration::from_secs(120),
+            in_flight_load_producer_name: String::new(),
         }
     }
 }

@@ -23,6 +23,12 @@ pub struct Parameters {
     pub prefix_plugin_name: String,
     /// Accepted for llm-d configs; recency is kept per endpoint, so no size is needed.
     pub lru_size: usize,
+    /// Accepted for llm-d configs, as `prefixPluginName`.
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub prefix_plugin_type: String,
+    /// llm-d-router's producer instance to read from; accepted, since the filter keeps one.
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub prefix_match_info_producer_name: String,
 }
 
 impl Default for Parameters {
@@ -30,6 +36,8 @@ impl Default for Parameters {
         Parameters {
             prefix_plugin_name: super::prefix_cache_scorer::TYPE.into(),
             lru_size: 1024,
+            prefix_plugin_type: String::new(),
+            prefix_match_info_producer_name: String::new(),
         }
     }
 }

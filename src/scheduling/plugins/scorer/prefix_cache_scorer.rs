@@ -47,6 +47,15 @@ pub struct Parameters {
     /// (a queue that short drains faster than a prefill), a few do, and at this excess the hit
     /// counts nothing; 0 (or `pool.loadSignals: scraped`) keeps GIE's load-blind score.
     pub affinity_queue_limit: usize,
+    /// llm-d-router's share of the score given to the matched length rather than the matched
+    /// ratio: `w x min(1, matched tokens / matchLengthScaleTokens)^2 + (1 - w) x ratio`. The
+    /// square favours long matches, whose prefill (quadratic attention) costs most to redo.
+    pub match_length_weight: f64,
+    pub match_length_scale_tokens: usize,
+    /// llm-d-router's producer instance to read matches from; accepted, since this scorer
+    /// keeps its own index.
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub prefix_match_info_producer_name: String,
 }
 
 impl Default for Parameters {
@@ -58,6 +67,9 @@ impl Default for Parameters {
             lru_capacity_per_server: 31_250,
             auto_tune: true,
             affinity_queue_limit: DEFAULT_AFFINITY_QUEUE_LIMIT,
+            match_length_weight: 0.0,
+            match_length_scale_tokens: 8192,
+            prefix_match_info_producer_name: String::new(),
         }
     }
 }
@@ -86,6 +98,18 @@ impl Parameters {
 
     fn block_tokens(&self) -> usize {
         self.block_chars().div_ceil(CHARS_PER_TOKEN)
+    }
+
+    /// The cache score before the queue discount: the matched ratio, blended with the matched
+    /// length when `matchLengthWeight` is set.
+    fn cache_score(&self, ratio: f64, matched_tokens: u32) -> f64 {
+        let weight = self.match_length_weight;
+        if weight <= 0.0 {
+            return ratio;
+        }
+        let scale = self.match_length_scale_tokens.max(1) as f64;
+        let length = (f64::from(matched_tokens) / scale).min(1.0);
+        weight * length * length + (1.0 - weight) * ratio
     }
 }
 
@@ -137,6 +161,15 @@ impl PrefixCacheScorer {
             bounds
                 .check_usize(value)
                 .map_err(|reason| format!("{key}: {reason}"))?;
+        }
+        if !(0.0..=1.0).contains(&p.match_length_weight) {
+            return Err(format!(
+                "matchLengthWeight: {} must be from 0 to 1",
+                p.match_length_weight
+            ));
+        }
+        if p.match_length_scale_tokens == 0 {
+            return Err("matchLengthScaleTokens must be at least 1".into());
         }
         if let Some(chars) = p.hash_block_size {
             limits::HASH_BLOCK_CHARS
@@ -240,7 +273,11 @@ impl Scorer for PrefixCacheScorer {
             let weight = self
                 .parameters
                 .affinity_weight(ctx.pool.waiting(candidate), shortest);
-            *score = ctx.cycle.hit_ratio(candidate) * weight;
+            let cache = self.parameters.cache_score(
+                ctx.cycle.hit_ratio(candidate),
+                ctx.cycle.cached_tokens(candidate),
+            );
+            *score = cache * weight;
         }
     }
 
@@ -354,6 +391,31 @@ mod tests {
         scorer.score(&ctx, &[0, 1], &mut scores);
         assert_eq!(scores, [0.0, 2.0 / 3.0]);
         assert_eq!(cycle.cached_tokens(1), 2, "two one-token blocks held");
+    }
+
+    #[test]
+    fn match_length_weight_blends_in_the_matched_length() {
+        let parameters = |yaml: &str| -> Parameters {
+            super::super::parameters(&serde_yaml::from_str(yaml).unwrap()).unwrap()
+        };
+        let ratio_only = Parameters::default();
+        assert_eq!(ratio_only.cache_score(0.5, 4096), 0.5);
+        let blended = parameters("{matchLengthWeight: 0.5, matchLengthScaleTokens: 8192}");
+        // Half the scale matched: length score (1/2)^2; half the prompt: ratio 1/2.
+        assert_eq!(blended.cache_score(0.5, 4096), 0.5 * 0.25 + 0.5 * 0.5);
+        assert_eq!(
+            blended.cache_score(0.1, 20_000),
+            0.5 + 0.5 * 0.1,
+            "capped at 1"
+        );
+        for bad in ["{matchLengthWeight: 1.5}", "{matchLengthScaleTokens: 0}"] {
+            let value: Value = serde_yaml::from_str(bad).unwrap();
+            assert!(build(&value).is_err(), "{bad}");
+        }
+        let named: Value =
+            serde_yaml::from_str("{prefixMatchInfoProducerName: approx-prefix-cache-producer}")
+                .unwrap();
+        assert!(build(&named).is_ok());
     }
 
     #[test]

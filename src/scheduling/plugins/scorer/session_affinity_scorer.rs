@@ -4,20 +4,64 @@
 //! a candidate has no effect: it can only score pool members.
 
 use crate::protocol::SESSION_TOKEN_HEADER;
-use crate::scheduling::plugins::spec::{effective, Data, Kind, NoParameters, PluginSpec};
+use crate::scheduling::plugins::spec::{effective, Data, Kind, PluginSpec};
 use crate::scheduling::{Plugin, SchedulingContext, Scorer};
 use serde_yaml::Value;
 
 pub const TYPE: &str = "session-affinity-scorer";
 
 /// The registry's entry for this plugin.
-pub const SPEC: PluginSpec = PluginSpec::new(TYPE, Kind::Scorer, build, effective::<NoParameters>)
+pub const SPEC: PluginSpec = PluginSpec::new(TYPE, Kind::Scorer, build, effective::<Parameters>)
     .consuming(&[Data::RequestHeader(SESSION_TOKEN_HEADER)]);
+
+/// llm-d-router's parameters: its default strategy is this scorer, so that strategy and its
+/// header load; the stateful `session_id` strategy and a per-profile pin are refused.
+#[derive(Debug, Default, serde::Deserialize, serde::Serialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase", default)]
+pub struct Parameters {
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub strategy: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub encoded_endpoint_header_config: Option<HeaderConfig>,
+    #[serde(skip_serializing_if = "Value::is_null")]
+    pub session_id_config: Value,
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub profile_name: String,
+}
+
+#[derive(Debug, Default, serde::Deserialize, serde::Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct HeaderConfig {
+    pub header: String,
+}
 
 pub struct SessionAffinityScorer;
 
 pub fn build(parameters: &Value) -> Result<Plugin, String> {
-    super::no_parameters(parameters)?;
+    let parameters: Parameters = super::parameters(parameters)?;
+    if !matches!(parameters.strategy.as_str(), "" | "encoded_endpoint_header") {
+        return Err(format!(
+            "strategy {:?}: only encoded_endpoint_header (the {SESSION_TOKEN_HEADER} token) is implemented",
+            parameters.strategy
+        ));
+    }
+    if !parameters.session_id_config.is_null() {
+        return Err("sessionIdConfig: the session_id strategy is not implemented; clients send back the x-session-token of the response".into());
+    }
+    if let Some(config) = &parameters.encoded_endpoint_header_config {
+        if !config.header.eq_ignore_ascii_case(SESSION_TOKEN_HEADER) {
+            return Err(format!(
+                "encodedEndpointHeaderConfig.header {:?}: the token header is {SESSION_TOKEN_HEADER}",
+                config.header
+            ));
+        }
+    }
+    if !parameters.profile_name.is_empty() {
+        return Err(format!(
+            "profileName {:?}: the token always names the pod that served the request (the decode pick)",
+            parameters.profile_name
+        ));
+    }
     Ok(Plugin::Scorer(Box::new(SessionAffinityScorer)))
 }
 
@@ -95,6 +139,31 @@ mod tests {
     use crate::harness::test;
     use crate::request::{InferenceRequest, RequestHeaders};
     use crate::scheduling::test_support::queues;
+
+    #[test]
+    fn llm_d_router_parameters_load_for_the_header_strategy_only() {
+        let ours: Value = serde_yaml::from_str(
+            "{strategy: encoded_endpoint_header, encodedEndpointHeaderConfig: {header: X-Session-Token}}",
+        )
+        .unwrap();
+        assert!(build(&ours).is_ok());
+        for (given, needle) in [
+            ("{strategy: session_id}", "strategy"),
+            (
+                "{sessionIdConfig: {sources: [{header: x-session-id}]}}",
+                "sessionIdConfig",
+            ),
+            (
+                "{encodedEndpointHeaderConfig: {header: x-other}}",
+                "x-session-token",
+            ),
+            ("{profileName: prefill}", "profileName"),
+        ] {
+            let value: Value = serde_yaml::from_str(given).unwrap();
+            let error = build(&value).err().unwrap();
+            assert!(error.contains(needle), "{given}: {error}");
+        }
+    }
 
     #[test]
     fn base64_round_trips() {

@@ -12,16 +12,20 @@ pub const TYPE: &str = "token-load-scorer";
 pub const SPEC: PluginSpec = PluginSpec::new(TYPE, Kind::Scorer, build, effective::<Parameters>)
     .consuming(&[Data::InFlight]);
 
-#[derive(Debug, Clone, Copy, PartialEq, serde::Deserialize, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq, serde::Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase", default)]
 pub struct Parameters {
     pub queue_threshold_tokens: u64,
+    /// llm-d-router's producer instance to read from; accepted, since the filter keeps one.
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub in_flight_load_producer_name: String,
 }
 
 impl Default for Parameters {
     fn default() -> Self {
         Parameters {
             queue_threshold_tokens: 4_194_304,
+            in_flight_load_producer_name: String::new(),
         }
     }
 }
