@@ -17,7 +17,7 @@ WBG_RUNNER := $(TOOLS)/bin/wasm-bindgen-test-runner
 FUZZ_SECONDS ?= 60
 FUZZ_TARGETS := body_parser prometheus_parser config_loader
 
-.PHONY: all build sim envoy toolchain wasm-bindgen-runner lint unit wasm-unit integration test demo e2e-vllm vllm-scrape-cost soak bench extproc bench-quick bench-schedule bench-hop bench-quality bench-memory bench-scaleout bench-overload peers fuzz check compose-up compose-down image clean
+.PHONY: all build sim envoy toolchain wasm-bindgen-runner lint unit wasm-unit integration test demo e2e-vllm vllm-scrape-cost soak bench extproc bench-quick bench-schedule bench-hop bench-quality bench-memory bench-scaleout bench-overload bench-pools peers fuzz check compose-up compose-down image clean
 
 all: build
 
@@ -148,6 +148,10 @@ bench-scaleout: build sim envoy
 ## bench-overload: 1.5x the pods' capacity, two tenants, two priorities: flow control vs none vs LEAST_REQUEST
 bench-overload: build sim envoy
 	$(CARGO) run --release --example bench -- overload
+
+## bench-pools: one filter serving 1 vs 100 pools: per-request latency and Envoy CPU
+bench-pools: build sim envoy
+	$(CARGO) run --release --example bench -- pools
 
 ## compose-up / compose-down: Envoy + the filter + four simulated pods in Docker (see deploy/compose)
 COMPOSE := docker compose -f deploy/compose/docker-compose.yaml

@@ -1,7 +1,7 @@
 //! `make bench`: measurements, written to `bench/RESULTS.md` with CSV and SVG beside it.
 //!
 //! ```text
-//! cargo run --release --example bench -- [schedule|hop|quality|memory|scaleout|overload|all|quick]
+//! cargo run --release --example bench -- [schedule|hop|quality|memory|scaleout|overload|pools|all|quick]
 //! ```
 //! - `schedule`: one full pick (default plugins + prefix scorer) natively, over 8/64/256
 //!   endpoints and 2k/8k/32k-character prompts, in ns per pick; body parsing per size.
@@ -19,6 +19,7 @@
 //! - `scaleout`: one vs two Envoy replicas in front of the same pods.
 //! - `overload`: 1.5x the pods' capacity from two tenants at two priorities, through the
 //!   picker with and without flow control and Envoy's LEAST_REQUEST.
+//! - `pools`: one filter serving 1 vs 100 pools: latency and Envoy CPU per request.
 //!
 //! `BENCH_QUICK=1` runs any part small; `quick` runs them all small.
 //!
@@ -37,6 +38,7 @@ mod hop;
 mod load;
 mod memory;
 mod overload;
+mod pools;
 mod procfs;
 mod quality;
 mod report;
@@ -54,7 +56,7 @@ struct PartSpec {
     run: fn(bool) -> Part,
 }
 
-const PARTS: [PartSpec; 6] = [
+const PARTS: [PartSpec; 7] = [
     PartSpec {
         name: "schedule",
         file: "1-schedule",
@@ -84,6 +86,11 @@ const PARTS: [PartSpec; 6] = [
         name: "overload",
         file: "6-overload",
         run: overload::run,
+    },
+    PartSpec {
+        name: "pools",
+        file: "7-pools",
+        run: pools::run,
     },
 ];
 

@@ -165,3 +165,45 @@ fn explain_shows_flow_control_holding_a_request_while_the_pool_is_saturated() {
     );
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn explain_picks_the_pool_by_the_bodys_model_and_refuses_an_unknown_one() {
+    let dir = std::env::temp_dir().join(format!("checker-pools-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let body = |name: &str, model: &str| {
+        let path = dir.join(name);
+        std::fs::write(&path, format!(r#"{{"model":"{model}","prompt":"hello"}}"#)).unwrap();
+        path.to_str().unwrap().to_owned()
+    };
+    let explain = |body: &str, metrics: &[&str]| {
+        let mut args = vec![
+            "explain",
+            "examples/configs/multi-pool.yaml",
+            "--body",
+            body,
+        ];
+        for pod in metrics {
+            args.extend(["--metrics", pod]);
+        }
+        checker(&args)
+    };
+    let qwen = body("qwen.json", "Qwen/Qwen3-8B");
+    let (ok, stdout, stderr) = explain(&qwen, &["examples/explain/pod-1.metrics"]);
+    assert!(ok, "{stderr}");
+    assert!(stdout.contains("pool: qwen"), "{stdout}");
+    assert!(stdout.contains("127.0.0.1:8003"), "{stdout}");
+    // The llama pool has two pods: one metrics file is not enough for it.
+    let lora = body("lora.json", "sql-lora");
+    let (ok, stdout, stderr) = explain(&lora, &["examples/explain/pod-1.metrics"]);
+    assert!(
+        !ok && stdout.contains("pool: llama") && stderr.contains("2 endpoints"),
+        "{stderr}"
+    );
+    let unknown = body("unknown.json", "gpt-4o");
+    let (ok, _, stderr) = explain(&unknown, &["examples/explain/pod-1.metrics"]);
+    assert!(!ok);
+    assert!(
+        stderr.contains("404") && stderr.contains("gpt-4o"),
+        "{stderr}"
+    );
+}

@@ -249,11 +249,11 @@ impl RootContext for PickerRoot {
         let defined_ns = abi::current_time_ns().unwrap_or(loaded_ns);
         let endpoints: usize = picker.slots().iter().map(|s| s.director.pool().len()).sum();
         log::info!(
-            "inference-picker: configured with {} pool(s), {endpoints} endpoints in {}ms (stats {}ms), ticking every {}ms",
-            picker.len(),
+            "inference-picker: configured with {endpoints} endpoints in {}ms (stats {}ms), scraping every {}ms, {} pool(s)",
             defined_ns.saturating_sub(started_ns) / 1_000_000,
             defined_ns.saturating_sub(loaded_ns) / 1_000_000,
-            configured.tick_ms
+            configured.tick_ms,
+            picker.len(),
         );
         self.pools = configured
             .ticks
