@@ -288,7 +288,7 @@ fn capacity(prompt_tokens: usize) -> f64 {
 
 pub fn run(quick: bool) -> Part {
     println!("overload: 1.5x capacity, two tenants, two priorities; flow control vs none vs LEAST_REQUEST");
-    let seconds = if quick { 15.0 } else { 60.0 };
+    let seconds = if quick { 6.0 } else { 60.0 };
     let probe = Sim::start("probe", &SIM);
     let tokens = prompt_tokens(&probe, &[unique_chat(0, PROMPT_TOKENS)])
         .first()

@@ -72,7 +72,7 @@ const WORKLOADS: [Workload; 6] = [
     Workload {
         name: SHARED_PREFIX,
         rates: &[35.0, 50.0, 65.0, 80.0, 100.0],
-        quick_rates: &[30.0, 60.0, 90.0],
+        quick_rates: &[30.0, 90.0],
         knee: 62.0,
         lora: false,
         requests: |quick, rng| {
