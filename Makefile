@@ -17,7 +17,7 @@ WBG_RUNNER := $(TOOLS)/bin/wasm-bindgen-test-runner
 FUZZ_SECONDS ?= 60
 FUZZ_TARGETS := body_parser prometheus_parser config_loader
 
-.PHONY: all build sim envoy toolchain wasm-bindgen-runner lint unit wasm-unit integration test demo e2e-vllm vllm-scrape-cost soak bench extproc bench-quick bench-schedule bench-hop bench-quality bench-memory bench-scaleout bench-overload bench-pools peers fuzz check compose-up compose-down image clean
+.PHONY: all build sim envoy toolchain wasm-bindgen-runner lint unit wasm-unit integration test demo e2e-vllm vllm-scrape-cost soak bench extproc bench-quick bench-schedule bench-hop bench-quality bench-memory bench-scaleout bench-overload bench-pools bench-profile profile-filter peers fuzz check compose-up compose-down image clean
 
 all: build
 
@@ -119,7 +119,7 @@ $(PEERS):
 
 ## bench: scheduling cost, hop cost (vs an ext_proc picker), routing quality, memory, scale-out;
 ## writes bench/RESULTS.md (+ CSV, SVG)
-bench: build sim envoy extproc peers
+bench: build sim envoy extproc profile-filter peers
 	$(CARGO) run --release --example bench -- all
 
 ## extproc: the ext_proc baseline picker (bench/extproc), our scheduling core behind gRPC
@@ -127,7 +127,7 @@ extproc:
 	$(CARGO) build --release --manifest-path bench/extproc/Cargo.toml --target-dir target
 
 ## bench-quick: every part, small (under five minutes), into bench/RESULTS-quick.md
-bench-quick: build sim envoy extproc peers
+bench-quick: build sim envoy extproc profile-filter peers
 	$(CARGO) run --release --example bench -- quick
 
 bench-schedule:
@@ -148,6 +148,14 @@ bench-scaleout: build sim envoy
 ## bench-overload: 1.5x the pods' capacity, two tenants, two priorities: flow control vs none vs LEAST_REQUEST
 bench-overload: build sim envoy
 	$(CARGO) run --release --example bench -- overload
+
+## profile-filter: the per-request profile's stage filter (bench/profile-filter)
+profile-filter: toolchain
+	$(CARGO) build --release --target wasm32-wasip1 --manifest-path bench/profile-filter/Cargo.toml --target-dir target
+
+## bench-profile: one request's cost step by step: Envoy CPU per stage, host calls by kind, perf
+bench-profile: build sim envoy profile-filter
+	$(CARGO) run --release --example bench -- profile
 
 ## bench-pools: one filter serving 1 vs 100 pools: per-request latency and Envoy CPU
 bench-pools: build sim envoy

@@ -1,7 +1,7 @@
 //! `make bench`: measurements, written to `bench/RESULTS.md` with CSV and SVG beside it.
 //!
 //! ```text
-//! cargo run --release --example bench -- [schedule|hop|quality|memory|scaleout|overload|pools|all|quick]
+//! cargo run --release --example bench -- [schedule|hop|quality|memory|scaleout|overload|pools|profile|all|quick]
 //! ```
 //! - `schedule`: one full pick (default plugins + prefix scorer) natively, over 8/64/256
 //!   endpoints and 2k/8k/32k-character prompts, in ns per pick; body parsing per size.
@@ -20,6 +20,7 @@
 //! - `overload`: 1.5x the pods' capacity from two tenants at two priorities, through the
 //!   picker with and without flow control and Envoy's LEAST_REQUEST.
 //! - `pools`: one filter serving 1 vs 100 pools: latency and Envoy CPU per request.
+//! - `profile`: one request's cost step by step (stage filter, host calls by kind, `perf`).
 //!
 //! `BENCH_QUICK=1` runs any part small; `quick` runs them all small.
 //!
@@ -40,6 +41,7 @@ mod memory;
 mod overload;
 mod pools;
 mod procfs;
+mod profile;
 mod quality;
 mod report;
 mod scaleout;
@@ -56,7 +58,7 @@ struct PartSpec {
     run: fn(bool) -> Part,
 }
 
-const PARTS: [PartSpec; 7] = [
+const PARTS: [PartSpec; 8] = [
     PartSpec {
         name: "schedule",
         file: "1-schedule",
@@ -91,6 +93,11 @@ const PARTS: [PartSpec; 7] = [
         name: "pools",
         file: "7-pools",
         run: pools::run,
+    },
+    PartSpec {
+        name: "profile",
+        file: "8-profile",
+        run: profile::run,
     },
 ];
 

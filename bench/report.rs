@@ -237,7 +237,7 @@ pub fn assemble(dir: &Path, report: &str) {
         .unwrap_or("results");
     let mut out = format!(
         "# Benchmark results\n\nProduced by `make bench` (parts: `make bench-schedule`, `make bench-hop`, \
-         `make bench-quality`, `make bench-memory`, `make bench-scaleout`, `make bench-overload`, `make bench-pools`; a small run: `make bench-quick`). Raw numbers are in `bench/{folder}/*.csv`, \
+         `make bench-quality`, `make bench-memory`, `make bench-scaleout`, `make bench-overload`, `make bench-pools`, `make bench-profile`; a small run: `make bench-quick`). Raw numbers are in `bench/{folder}/*.csv`, \
          charts in `bench/{folder}/*.svg`. How to read them: `bench/README.md`.\n\n"
     );
     for name in part_files(dir) {

@@ -32,7 +32,7 @@ pub mod tick_flow;
 
 // The proxy-wasm host side, built for the filter's target only (wasm32-unknown-unknown is where the
 // unit tests run under wasm-bindgen-test, see [`harness`]).
-#[cfg(all(target_arch = "wasm32", target_os = "wasi"))]
+#[cfg(all(target_arch = "wasm32", target_os = "wasi", feature = "filter"))]
 pub mod filter;
 
 /// The `#[test]` every unit-test module imports (`use crate::harness::test;`): libtest's natively

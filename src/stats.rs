@@ -5,7 +5,8 @@
 use crate::director::Director;
 use crate::endpoint::Health;
 use crate::error_response::{Dropped, RequestError};
-use crate::host::{MetricKind, Metrics};
+use crate::host::{HostCall, MetricKind, Metrics};
+use crate::picker::STATS_PREFIX;
 use crate::shared_state::Role;
 use crate::tick_flow::{CalloutOutcome, TickFlow, TickOutcome};
 use std::cell::{Cell, RefCell};
@@ -47,7 +48,18 @@ pub struct Stats<H: Metrics> {
     gauges_set_ms: Cell<u64>,
     /// Flow control's stats, when its gate is on.
     flow: Option<FlowStats>,
+    /// `host_calls.<kind>` counters, defined on the first report.
+    host_calls: RefCell<Option<Vec<Option<u32>>>>,
+    /// Per-request counts (decisions, picks, shed) not yet added to Envoy's counters: one host
+    /// call per stat per tick instead of two or three per request.
+    pending: RefCell<hashbrown::HashMap<u32, i64>>,
+    /// Decisions seen, for timing one in [`TIMED_DECISION_EVERY`].
+    decisions_seen: Cell<u32>,
 }
+
+/// One decision in this many is timed for `scheduling_time_us`: a histogram of a steady sample
+/// without two clock reads on every request.
+pub const TIMED_DECISION_EVERY: u32 = 16;
 
 /// How a request left flow control's queue.
 #[derive(Debug, Clone, PartialEq)]
@@ -106,6 +118,9 @@ impl<H: Metrics> Stats<H> {
             vm_memory_bytes: define(MetricKind::Gauge, "inference_picker.vm_memory_bytes"),
             vms: define(MetricKind::Gauge, "inference_picker.vms"),
             gauges_set_ms: Cell::new(0),
+            host_calls: RefCell::new(None),
+            pending: RefCell::new(hashbrown::HashMap::new()),
+            decisions_seen: Cell::new(0),
             flow: director.flow_control().map(|flow| {
                 let counter = |what: &str| {
                     define(
@@ -228,7 +243,7 @@ impl<H: Metrics> Stats<H> {
     /// A routed request; `scheduling_us` when its decision was timed.
     pub fn routed(&self, primary: usize, scheduling_us: Option<u64>) {
         self.routed_count();
-        self.bump(self.endpoint(primary, |e| e.picks));
+        self.bump_later(self.endpoint(primary, |e| e.picks));
         if let (Some(id), Some(us)) = (self.scheduling_us, scheduling_us) {
             let _ = self.host.record(id, us);
         }
@@ -237,18 +252,43 @@ impl<H: Metrics> Stats<H> {
     pub fn rejected(&self, error: &RequestError) {
         let status = error.status().to_string();
         let slot = OUTCOMES.iter().position(|o| *o == status);
-        self.bump(slot.and_then(|i| self.decisions.get(i).copied().flatten()));
+        self.bump_later(slot.and_then(|i| self.decisions.get(i).copied().flatten()));
         if let RequestError::Dropped(Dropped::QueueFull | Dropped::QueueFullNoEndpoints) = error {
             self.bump(self.flow.as_ref().and_then(|f| f.rejected));
         }
         if matches!(error, RequestError::TooManyRequests(message) if message.contains("saturated"))
         {
-            self.bump(self.shed);
+            self.bump_later(self.shed);
         }
     }
 
     fn routed_count(&self) {
-        self.bump(self.decisions.first().copied().flatten());
+        self.bump_later(self.decisions.first().copied().flatten());
+    }
+
+    /// Whether the decision about to be made is one to time (see [`TIMED_DECISION_EVERY`]).
+    pub fn time_this_decision(&self) -> bool {
+        let seen = self.decisions_seen.get().wrapping_add(1);
+        self.decisions_seen.set(seen);
+        seen % TIMED_DECISION_EVERY == 1
+    }
+
+    /// Adds the per-request counts gathered since the last flush to Envoy's counters (on every
+    /// tick).
+    pub fn flush(&self) {
+        let Ok(mut pending) = self.pending.try_borrow_mut() else {
+            return;
+        };
+        for (&id, &count) in pending.iter() {
+            let _ = self.host.increment(id, count);
+        }
+        pending.clear();
+    }
+
+    fn bump_later(&self, id: Option<u32>) {
+        if let (Some(id), Ok(mut pending)) = (id, self.pending.try_borrow_mut()) {
+            *pending.entry(id).or_insert(0) += 1;
+        }
     }
 
     /// A request flow control held.
@@ -348,6 +388,30 @@ impl<H: Metrics> Stats<H> {
             self.bump(self.vms);
         }
         *reported = bytes;
+    }
+
+    /// Adds the host calls made since the last report (`counts` in [`HostCall::ALL`] order) to
+    /// the VM-wide `host_calls.<kind>` counters.
+    pub fn host_calls(&self, counts: &[u64]) {
+        let Ok(mut defined) = self.host_calls.try_borrow_mut() else {
+            return;
+        };
+        let ids = defined.get_or_insert_with(|| {
+            HostCall::ALL
+                .iter()
+                .map(|call| {
+                    let name = format!("{STATS_PREFIX}.host_calls.{}", call.name());
+                    define(&self.host, MetricKind::Counter, &name)
+                })
+                .collect()
+        });
+        for (id, &count) in ids.iter().zip(counts) {
+            if let (Some(id), true) = (id, count > 0) {
+                let _ = self
+                    .host
+                    .increment(*id, i64::try_from(count).unwrap_or(i64::MAX));
+            }
+        }
     }
 
     /// The pool's gauges (the last round's duration, endpoints fresh), set by the VM that

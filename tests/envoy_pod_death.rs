@@ -30,6 +30,7 @@ fn gateway(sims: &[&Sim], backoff: &str) -> Envoy {
 /// The filter's pick counter for `address`, summed over Envoy's workers.
 fn picks(envoy: &Envoy, address: &str) -> u64 {
     let series = format!("inference_picker_endpoint_picks{{endpoint=\"{address}\"}}");
+    envoy.settle_counters();
     envoy
         .admin_get("/stats/prometheus")
         .text()

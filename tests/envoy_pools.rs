@@ -71,6 +71,7 @@ fn each_model_reaches_only_its_own_pools_pods() {
         );
     }
     // The pool header chose the cluster: the stats count each pool's own decisions.
+    envoy.settle_counters();
     let routed = |pool: &str| {
         envoy
             .stat(&format!(

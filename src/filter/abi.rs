@@ -2,9 +2,29 @@
 //! returns is handled: the SDK's wrappers panic on statuses they do not expect, and a panic
 //! kills the VM. Statuses come back as raw `u32`, never as an enum the host could overflow.
 
-use crate::host::{encode_header_map, level_filter, HostError, HostLogger, MetricKind};
+use crate::host::{encode_header_map, level_filter, HostCall, HostError, HostLogger, MetricKind};
 use proxy_wasm::types::{BufferType, MapType};
 use std::ptr::null_mut;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Host calls made so far, by kind (`HostCall as usize`); a VM is single-threaded, the atomics
+/// only make the statics safe.
+static CALLS: [AtomicU64; HostCall::ALL.len()] = [const { AtomicU64::new(0) }; HostCall::ALL.len()];
+
+fn count(call: HostCall) {
+    if let Some(counter) = CALLS.get(call as usize) {
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// The calls counted since the last take, by kind in [`HostCall::ALL`] order.
+pub fn take_call_counts() -> [u64; HostCall::ALL.len()] {
+    let mut counts = [0; HostCall::ALL.len()];
+    for (count, counter) in counts.iter_mut().zip(&CALLS) {
+        *count = counter.swap(0, Ordering::Relaxed);
+    }
+    counts
+}
 
 const OK: u32 = 0;
 const NOT_FOUND: u32 = 1;
@@ -95,6 +115,7 @@ extern "C" {
 /// Makes `context_id` the context later host calls act on (a held stream, from another
 /// context's callback). Fails when that context is gone.
 pub fn set_effective_context(context_id: u32) -> Result<(), HostError> {
+    count(HostCall::Stream);
     check("proxy_set_effective_context", unsafe {
         proxy_set_effective_context(context_id)
     })
@@ -102,6 +123,7 @@ pub fn set_effective_context(context_id: u32) -> Result<(), HostError> {
 
 /// Resumes the effective context's paused request.
 pub fn resume_request() -> Result<(), HostError> {
+    count(HostCall::Stream);
     const HTTP_REQUEST: u32 = 0;
     check("proxy_continue_stream", unsafe {
         proxy_continue_stream(HTTP_REQUEST)
@@ -128,12 +150,14 @@ unsafe fn take_host_buffer(data: *mut u8, size: usize) -> Vec<u8> {
 }
 
 pub fn log(level: u32, message: &str) {
+    count(HostCall::Log);
     // Nothing sensible to do if logging itself fails.
     let _ = unsafe { proxy_log(level, message.as_ptr(), message.len()) };
 }
 
 /// The host's log level (0 trace .. 5 critical).
 pub fn log_level() -> Result<u32, HostError> {
+    count(HostCall::Log);
     let mut level = 0u32;
     check("proxy_get_log_level", unsafe {
         proxy_get_log_level(&mut level)
@@ -142,6 +166,7 @@ pub fn log_level() -> Result<u32, HostError> {
 }
 
 pub fn current_time_ns() -> Result<u64, HostError> {
+    count(HostCall::Clock);
     let mut nanos = 0u64;
     check("proxy_get_current_time_nanoseconds", unsafe {
         proxy_get_current_time_nanoseconds(&mut nanos)
@@ -171,6 +196,7 @@ pub fn buffer(
     start: usize,
     max_size: usize,
 ) -> Result<Vec<u8>, HostError> {
+    count(HostCall::BodyRead);
     let mut data = null_mut();
     let mut size = 0usize;
     let status = unsafe {
@@ -187,6 +213,7 @@ pub fn buffer(
 }
 
 pub fn header(map_type: MapType, name: &str) -> Result<Option<Vec<u8>>, HostError> {
+    count(HostCall::HeaderRead);
     let mut data = null_mut();
     let mut size = 0usize;
     let status = unsafe {
@@ -210,6 +237,7 @@ pub fn header(map_type: MapType, name: &str) -> Result<Option<Vec<u8>>, HostErro
 
 /// A host property by its path (`["upstream", "address"]`); `None` when the host has none.
 pub fn property(path: &[&str]) -> Result<Option<Vec<u8>>, HostError> {
+    count(HostCall::Property);
     // The ABI's encoding: the path's parts joined by NUL.
     let encoded = path.join("\0");
     let mut data = null_mut();
@@ -227,6 +255,7 @@ pub fn property(path: &[&str]) -> Result<Option<Vec<u8>>, HostError> {
 }
 
 pub fn replace_header(map_type: MapType, name: &str, value: &str) -> Result<(), HostError> {
+    count(HostCall::HeaderWrite);
     check("proxy_replace_header_map_value", unsafe {
         proxy_replace_header_map_value(
             map_type as u32,
@@ -240,6 +269,7 @@ pub fn replace_header(map_type: MapType, name: &str, value: &str) -> Result<(), 
 
 /// Defines (or finds) an Envoy stat; Envoy prefixes its name with `wasmcustom.`.
 pub fn define_metric(kind: MetricKind, name: &str) -> Result<u32, HostError> {
+    count(HostCall::Metric);
     let mut id = 0u32;
     check("proxy_define_metric", unsafe {
         proxy_define_metric(kind as u32, name.as_ptr(), name.len(), &mut id)
@@ -248,6 +278,7 @@ pub fn define_metric(kind: MetricKind, name: &str) -> Result<u32, HostError> {
 }
 
 pub fn increment_metric(id: u32, offset: i64) -> Result<(), HostError> {
+    count(HostCall::Metric);
     check("proxy_increment_metric", unsafe {
         proxy_increment_metric(id, offset)
     })
@@ -255,6 +286,7 @@ pub fn increment_metric(id: u32, offset: i64) -> Result<(), HostError> {
 
 /// Sets a gauge or records a histogram sample.
 pub fn record_metric(id: u32, value: u64) -> Result<(), HostError> {
+    count(HostCall::Metric);
     check("proxy_record_metric", unsafe {
         proxy_record_metric(id, value)
     })
@@ -262,6 +294,7 @@ pub fn record_metric(id: u32, value: u64) -> Result<(), HostError> {
 
 /// A shared-data value and its CAS token; `None` when the key was never set.
 pub fn shared_data(key: &str) -> Result<Option<(Vec<u8>, u32)>, HostError> {
+    count(HostCall::SharedData);
     let mut data = null_mut();
     let mut size = 0usize;
     let mut cas = 0u32;
@@ -280,6 +313,7 @@ pub fn shared_data(key: &str) -> Result<Option<(Vec<u8>, u32)>, HostError> {
 /// Stores a shared-data value if its CAS is still `cas` (0: unconditionally); false on a
 /// CAS mismatch.
 pub fn set_shared_data(key: &str, value: &[u8], cas: u32) -> Result<bool, HostError> {
+    count(HostCall::SharedData);
     let status =
         unsafe { proxy_set_shared_data(key.as_ptr(), key.len(), value.as_ptr(), value.len(), cas) };
     match status {
@@ -293,6 +327,7 @@ pub fn set_shared_data(key: &str, value: &[u8], cas: u32) -> Result<bool, HostEr
 }
 
 pub fn remove_header(map_type: MapType, name: &str) -> Result<(), HostError> {
+    count(HostCall::HeaderRemove);
     check("proxy_remove_header_map_value", unsafe {
         proxy_remove_header_map_value(map_type as u32, name.as_ptr(), name.len())
     })
@@ -305,6 +340,7 @@ pub fn set_buffer(
     size: usize,
     data: &[u8],
 ) -> Result<(), HostError> {
+    count(HostCall::BodyWrite);
     check("proxy_set_buffer_bytes", unsafe {
         proxy_set_buffer_bytes(buffer_type as u32, start, size, data.as_ptr(), data.len())
     })
@@ -315,6 +351,7 @@ pub fn send_local_response(
     headers: &[(&str, &str)],
     body: &[u8],
 ) -> Result<(), HostError> {
+    count(HostCall::LocalReply);
     let headers = encode_header_map(headers);
     let details = "inference_picker";
     check("proxy_send_local_response", unsafe {
@@ -341,6 +378,7 @@ pub fn http_call(
     headers: &[(&str, &str)],
     timeout_ms: u32,
 ) -> Result<u32, HostError> {
+    count(HostCall::HttpCall);
     proxy_wasm::hostcalls::dispatch_http_call(
         cluster,
         headers.to_vec(),

@@ -281,6 +281,7 @@ impl RootContext for PickerRoot {
         let stats_of = |index: usize| all_stats.as_deref().and_then(|stats| stats.get(index));
         if let Some(stats) = stats_of(0) {
             stats.vm_memory(abi::memory_bytes(), &mut self.vm_memory_reported);
+            stats.host_calls(&abi::take_call_counts());
         }
         // A tick that arrives a little early must not skip a whole interval.
         let slack = u64::from(self.period_ms() / 2);
@@ -290,6 +291,9 @@ impl RootContext for PickerRoot {
                 continue;
             };
             let stats = stats_of(index);
+            if let Some(stats) = stats {
+                stats.flush();
+            }
             if now_ms.saturating_add(slack) >= pool.next_full_tick_ms {
                 models_changed |= full_tick(pool, director, stats);
                 pool.next_full_tick_ms = now_ms.saturating_add(pool.ticks.interval_ms);
@@ -341,8 +345,11 @@ fn release_held(
     current: u32,
     callback: Callback,
 ) {
-    let now_ms = EnvoyRequest.now_ms();
     let root = callback == Callback::Root;
+    if director.flow_control().is_none() && !director.has_deferred() {
+        return;
+    }
+    let now_ms = EnvoyRequest.now_ms();
     let quiet = director
         .flow_control()
         .is_none_or(|flow| flow.idle(now_ms) && flow.settled());
@@ -540,9 +547,15 @@ impl PickerHttp {
             return self.unavailable();
         };
         let was_pending = self.flow.outcome == Outcome::Pending;
-        let started_ns = (was_pending && last)
-            .then(abi::current_time_ns)
-            .and_then(Result::ok);
+        // The pool is known only after the decision: the first pool's stats pace the sample.
+        let timed = was_pending
+            && last
+            && self
+                .stats
+                .as_deref()
+                .and_then(|stats| stats.first())
+                .is_some_and(Stats::time_this_decision);
+        let started_ns = timed.then(abi::current_time_ns).and_then(Result::ok);
         let flow = step(&mut self.flow, &mut picker);
         if was_pending {
             self.flow.log_decision(&EnvoyRequest, &picker);
@@ -626,7 +639,13 @@ impl HttpContext for PickerHttp {
         let Ok(mut picker) = shared.try_borrow_mut() else {
             return;
         };
-        let now_ms = EnvoyRequest.now_ms();
+        // Only a request still held needs the time (it leaves the queue): no clock read for
+        // the others.
+        let now_ms = if self.flow.outcome == Outcome::Held {
+            EnvoyRequest.now_ms()
+        } else {
+            0
+        };
         if let Some(waited_ms) = self.flow.on_done(&mut picker, now_ms, &EnvoyHost) {
             log::debug!(
                 "inference-picker: flow control dropped request_id={} waited_ms={waited_ms} reason=client-disconnected",

@@ -193,3 +193,58 @@ mod tests {
         );
     }
 }
+
+/// Host calls by kind, counted by the host edge and published as `inference_picker.host_calls.*`
+/// stats: what a request costs in calls across the wasm boundary.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HostCall {
+    HeaderRead,
+    HeaderWrite,
+    HeaderRemove,
+    BodyRead,
+    BodyWrite,
+    Property,
+    Clock,
+    Metric,
+    Log,
+    SharedData,
+    LocalReply,
+    Stream,
+    HttpCall,
+}
+
+impl HostCall {
+    pub const ALL: [HostCall; 13] = [
+        HostCall::HeaderRead,
+        HostCall::HeaderWrite,
+        HostCall::HeaderRemove,
+        HostCall::BodyRead,
+        HostCall::BodyWrite,
+        HostCall::Property,
+        HostCall::Clock,
+        HostCall::Metric,
+        HostCall::Log,
+        HostCall::SharedData,
+        HostCall::LocalReply,
+        HostCall::Stream,
+        HostCall::HttpCall,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            HostCall::HeaderRead => "header_read",
+            HostCall::HeaderWrite => "header_write",
+            HostCall::HeaderRemove => "header_remove",
+            HostCall::BodyRead => "body_read",
+            HostCall::BodyWrite => "body_write",
+            HostCall::Property => "property",
+            HostCall::Clock => "clock",
+            HostCall::Metric => "metric",
+            HostCall::Log => "log",
+            HostCall::SharedData => "shared_data",
+            HostCall::LocalReply => "local_reply",
+            HostCall::Stream => "stream",
+            HostCall::HttpCall => "http_call",
+        }
+    }
+}

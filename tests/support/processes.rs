@@ -458,6 +458,12 @@ impl Envoy {
         request(&self.admin_address(), "GET", path, &[], b"")
     }
 
+    /// Waits for the filter's next ticks: it adds the per-request counts (decisions, picks) to
+    /// its stats once per tick, not per request (ticks here are 50 ms).
+    pub fn settle_counters(&self) {
+        std::thread::sleep(Duration::from_millis(200));
+    }
+
     /// A counter or gauge from the admin `/stats` by its exact name (the filter's own carry
     /// Envoy's `wasmcustom.` prefix).
     pub fn stat(&self, name: &str) -> Option<f64> {
