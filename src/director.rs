@@ -93,6 +93,13 @@ pub enum Release {
     },
 }
 
+/// What a model list changed: one pod's list, and the pool's models as a whole.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ModelsChange {
+    pub pod: bool,
+    pub pool: bool,
+}
+
 /// The routing outcome handed back to the host edge.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Routed {
@@ -208,16 +215,33 @@ impl Director {
         &self.served_models
     }
 
-    /// What endpoint `index` reported at its model list; returns true when the pool's union
-    /// changed. A removed endpoint's models no longer count.
-    pub fn set_endpoint_models(&mut self, index: usize, models: Vec<String>) -> bool {
+    /// What endpoint `index` reported at its model list. A removed endpoint's models no
+    /// longer count.
+    pub fn set_endpoint_models(&mut self, index: usize, models: Vec<String>) -> ModelsChange {
         if self.endpoint_models.len() < self.pool.len() {
             self.endpoint_models.resize(self.pool.len(), None);
         }
-        if let Some(slot) = self.endpoint_models.get_mut(index) {
-            *slot = Some(models);
+        let pod = match self.endpoint_models.get_mut(index) {
+            Some(slot) if slot.as_ref() != Some(&models) => {
+                *slot = Some(models);
+                true
+            }
+            _ => false,
+        };
+        ModelsChange {
+            pod,
+            pool: self.recompute_served_models(),
         }
-        self.recompute_served_models()
+    }
+
+    /// Endpoint `index` gave no usable model list: it keeps what it reported last, or serves
+    /// nothing if it never reported (so a pod that never answers cannot hold the pool's list).
+    pub fn mark_unanswered(&mut self, index: usize) -> ModelsChange {
+        let reported = self.endpoint_models.get(index).is_some_and(Option::is_some);
+        if reported {
+            return ModelsChange::default();
+        }
+        self.set_endpoint_models(index, Vec::new())
     }
 
     /// Each endpoint's reported models, `(address, models)`, for the other VMs.
@@ -228,11 +252,12 @@ impl Director {
             .filter_map(|(models, endpoint)| Some((endpoint.address.as_str(), models.as_deref()?)))
     }
 
-    /// The scraping VM's [`Director::reported_models`]; returns true when the pool's union
-    /// changed.
-    pub fn apply_reported_models(&mut self, reported: &[(String, Vec<String>)]) -> bool {
-        self.endpoint_models.clear();
-        self.endpoint_models.resize(self.pool.len(), None);
+    /// The scraping VM's [`Director::reported_models`] (published after whole rounds: a pod it
+    /// does not list serves nothing).
+    pub fn apply_reported_models(&mut self, reported: &[(String, Vec<String>)]) -> ModelsChange {
+        let before = std::mem::take(&mut self.endpoint_models);
+        self.endpoint_models
+            .resize(self.pool.len(), Some(Vec::new()));
         for (address, models) in reported {
             if let Some(slot) = self
                 .pool
@@ -242,7 +267,10 @@ impl Director {
                 *slot = Some(models.clone());
             }
         }
-        self.recompute_served_models()
+        ModelsChange {
+            pod: before != self.endpoint_models,
+            pool: self.recompute_served_models(),
+        }
     }
 
     /// Whether endpoint `index` reported serving `model`; `None` when the pool learns no
@@ -774,6 +802,8 @@ impl Director {
         headers: RequestHeaders,
     ) -> Result<Prepared, RequestError> {
         let limit = self.settings.max_request_body_bytes;
+        // Before parsing: an oversized body is never read (`complete_prepared` checks again
+        // for the pool chosen after a parse).
         if body.is_some_and(|body| api.is_inference() && body.len() > limit) {
             return Err(RequestError::BodyTooLarge { limit });
         }
@@ -1049,7 +1079,16 @@ pool:
         scrape(&mut director, 1, 5, 0.1);
         director.on_tick(1000);
         director.set_endpoint_models(0, vec!["base".into()]);
-        assert!(director.set_endpoint_models(1, vec!["base".into(), "lora-x".into()]));
+        let change = director.set_endpoint_models(1, vec!["base".into(), "lora-x".into()]);
+        assert_eq!(
+            change,
+            ModelsChange {
+                pod: true,
+                pool: true
+            }
+        );
+        let same = director.set_endpoint_models(1, vec!["base".into(), "lora-x".into()]);
+        assert_eq!(same, ModelsChange::default());
         assert_eq!(director.served_models(), ["base", "lora-x"]);
         let body = |model: &str| format!(r#"{{"model":"{model}","prompt":"hi"}}"#);
         let route = |director: &mut Director, model: &str| {
@@ -1079,7 +1118,7 @@ pool:
             .map(|(a, m)| (a.to_owned(), m.to_vec()))
             .collect();
         let mut follower = Director::new(load(config, 2).unwrap());
-        assert!(follower.apply_reported_models(&reported));
+        assert!(follower.apply_reported_models(&reported).pool);
         assert_eq!(follower.served_models(), ["base", "lora-x"]);
         assert_eq!(follower.serves("lora-x"), Some(vec![false, true]));
         assert_eq!(

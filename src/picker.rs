@@ -25,8 +25,10 @@ pub struct PoolSlot {
     pub director: Director,
 }
 
-/// Which pool serves a model: exact names first (one lookup however many pools), then globs
-/// in configuration order, then the pool that lists no models.
+/// Which pool serves a model: exact names a pool lists first (one lookup however many pools),
+/// then names a pool's pods report (`models-data-source`), then globs in configuration order,
+/// then the pool that lists no models and learns none. A name two pools list or report goes
+/// to the first.
 #[derive(Debug, Default)]
 pub struct ModelRouter {
     exact: HashMap<String, usize>,

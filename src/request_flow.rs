@@ -308,7 +308,10 @@ impl RequestFlow {
         self.pool = pool;
         if let Some((header, name)) = picker.pool_label(pool) {
             if let Err(error) = host.set_request_header(header, name) {
-                log::warn!("inference-picker: setting {header}: {error}");
+                // The client's value would pick the route: refuse rather than guess.
+                log::error!("inference-picker: setting {header}: {error}");
+                let error = RequestError::NoEndpoint("the pool could not be set".into());
+                return self.reject(host, error);
             }
         }
         let Some(director) = picker.director_mut(pool) else {

@@ -41,7 +41,7 @@ pub fn configure(text: &[u8], vm_seed: u64) -> Result<Configured, String> {
     let set = config::load_set(text, vm_seed, false).map_err(|error| error.to_string())?;
     // A config update starts a fresh namespace, so old VMs' leases do not interfere.
     let base = format!("inference-picker/{:x}", hash_bytes(0, text.as_bytes()));
-    let many = set.pools.len() > 1 || set.pools.iter().any(|p| p.models.is_some());
+    let many = set.listed;
     let mut slots = Vec::with_capacity(set.pools.len());
     let mut ticks = Vec::with_capacity(set.pools.len());
     for pool in set.pools {
@@ -245,7 +245,7 @@ impl TickFlow {
             for index in self.queue.drain(..) {
                 director.cancel_scrape(index);
             }
-            models_changed = self.read_models(host, director);
+            models_changed = self.read_models(host, director, members_changed);
         }
         TickOutcome {
             role,
@@ -256,27 +256,20 @@ impl TickFlow {
         }
     }
 
-    /// Shares the pool's models (from `models-data-source`) with the other VMs.
-    fn publish_models(&mut self, store: &impl SharedData, director: &Director) {
-        let Some(coordinator) = &self.coordinator else {
-            return;
-        };
-        if let Err(error) = self
-            .models
-            .publish(store, coordinator.namespace(), director)
-        {
-            log::warn!("inference-picker: sharing the pool's models: {error}");
-        }
-    }
-
     /// Reads the pool's models the scraping VM published; returns whether they changed.
-    fn read_models(&mut self, store: &impl SharedData, director: &mut Director) -> bool {
-        let (Some(coordinator), Some(_)) = (&self.coordinator, director.models_source()) else {
+    fn read_models(
+        &mut self,
+        store: &impl SharedData,
+        director: &mut Director,
+        members_changed: bool,
+    ) -> bool {
+        let Some(coordinator) = &self.coordinator else {
             return false;
         };
+        let (now, namespace) = (self.last_tick_ms, coordinator.namespace());
         match self
             .models
-            .apply_shared(store, coordinator.namespace(), director)
+            .apply_shared(store, namespace, director, now, members_changed)
         {
             Ok(changed) => changed,
             Err(error) => {
@@ -296,7 +289,8 @@ impl TickFlow {
         }
     }
 
-    /// Whether `token` is one of this flow's callouts (a scrape or a discovery call).
+    /// Whether `token` is one of this flow's callouts (a scrape, a discovery call, or a
+    /// `/v1/models` call).
     pub fn owns(&self, token: u32) -> bool {
         self.discovery_call == Some(token)
             || self.scrapes.contains_key(&token)
@@ -316,10 +310,10 @@ impl TickFlow {
             return CalloutOutcome::Discovered { changed };
         }
         if self.models.owns(token) {
-            let changed = self.models.on_answer(host, director, token, body_size);
-            if changed {
-                self.publish_models(host, director);
-            }
+            let namespace = self.coordinator.as_ref().map(Coordinator::namespace);
+            let changed = self
+                .models
+                .on_answer(host, director, namespace, token, body_size);
             return CalloutOutcome::Models { changed };
         }
         let Some(scrape) = self.scrapes.remove(&token) else {

@@ -57,7 +57,7 @@ fn load_file(path: &str, with_effective: bool) -> Result<PoolSet, String> {
 fn check(path: &str) -> Result<(), String> {
     let set = load_file(path, true)?;
     println!("{path}: ok");
-    let many = set.pools.len() > 1 || set.pools.iter().any(|p| p.models.is_some());
+    let many = set.listed;
     for pool in &set.pools {
         let models = pool
             .models

@@ -46,6 +46,8 @@ pub struct FilterConfig {
 /// single `pool` section, or the `pools` list.
 pub struct PoolSet {
     pub pools: Vec<NamedPool>,
+    /// Written as a `pools` list (even of one): stats and shared state carry pool names.
+    pub listed: bool,
     /// `poolHeader`: the request header the chosen pool's name is written to.
     pub pool_header: Option<String>,
 }
@@ -96,6 +98,7 @@ pub fn load_set(text: &str, seed: u64, with_effective: bool) -> Result<PoolSet, 
         };
         return Ok(PoolSet {
             pools: vec![pool],
+            listed: false,
             pool_header,
         });
     };
@@ -123,6 +126,7 @@ pub fn load_set(text: &str, seed: u64, with_effective: bool) -> Result<PoolSet, 
     }
     Ok(PoolSet {
         pools: loaded,
+        listed: true,
         pool_header,
     })
 }

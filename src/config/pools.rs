@@ -162,5 +162,28 @@ pub(super) fn pool_header(document: &Value) -> Result<Option<String>, ConfigErro
             format!("{name:?} must be a lowercase header name"),
         ));
     }
+    // Headers the protocol or HTTP itself gives a meaning: the pool's name must not overwrite
+    // them.
+    let reserved = name.starts_with("x-gateway-destination-endpoint")
+        || name.starts_with("x-envoy-")
+        || name.starts_with("content-")
+        || [
+            "host",
+            "transfer-encoding",
+            "connection",
+            "te",
+            "upgrade",
+            "x-request-id",
+            crate::protocol::PREFILLER_HEADER,
+            crate::protocol::MODEL_REWRITE_HEADER,
+            crate::protocol::SESSION_TOKEN_HEADER,
+        ]
+        .contains(&name);
+    if reserved {
+        return Err(ConfigError::invalid(
+            POOL_HEADER_KEY,
+            format!("{name:?} already means something to the gateway or HTTP: choose another name"),
+        ));
+    }
     Ok(Some(name.to_owned()))
 }

@@ -715,6 +715,17 @@ fn a_single_pool_is_the_default_pool_serving_every_model() {
     assert_eq!(set.pools.len(), 1);
     assert_eq!(set.pools[0].name, DEFAULT_POOL_NAME);
     assert_eq!(set.pools[0].models, None);
+    assert!(!set.listed);
+    let one = load_set(
+        "pools:\n- name: only\n  endpoints: [{address: 10.0.0.1:8000}]\n",
+        1,
+        false,
+    )
+    .unwrap();
+    assert!(
+        one.listed,
+        "a one-entry list is still a list: its stats carry the pool's name"
+    );
 }
 
 #[test]
@@ -763,6 +774,14 @@ fn the_pool_header_needs_pools_and_a_header_name() {
     assert_eq!(set.pool_header.as_deref(), Some("x-gateway-inference-pool"));
     assert!(set_error(&format!("poolHeader: x-pool\n{POOL}")).contains("needs a `pools` list"));
     assert!(set_error(&format!("poolHeader: 'Bad Header'\n{POOLS}")).contains("lowercase header"));
+    for reserved in [
+        "x-gateway-destination-endpoint",
+        "content-length",
+        "host",
+        "x-envoy-upstream-alt-stat-name",
+    ] {
+        assert!(set_error(&format!("poolHeader: {reserved}\n{POOLS}")).contains("already means"));
+    }
     assert!(load(POOLS, 1).is_err(), "load reads one pool only");
 }
 

@@ -139,13 +139,10 @@ impl PickerRoot {
     /// Ticks every [`FLOW_TICK_MS`] while requests wait anywhere in this Envoy, at the
     /// configured period otherwise.
     fn pace_ticks(&mut self, picker: &Picker, now_ms: u64) {
-        let waiting = picker.slots().iter().any(|slot| {
-            let director = &slot.director;
-            director
-                .flow_control()
-                .is_some_and(|flow| !(flow.idle(now_ms) && flow.settled()))
-                || director.has_deferred()
-        });
+        let waiting = picker
+            .slots()
+            .iter()
+            .any(|slot| flow_waiting(&slot.director, now_ms));
         let fast = waiting && FLOW_TICK_MS < self.tick_ms;
         if fast == self.flow_ticking {
             return;
@@ -156,6 +153,15 @@ impl PickerRoot {
             Err(error) => log::warn!("inference-picker: setting the tick period: {error}"),
         }
     }
+}
+
+/// Requests wait in this pool, here or (as last seen) in another VM, or refusals wait to be
+/// sent.
+fn flow_waiting(director: &Director, now_ms: u64) -> bool {
+    director
+        .flow_control()
+        .is_some_and(|flow| !(flow.idle(now_ms) && flow.settled()))
+        || director.has_deferred()
 }
 
 /// A pool's configured tick: scrapes, shared state, stats. Returns whether the pool's
@@ -276,7 +282,6 @@ impl RootContext for PickerRoot {
         let Ok(mut picker) = shared.try_borrow_mut() else {
             return;
         };
-        abi::sync_log_level();
         let all_stats = self.stats.clone();
         let stats_of = |index: usize| all_stats.as_deref().and_then(|stats| stats.get(index));
         if let Some(stats) = stats_of(0) {
@@ -286,6 +291,7 @@ impl RootContext for PickerRoot {
         // A tick that arrives a little early must not skip a whole interval.
         let slack = u64::from(self.period_ms() / 2);
         let mut models_changed = false;
+        let mut log_level_synced = false;
         for (index, pool) in self.pools.iter_mut().enumerate() {
             let Some(director) = picker.director_mut(index) else {
                 continue;
@@ -294,14 +300,22 @@ impl RootContext for PickerRoot {
             if let Some(stats) = stats {
                 stats.flush();
             }
-            if now_ms.saturating_add(slack) >= pool.next_full_tick_ms {
+            let full = now_ms.saturating_add(slack) >= pool.next_full_tick_ms;
+            // Flow control's fast ticks serve the pools with requests waiting; the others
+            // catch up on their full tick.
+            let waiting = flow_waiting(director, now_ms);
+            if full {
+                if !log_level_synced {
+                    abi::sync_log_level();
+                    log_level_synced = true;
+                }
                 models_changed |= full_tick(pool, director, stats);
                 pool.next_full_tick_ms = now_ms.saturating_add(pool.ticks.interval_ms);
-            } else if director.flow_control().is_some() {
+            } else if waiting {
                 // A flow-control tick: the whole Envoy's in-flight counts, then what may go.
                 pool.ticks.flow.exchange_load(&EnvoyHost, director, now_ms);
             }
-            if director.flow_control().is_some() {
+            if director.flow_control().is_some() && (full || waiting) {
                 refresh_flow(director);
                 release_held(director, stats, self.context_id, Callback::Root);
             }

@@ -787,3 +787,59 @@ fn the_scraper_learns_each_pods_models_and_the_others_read_them() {
     assert!(b.tick().models_changed);
     assert_eq!(b.director.served_models(), ["llama"]);
 }
+
+#[test]
+fn every_pods_list_reaches_the_other_vms_even_when_the_pool_serves_the_same_models() {
+    let (shared, clock) = (FakeShared::default(), FakeClock::default());
+    let mut a = Vm::new(LEARNING_POOL, 1, &shared, &clock);
+    let mut b = Vm::new(LEARNING_POOL, 2, &shared, &clock);
+    a.tick();
+    b.tick();
+    let calls = model_calls(&a);
+    // The pod listing more answers first; the second adds nothing to the pool's models.
+    a.deliver(
+        calls[0].0,
+        Some("200"),
+        r#"{"data":[{"id":"llama"},{"id":"sql-lora"}]}"#,
+    );
+    let second = a.deliver(calls[1].0, Some("200"), r#"{"data":[{"id":"llama"}]}"#);
+    assert_eq!(second, CalloutOutcome::Models { changed: false });
+    assert!(b.tick().models_changed);
+    // The other VM knows both pods serve llama, so both are candidates for it there.
+    let reported: Vec<(String, Vec<String>)> = b
+        .director
+        .reported_models()
+        .map(|(address, models)| (address.to_owned(), models.to_vec()))
+        .collect();
+    assert_eq!(
+        reported,
+        [
+            (
+                "10.0.0.1:8000".to_owned(),
+                vec!["llama".to_owned(), "sql-lora".to_owned()]
+            ),
+            ("10.0.0.2:8000".to_owned(), vec!["llama".to_owned()]),
+        ]
+    );
+}
+
+#[test]
+fn a_pod_that_never_answers_its_models_cannot_hold_the_pools_list() {
+    let (shared, clock) = (FakeShared::default(), FakeClock::default());
+    let mut a = Vm::new(LEARNING_POOL, 1, &shared, &clock);
+    a.tick();
+    let calls = model_calls(&a);
+    a.deliver(calls[0].0, Some("200"), r#"{"data":[{"id":"old"}]}"#);
+    a.deliver(calls[1].0, Some("503"), "");
+    assert_eq!(a.director.served_models(), ["old"]);
+    clock.advance(1100);
+    a.tick();
+    let calls = model_calls(&a);
+    a.deliver(calls[2].0, Some("200"), r#"{"data":[{"id":"new"}]}"#);
+    a.deliver(calls[3].0, None, "");
+    assert_eq!(
+        a.director.served_models(),
+        ["new"],
+        "the removed model is gone"
+    );
+}
