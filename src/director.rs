@@ -9,7 +9,9 @@ use crate::flow_control::{Arrival, FlowControl, Pick};
 use crate::host::SharedData;
 use crate::metrics::{self, ExtractError, MetricSelector};
 use crate::protocol::{SESSION_TOKEN_HEADER, TEST_SELECTION_HEADER};
-use crate::request::{parse_body, rewrite_model, ApiKind, InferenceRequest, RequestHeaders};
+use crate::request::{
+    parse_body_keeping, rewrite_model, ApiKind, InferenceRequest, RequestHeaders,
+};
 use crate::scheduling::plugins::{self, scorer::session_affinity_scorer, Data};
 use crate::scheduling::{ScheduleError, Scheduler};
 use hashbrown::HashMap;
@@ -204,6 +206,11 @@ impl Director {
             endpoint_models: Vec::new(),
             served_models: Vec::new(),
         }
+    }
+
+    /// Characters of a prompt's text this pool's plugins read.
+    pub fn prompt_chars_needed(&self) -> usize {
+        self.scheduler.prompt_chars_needed()
     }
 
     pub fn models_source(&self) -> Option<&crate::config::ModelsSource> {
@@ -807,7 +814,8 @@ impl Director {
         if body.is_some_and(|body| api.is_inference() && body.len() > limit) {
             return Err(RequestError::BodyTooLarge { limit });
         }
-        let mut prepared = parse_prepared(api, body, headers)?;
+        let keep = self.prompt_chars_needed();
+        let mut prepared = parse_prepared(api, body, headers, keep)?;
         self.complete_prepared(&mut prepared)?;
         Ok(prepared)
     }
@@ -952,14 +960,17 @@ impl Director {
 
 /// Parses the body (if the API has one) and applies the model rewrite: the part of preparing
 /// a request that needs no pool.
+/// Only the first `keep_chars` characters of the prompt's text are kept (see
+/// [`parse_body_keeping`]).
 pub fn parse_prepared(
     api: ApiKind,
     body: Option<&[u8]>,
     headers: RequestHeaders,
+    keep_chars: usize,
 ) -> Result<Prepared, RequestError> {
     let mut request = match (api.is_inference(), body) {
-        (true, Some(body)) => parse_body(api, body)?,
-        (true, None) => parse_body(api, &[])?,
+        (true, Some(body)) => parse_body_keeping(api, body, keep_chars)?,
+        (true, None) => parse_body_keeping(api, &[], keep_chars)?,
         (false, _) => InferenceRequest::empty(),
     };
     let rewritten_body = match (&headers.model_rewrite, body) {

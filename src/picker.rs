@@ -129,6 +129,8 @@ pub struct Picker {
     header_use: HeaderUse,
     /// The largest body any pool accepts; each pool checks its own limit once chosen.
     max_request_body_bytes: usize,
+    /// The most prompt text any pool's plugins read (the parse keeps no more).
+    prompt_chars_needed: usize,
 }
 
 impl Picker {
@@ -144,7 +146,13 @@ impl Picker {
             .map(|slot| slot.director.settings().max_request_body_bytes)
             .max()
             .unwrap_or(0);
+        let prompt_chars_needed = pools
+            .iter()
+            .map(|slot| slot.director.prompt_chars_needed())
+            .max()
+            .unwrap_or(0);
         Picker {
+            prompt_chars_needed,
             pools,
             router: ModelRouter::new(&models),
             pool_header,
@@ -222,7 +230,8 @@ impl Picker {
         body: Option<&[u8]>,
         headers: RequestHeaders,
     ) -> Result<(usize, Prepared), RequestError> {
-        let mut prepared = crate::director::parse_prepared(api, body, headers)?;
+        let keep = self.prompt_chars_needed;
+        let mut prepared = crate::director::parse_prepared(api, body, headers, keep)?;
         let pool = if api.is_inference() {
             self.router
                 .route(&prepared.request.model)

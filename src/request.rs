@@ -200,6 +200,17 @@ struct Body<'a> {
 
 /// Parses a body for `kind`. Errors are the client's: they become 400 replies.
 pub fn parse_body(kind: ApiKind, body: &[u8]) -> Result<InferenceRequest, RequestError> {
+    parse_body_keeping(kind, body, usize::MAX)
+}
+
+/// [`parse_body`], keeping only the first `keep_chars` characters of the prompt's text (what
+/// the prefix index hashes; see `Scheduler::prompt_chars_needed`): the rest is counted for
+/// the token estimate but never copied.
+pub fn parse_body_keeping(
+    kind: ApiKind,
+    body: &[u8],
+    keep_chars: usize,
+) -> Result<InferenceRequest, RequestError> {
     if body.is_empty() {
         return Err(RequestError::BadRequest(
             "request body is empty; expected a JSON object".into(),
@@ -222,8 +233,9 @@ pub fn parse_body(kind: ApiKind, body: &[u8]) -> Result<InferenceRequest, Reques
             ))
         }
     };
-    let (prompt, token_ids) = prompt_text(kind, &parsed)?;
-    let prompt_chars = prompt.chars().count();
+    let mut text = PromptText::new(keep_chars);
+    let token_ids = prompt_text(kind, &parsed, &mut text)?;
+    let (prompt, prompt_chars) = (text.text, text.chars);
     let estimated = prompt_chars.div_ceil(CHARS_PER_TOKEN);
     let prompt_tokens = u32::try_from(token_ids.unwrap_or(estimated)).unwrap_or(u32::MAX);
     let max_tokens = match kind {
@@ -253,20 +265,77 @@ pub fn parse_body(kind: ApiKind, body: &[u8]) -> Result<InferenceRequest, Reques
 }
 
 /// The prompt text, and the exact token count when the client sent token ids.
-fn prompt_text(kind: ApiKind, body: &Body) -> Result<(String, Option<usize>), RequestError> {
+/// The prompt's text as the prefix index reads it, kept up to `keep` characters; every
+/// character pushed counts toward `chars`, kept or not.
+struct PromptText {
+    text: String,
+    keep: usize,
+    kept: usize,
+    chars: usize,
+}
+
+impl PromptText {
+    fn new(keep: usize) -> Self {
+        PromptText {
+            text: String::new(),
+            keep,
+            kept: 0,
+            chars: 0,
+        }
+    }
+
+    fn push_str(&mut self, value: &str) {
+        let room = self.keep.saturating_sub(self.kept);
+        if room == 0 {
+            self.chars += value.chars().count();
+            return;
+        }
+        // Only the kept part is walked char by char; the rest is counted in one pass.
+        match value.char_indices().nth(room) {
+            None => {
+                let count = value.chars().count();
+                self.text.push_str(value);
+                self.kept += count;
+                self.chars += count;
+            }
+            Some((end, _)) => {
+                let (kept, rest) = value.split_at(end);
+                self.text.push_str(kept);
+                self.kept += room;
+                self.chars += room + rest.chars().count();
+            }
+        }
+    }
+
+    fn push(&mut self, c: char) {
+        self.push_str(c.encode_utf8(&mut [0; 4]));
+    }
+}
+
+impl std::fmt::Write for PromptText {
+    fn write_str(&mut self, value: &str) -> std::fmt::Result {
+        self.push_str(value);
+        Ok(())
+    }
+}
+
+fn prompt_text(
+    kind: ApiKind,
+    body: &Body,
+    text: &mut PromptText,
+) -> Result<Option<usize>, RequestError> {
     let field = kind.prompt_field();
     let missing = || RequestError::BadRequest(format!("missing required field \"{field}\""));
-    let mut text = String::new();
     let token_ids = match kind {
         ApiKind::Completions | ApiKind::Embeddings => {
             let prompt = match kind {
                 ApiKind::Completions => body.prompt.as_ref(),
                 _ => body.input.as_ref(),
             };
-            append_prompt(&mut text, prompt.ok_or_else(missing)?, field, false)?
+            append_prompt(text, prompt.ok_or_else(missing)?, field, false)?
         }
         ApiKind::ChatCompletions => {
-            append_messages(&mut text, body.messages.as_deref().ok_or_else(missing)?);
+            append_messages(text, body.messages.as_deref().ok_or_else(missing)?);
             None
         }
         ApiKind::Messages => {
@@ -279,31 +348,26 @@ fn prompt_text(kind: ApiKind, body: &Body) -> Result<(String, Option<usize>), Re
             // Rendered as a leading system turn, as a chat request with the same system prompt
             // would be, so the two share prefix-cache blocks on the same pod.
             if let Some(system) = &body.system {
-                append_content(&mut text, "system", Some(system));
+                append_content(text, "system", Some(system));
             }
-            append_messages(&mut text, messages);
+            append_messages(text, messages);
             None
         }
         ApiKind::Responses => {
             if let Some(instructions) = &body.instructions {
-                push_line(&mut text, "system", instructions);
+                push_line(text, "system", instructions);
             }
-            append_prompt(
-                &mut text,
-                body.input.as_ref().ok_or_else(missing)?,
-                field,
-                true,
-            )?
+            append_prompt(text, body.input.as_ref().ok_or_else(missing)?, field, true)?
         }
         ApiKind::Other => None,
     };
-    Ok((text, token_ids))
+    Ok(token_ids)
 }
 
 /// Appends a prompt: a string, a list of strings, token ids, lists of token ids, or (when
 /// `messages_allowed`) message items. Returns the token count when it is exact.
 fn append_prompt(
-    text: &mut String,
+    text: &mut PromptText,
     prompt: &Prompt,
     field: &str,
     messages_allowed: bool,
@@ -354,7 +418,7 @@ fn append_prompt(
 }
 
 /// Token ids are hashed as their decimal text so a repeated token prefix still matches.
-fn append_token_ids(text: &mut String, ids: &[u32]) -> usize {
+fn append_token_ids(text: &mut PromptText, ids: &[u32]) -> usize {
     use std::fmt::Write;
     for id in ids {
         let _ = write!(text, "{id} ");
@@ -362,19 +426,19 @@ fn append_token_ids(text: &mut String, ids: &[u32]) -> usize {
     ids.len()
 }
 
-fn append_messages(text: &mut String, messages: &[Message]) {
+fn append_messages(text: &mut PromptText, messages: &[Message]) {
     for message in messages {
         append_message(text, message);
     }
 }
 
-fn append_message(text: &mut String, message: &Message) {
+fn append_message(text: &mut PromptText, message: &Message) {
     append_content(text, &message.role, message.content.as_ref());
 }
 
 /// One turn as a `role: content` line; only the text of content parts (OpenAI's parts,
 /// Anthropic's blocks) counts, images and tool blocks carry none.
-fn append_content(text: &mut String, role: &str, content: Option<&Content>) {
+fn append_content(text: &mut PromptText, role: &str, content: Option<&Content>) {
     match content {
         Some(Content::Text(content)) => push_line(text, role, content),
         Some(Content::Parts(parts)) => {
@@ -389,7 +453,7 @@ fn append_content(text: &mut String, role: &str, content: Option<&Content>) {
     }
 }
 
-fn push_line(text: &mut String, role: &str, content: &str) {
+fn push_line(text: &mut PromptText, role: &str, content: &str) {
     text.push_str(role);
     text.push_str(": ");
     text.push_str(content);
@@ -658,5 +722,24 @@ mod tests {
         let request = parse_body(ApiKind::Completions, &rewritten).unwrap();
         assert_eq!(request.model, "b");
         assert_eq!(request.total_tokens(), 1 + 3);
+    }
+
+    #[test]
+    fn only_the_prompt_text_the_index_reads_is_kept_but_every_char_counts() {
+        let body = r#"{"model":"m","messages":[{"role":"system","content":"ééééé"},{"role":"user","content":"abcdefghij"}]}"#;
+        let full = parse_body(ApiKind::ChatCompletions, body.as_bytes()).unwrap();
+        for keep in [0, 3, 9, 10, 11, full.prompt_chars, full.prompt_chars + 5] {
+            let kept = parse_body_keeping(ApiKind::ChatCompletions, body.as_bytes(), keep).unwrap();
+            assert_eq!(kept.prompt_chars, full.prompt_chars, "keep {keep}");
+            assert_eq!(kept.prompt_tokens, full.prompt_tokens);
+            let expected: String = full.prompt.chars().take(keep).collect();
+            assert_eq!(
+                kept.prompt, expected,
+                "keep {keep}: a prefix, cut at a char boundary"
+            );
+        }
+        let ids = r#"{"model":"m","prompt":[1,22,333]}"#;
+        let kept = parse_body_keeping(ApiKind::Completions, ids.as_bytes(), 4).unwrap();
+        assert_eq!((kept.prompt.as_str(), kept.prompt_tokens), ("1 22", 3));
     }
 }

@@ -118,6 +118,11 @@ pub trait Scorer: Send {
         None
     }
 
+    /// Characters of the prompt's text it reads (the rest is never copied out of the body).
+    fn prompt_chars_needed(&self) -> usize {
+        0
+    }
+
     /// A request picked for one endpoint was served by another (Envoy retried it there):
     /// learn that, and share it like an own pick.
     fn learn_served(&mut self, learned: LearnedPrefix) {
@@ -475,6 +480,18 @@ impl Scheduler {
                 scorer.learn_remote(learned);
             }
         }
+    }
+
+    /// Characters of the prompt's text any scorer reads: the parser keeps no more.
+    pub fn prompt_chars_needed(&self) -> usize {
+        self.plugins
+            .iter()
+            .map(|instance| match &instance.plugin {
+                Plugin::Scorer(scorer) => scorer.prompt_chars_needed(),
+                _ => 0,
+            })
+            .max()
+            .unwrap_or(0)
     }
 
     /// The prompt blocks the prefix index hashed for the last request, if any scorer did.

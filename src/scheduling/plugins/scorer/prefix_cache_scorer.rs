@@ -313,6 +313,12 @@ impl Scorer for PrefixCacheScorer {
         self.index.insert(learned.endpoint, &learned.hashes);
     }
 
+    fn prompt_chars_needed(&self) -> usize {
+        // One block past the last one hashed, so the last full block is seen whole.
+        let blocks = self.parameters.max_prefix_blocks_to_match.saturating_add(1);
+        blocks.saturating_mul(self.parameters.block_chars())
+    }
+
     fn last_prompt_blocks(&self) -> Option<&[u64]> {
         (!self.hashes.is_empty()).then_some(self.hashes.as_slice())
     }
@@ -583,5 +589,23 @@ mod tests {
         there.prepare(&req, &pool, &mut cycle);
         assert_eq!(cycle.hit_ratio(1), 1.0);
         assert_eq!(cycle.hit_ratio(0), 0.0);
+    }
+
+    #[test]
+    fn the_kept_prompt_text_hashes_as_the_whole_prompt() {
+        let scorer = PrefixCacheScorer::new(
+            serde_yaml::from_str("{blockSizeTokens: 2, maxPrefixBlocksToMatch: 5}").unwrap(),
+        )
+        .unwrap();
+        let needed = scorer.prompt_chars_needed();
+        let prompt = "àbcdefghijklmnopqrstuvwxyz0123456789".repeat(4);
+        let kept: String = prompt.chars().take(needed).collect();
+        assert!(kept.len() < prompt.len());
+        let (mut whole, mut cut) = (Vec::new(), Vec::new());
+        let (chars, blocks) = (scorer.parameters.block_chars(), 5);
+        block_hashes("m", &prompt, chars, blocks, &mut whole);
+        block_hashes("m", &kept, chars, blocks, &mut cut);
+        assert_eq!(whole.len(), 5);
+        assert_eq!(whole, cut);
     }
 }
