@@ -151,7 +151,7 @@ bench-overload: build sim envoy
 
 ## profile-filter: the per-request profile's stage filter (bench/profile-filter)
 profile-filter: toolchain
-	$(CARGO) build --release --target wasm32-wasip1 --manifest-path bench/profile-filter/Cargo.toml --target-dir target
+	$(CARGO) build --release --target wasm32-wasip1 --manifest-path bench/profile-filter/Cargo.toml --target-dir target/profile-filter
 
 ## bench-profile: one request's cost step by step: Envoy CPU per stage, host calls by kind, perf
 bench-profile: build sim envoy profile-filter

@@ -72,7 +72,7 @@ impl Row for StepRow {
 }
 
 fn stage_wasm() -> std::path::PathBuf {
-    let path = repo().join("target/wasm32-wasip1/release/profile_filter.wasm");
+    let path = repo().join("target/profile-filter/wasm32-wasip1/release/profile_filter.wasm");
     assert!(
         path.exists(),
         "{} is missing: run `make bench-profile`",

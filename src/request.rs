@@ -290,7 +290,15 @@ impl PromptText {
             self.chars += value.chars().count();
             return;
         }
-        // Only the kept part is walked char by char; the rest is counted in one pass.
+        // A value no longer in bytes than the room fits whole (a char is at least a byte);
+        // otherwise only the kept part is walked char by char and the rest counted in one pass.
+        if value.len() <= room {
+            let count = value.chars().count();
+            self.text.push_str(value);
+            self.kept += count;
+            self.chars += count;
+            return;
+        }
         match value.char_indices().nth(room) {
             None => {
                 let count = value.chars().count();
