@@ -4,7 +4,7 @@
 
 use crate::load::{closed_loop, percentile, sorted};
 use crate::procfs::cpu_seconds;
-use crate::report::{csv_table, markdown_table, Cell, Column, Part, Row};
+use crate::report::{csv_table, goal, markdown_table, Cell, Column, Part, Row};
 use crate::setup::{filter_stat, plain_envoy};
 use crate::support::{
     repo, shipped_picker_config, static_cluster, with_endpoints, Envoy, EnvoyConfig, Sim,
@@ -318,6 +318,39 @@ fn perf_profile(envoy: &Envoy, quick: bool) -> String {
     table
 }
 
+/// The per-request cost goals, judged on the shipped picker, row (h).
+fn goals(rows: &[StepRow]) -> String {
+    let shipped = |body: usize| {
+        rows.iter()
+            .find(|r| r.body_bytes == body && r.step.starts_with("(h)"))
+    };
+    let small = shipped(1024);
+    let large = shipped(LARGE_BODY);
+    let added = small.map_or(f64::NAN, |r| r.added_p50_us);
+    let (cpu_small, cpu_large) = (
+        small.map_or(f64::NAN, |r| r.cpu_ratio),
+        large.map_or(f64::NAN, |r| r.cpu_ratio),
+    );
+    [
+        goal(
+            "added latency at 1 KB, 1 client: p50 at most 30 µs over Envoy alone",
+            Some(added <= 30.0),
+            &format!("{added:.0} µs"),
+        ),
+        goal(
+            "Envoy CPU per request with the filter at most 1.25x Envoy alone at 1 KB",
+            Some(cpu_small <= 1.25),
+            &format!("{cpu_small:.2}x"),
+        ),
+        goal(
+            "Envoy CPU per request with the filter at most 1.5x Envoy alone at 220 KB",
+            Some(cpu_large <= 1.5),
+            &format!("{cpu_large:.2}x"),
+        ),
+    ]
+    .concat()
+}
+
 pub fn run(quick: bool) -> Part {
     println!("profile: one request's cost, step by step");
     let sims: Vec<Sim> = (1..=2)
@@ -333,9 +366,10 @@ pub fn run(quick: bool) -> Part {
     let shipped = &steps[7].envoy;
     let calls = host_calls_per_request(shipped, if quick { 200 } else { 1000 });
     let perf = perf_profile(shipped, quick);
+    let goals = goals(&rows);
     Part {
         markdown: format!(
-            "{INTRO}{}\nHost calls a request makes through the shipped picker, by kind (the \
+            "{INTRO}{}\n{goals}\nHost calls a request makes through the shipped picker, by kind (the \
              filter's `host_calls` counters over the requests of a closed loop, less what its \
              ticks make meanwhile):\n\n{calls}\nWhere Envoy's CPU goes with the shipped picker \
              serving 220 KB requests (`perf record` on the Envoy process, by object; the \
