@@ -52,29 +52,11 @@ pub fn parse_subset_hint(bytes: &[u8]) -> Vec<String> {
 
 /// The keys of a proxy-wasm pairs buffer; `None` unless `bytes` is exactly one.
 fn pairs_keys(bytes: &[u8]) -> Option<Vec<String>> {
-    let word = |at: usize| -> Option<usize> {
-        let raw: [u8; 4] = bytes.get(at..at + 4)?.try_into().ok()?;
-        usize::try_from(u32::from_le_bytes(raw)).ok()
-    };
-    let count = word(0)?;
-    let mut data = 4usize.checked_add(count.checked_mul(8)?)?;
-    if data > bytes.len() {
-        return None;
-    }
-    let mut keys = Vec::with_capacity(count);
-    for pair in 0..count {
-        let key_len = word(4 + pair * 8)?;
-        let value_len = word(8 + pair * 8)?;
-        let key = bytes.get(data..data.checked_add(key_len)?)?;
-        keys.push(String::from_utf8(key.to_vec()).ok()?);
-        // Each key and value is followed by a NUL.
-        data = data
-            .checked_add(key_len)?
-            .checked_add(1)?
-            .checked_add(value_len)?
-            .checked_add(1)?;
-    }
-    (data == bytes.len()).then_some(keys)
+    let pairs = crate::host::HeaderPairs::decode(bytes.to_vec())?;
+    pairs
+        .keys()
+        .map(|key| String::from_utf8(key.to_vec()).ok())
+        .collect()
 }
 
 #[cfg(test)]

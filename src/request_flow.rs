@@ -7,7 +7,7 @@ use crate::flow_control::{Arrival, DEFAULT_FAIRNESS_ID};
 use crate::picker::Picker;
 use crate::request::{ApiKind, RequestHeaders};
 
-use crate::host::{HostError, HttpHost, SharedData};
+use crate::host::{HeaderPairs, HostError, HttpHost, SharedData};
 use crate::protocol::{
     parse_subset_hint, DESTINATION_HEADER, FAIRNESS_ID_HEADER, FALLBACKS_HEADER, FALLBACK_HEADER,
     LLMD_FAIRNESS_ID_HEADER, LLMD_OBJECTIVE_HEADER, MODEL_REWRITE_HEADER, OBJECTIVE_HEADER,
@@ -48,6 +48,8 @@ pub struct RequestFlow {
     body_size: usize,
     /// The pool the request's model named (known once the body is parsed).
     pool: usize,
+    /// Which protocol headers the client sent (the decision removes those it does not set).
+    client_sent: ClientSent,
 }
 
 impl Default for RequestFlow {
@@ -61,18 +63,49 @@ impl Default for RequestFlow {
             released: false,
             body_size: 0,
             pool: 0,
+            client_sent: ClientSent::default(),
         }
     }
 }
 
 fn header_text(host: &impl HttpHost, name: &str) -> Option<String> {
-    host.request_header(name)
-        .map(|value| match String::from_utf8(value) {
-            Ok(text) => text,
-            Err(error) => String::from_utf8_lossy(error.as_bytes()).into_owned(),
-        })
-        .map(|text| text.trim().to_owned())
-        .filter(|value| !value.is_empty())
+    host.request_header(name).and_then(|value| clean(&value))
+}
+
+/// A header value as text: lossy UTF-8, trimmed, `None` when empty.
+fn clean(value: &[u8]) -> Option<String> {
+    let text = String::from_utf8_lossy(value);
+    let text = text.trim();
+    (!text.is_empty()).then(|| text.to_owned())
+}
+
+/// The protocol headers the client sent that the decision removes when it does not set them
+/// (so a client's value never reaches a pod); without a header snapshot, each counts as sent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClientSent {
+    fallback: bool,
+    fallbacks: bool,
+    prefiller: bool,
+}
+
+impl Default for ClientSent {
+    fn default() -> Self {
+        ClientSent {
+            fallback: true,
+            fallbacks: true,
+            prefiller: true,
+        }
+    }
+}
+
+impl ClientSent {
+    fn of(pairs: &HeaderPairs) -> Self {
+        ClientSent {
+            fallback: pairs.contains(FALLBACK_HEADER),
+            fallbacks: pairs.contains(FALLBACKS_HEADER),
+            prefiller: pairs.contains(PREFILLER_HEADER),
+        }
+    }
 }
 
 impl RequestFlow {
@@ -89,9 +122,16 @@ impl RequestFlow {
         picker: &mut Picker,
         end_of_stream: bool,
     ) -> Flow {
-        let path = host.request_header(":path").unwrap_or_default();
-        self.api = ApiKind::from_path(&path);
-        self.read_protocol_headers(host, picker);
+        // Every header in one host call: the reads below and the removals the decision can
+        // skip are answered from it.
+        let pairs = host.request_headers();
+        let path = match &pairs {
+            Some(pairs) => pairs.get(":path").map(<[u8]>::to_vec),
+            None => host.request_header(":path"),
+        };
+        self.api = ApiKind::from_path(&path.unwrap_or_default());
+        self.client_sent = pairs.as_ref().map(ClientSent::of).unwrap_or_default();
+        self.read_protocol_headers(host, picker, pairs.as_ref());
         if end_of_stream || !self.api.is_inference() {
             // No body to read (GET /v1/models) or none we need: route on the headers alone.
             return self.finish(host, picker, None);
@@ -104,20 +144,30 @@ impl RequestFlow {
         self.pool
     }
 
-    /// Reads the protocol headers the configuration uses; each read is a host call.
-    fn read_protocol_headers(&mut self, host: &impl HttpHost, picker: &mut Picker) {
+    /// Reads the protocol headers the configuration uses, from `pairs` (or one host call each
+    /// without it).
+    fn read_protocol_headers(
+        &mut self,
+        host: &impl HttpHost,
+        picker: &mut Picker,
+        pairs: Option<&HeaderPairs>,
+    ) {
         let uses = picker.header_use();
-        let read = |used: bool, name: &str| used.then(|| header_text(host, name)).flatten();
+        let text = |name: &str| match pairs {
+            Some(pairs) => pairs.get(name).and_then(clean),
+            None => header_text(host, name),
+        };
+        let read = |used: bool, name: &str| used.then(|| text(name)).flatten();
         self.headers = RequestHeaders {
             session_token: read(uses.session_token, SESSION_TOKEN_HEADER),
             test_endpoint_selection: read(uses.test_selection, TEST_SELECTION_HEADER),
             objective: read(uses.objective, LLMD_OBJECTIVE_HEADER)
                 .or_else(|| read(uses.objective, OBJECTIVE_HEADER)),
-            model_rewrite: header_text(host, MODEL_REWRITE_HEADER),
+            model_rewrite: text(MODEL_REWRITE_HEADER),
             // Metadata only: a client header must not steer the pick.
             subset_hint: host.subset_hint().map(|raw| parse_subset_hint(&raw)),
         };
-        self.request_id = match header_text(host, REQUEST_ID_HEADER) {
+        self.request_id = match text(REQUEST_ID_HEADER) {
             Some(id) => id,
             None => {
                 let id = picker.new_request_id();
@@ -370,7 +420,7 @@ impl RequestFlow {
             Ok(routed) => routed,
             Err(error) => return self.reject(host, error),
         };
-        if let Err(error) = apply_routing(host, &routed, body_size) {
+        if let Err(error) = apply_routing(host, &routed, body_size, self.client_sent) {
             log::error!("inference-picker: applying the decision: {error}");
             director.release(&routed);
             return self.reject(
@@ -424,7 +474,8 @@ pub fn carry_out(
             waited_ms,
             request_id,
         } => {
-            if let Err(error) = apply_routing(host, &routed, body_size) {
+            // A held stream's flow is not at hand here: remove what a client could have sent.
+            if let Err(error) = apply_routing(host, &routed, body_size, ClientSent::default()) {
                 log::error!("inference-picker: applying a released decision: {error}");
                 director.release(&routed);
                 Release::Refused {
@@ -474,7 +525,14 @@ pub fn carry_out(
 
 /// Writes the decision into the request. The destination and prefiller headers always replace
 /// whatever the client sent: the ORIGINAL_DST cluster would otherwise go wherever it asked.
-fn apply_routing(host: &impl HttpHost, routed: &Routed, body_size: usize) -> Result<(), HostError> {
+/// Writes the decision into the request; `sent` says which headers the client sent that the
+/// decision must remove when it does not set them.
+fn apply_routing(
+    host: &impl HttpHost,
+    routed: &Routed,
+    body_size: usize,
+    sent: ClientSent,
+) -> Result<(), HostError> {
     host.set_request_header(DESTINATION_HEADER, &routed.header)?;
     match routed
         .fallbacks
@@ -487,13 +545,18 @@ fn apply_routing(host: &impl HttpHost, routed: &Routed, body_size: usize) -> Res
             host.set_request_header(FALLBACKS_HEADER, &routed.fallbacks)?;
         }
         None => {
-            host.remove_request_header(FALLBACK_HEADER)?;
-            host.remove_request_header(FALLBACKS_HEADER)?;
+            if sent.fallback {
+                host.remove_request_header(FALLBACK_HEADER)?;
+            }
+            if sent.fallbacks {
+                host.remove_request_header(FALLBACKS_HEADER)?;
+            }
         }
     }
     match &routed.prefill {
         Some(prefill) => host.set_request_header(PREFILLER_HEADER, prefill)?,
-        None => host.remove_request_header(PREFILLER_HEADER)?,
+        None if sent.prefiller => host.remove_request_header(PREFILLER_HEADER)?,
+        None => {}
     }
     if let Some(scores) = &routed.scores {
         host.set_request_header(SCORES_HEADER, scores)?;
@@ -861,23 +924,38 @@ mod tests {
     }
 
     #[test]
-    fn only_the_headers_the_configuration_uses_are_read() {
+    fn the_request_headers_are_read_in_one_host_call() {
         let mut director = director();
         let host = host("/v1/completions", r#"{"model":"m","prompt":"x"}"#);
         routed(&host, &mut director);
         let reads = host.reads.borrow().clone();
-        for unused in [
-            SESSION_TOKEN_HEADER,
-            TEST_SELECTION_HEADER,
-            OBJECTIVE_HEADER,
-            LLMD_OBJECTIVE_HEADER,
-        ] {
-            assert!(
-                !reads.iter().any(|r| r == unused),
-                "{unused} read: {reads:?}"
-            );
+        assert_eq!(reads, ["*"], "one snapshot, no header read one by one");
+    }
+
+    #[test]
+    fn protocol_headers_a_client_sent_are_removed_and_absent_ones_left_alone() {
+        let mut director = director();
+        let host = host("/v1/completions", r#"{"model":"m","prompt":"x"}"#);
+        for name in [FALLBACK_HEADER, FALLBACKS_HEADER, PREFILLER_HEADER] {
+            host.headers
+                .borrow_mut()
+                .insert(name.into(), "6.6.6.6:22".into());
         }
-        assert!(reads.iter().any(|r| r == MODEL_REWRITE_HEADER));
+        routed(&host, &mut director);
+        let headers = host.headers.borrow();
+        for name in [FALLBACK_HEADER, FALLBACKS_HEADER, PREFILLER_HEADER] {
+            assert!(!headers.contains_key(name), "{name} survived");
+        }
+        assert_eq!(headers[DESTINATION_HEADER], "127.0.0.1:8001");
+        // Without a snapshot every one of them counts as sent.
+        assert_eq!(
+            ClientSent::default(),
+            ClientSent {
+                fallback: true,
+                fallbacks: true,
+                prefiller: true
+            }
+        );
     }
 
     #[test]

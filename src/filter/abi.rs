@@ -51,6 +51,11 @@ extern "C" {
         return_data: *mut *mut u8,
         return_size: *mut usize,
     ) -> u32;
+    fn proxy_get_header_map_pairs(
+        map_type: u32,
+        return_data: *mut *mut u8,
+        return_size: *mut usize,
+    ) -> u32;
     fn proxy_replace_header_map_value(
         map_type: u32,
         key_data: *const u8,
@@ -230,6 +235,22 @@ pub fn header(map_type: MapType, name: &str) -> Result<Option<Vec<u8>>, HostErro
         NOT_FOUND => Ok(None),
         status => Err(HostError {
             call: "proxy_get_header_map_value",
+            status,
+        }),
+    }
+}
+
+/// A whole header map in one call, as proxy-wasm pairs.
+pub fn header_pairs(map_type: MapType) -> Result<Vec<u8>, HostError> {
+    count(HostCall::HeaderRead);
+    let mut data = null_mut();
+    let mut size = 0usize;
+    let status = unsafe { proxy_get_header_map_pairs(map_type as u32, &mut data, &mut size) };
+    match status {
+        OK => Ok(unsafe { take_host_buffer(data, size) }),
+        NOT_FOUND | EMPTY => Ok(Vec::new()),
+        status => Err(HostError {
+            call: "proxy_get_header_map_pairs",
             status,
         }),
     }

@@ -8,7 +8,8 @@ use crate::director::Director;
 use crate::director::Release;
 use crate::error_response::{ErrorShape, RequestError};
 use crate::host::{
-    Clock, HostError, HttpCallouts, HttpHost, MetricKind, Metrics, SharedData, LOG_CRITICAL,
+    Clock, HeaderPairs, HostError, HttpCallouts, HttpHost, MetricKind, Metrics, SharedData,
+    LOG_CRITICAL,
 };
 use crate::picker::Picker;
 use crate::protocol::{DROPPED_REASON_HEADER, SUBSET_HINT_KEY, SUBSET_HINT_NAMESPACE};
@@ -466,6 +467,11 @@ impl HttpHost for EnvoyRequest {
         abi::header(MapType::HttpRequestHeaders, name)
             .ok()
             .flatten()
+    }
+
+    fn request_headers(&self) -> Option<HeaderPairs> {
+        let bytes = abi::header_pairs(MapType::HttpRequestHeaders).ok()?;
+        HeaderPairs::decode(bytes)
     }
 
     fn set_request_header(&self, name: &str, value: &str) -> Result<(), HostError> {

@@ -23,6 +23,16 @@ pub struct FakeHost {
 }
 
 impl HttpHost for FakeHost {
+    fn request_headers(&self) -> Option<super::HeaderPairs> {
+        self.reads.borrow_mut().push("*".to_string());
+        let headers = self.headers.borrow();
+        let pairs: Vec<(&str, &str)> = headers
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
+        super::HeaderPairs::decode(super::encode_header_map(&pairs))
+    }
+
     fn request_header(&self, name: &str) -> Option<Vec<u8>> {
         self.reads.borrow_mut().push(name.to_string());
         self.headers

@@ -18,6 +18,8 @@ impl std::fmt::Display for HostError {
 /// One HTTP request's headers and body, as the request flow reads and writes them.
 pub trait HttpHost {
     fn request_header(&self, name: &str) -> Option<Vec<u8>>;
+    /// Every request header in one call (see [`HeaderPairs`]); `None` if the host cannot say.
+    fn request_headers(&self) -> Option<HeaderPairs>;
     fn set_request_header(&self, name: &str, value: &str) -> Result<(), HostError>;
     fn remove_request_header(&self, name: &str) -> Result<(), HostError>;
     fn request_body(&self, size: usize) -> Result<Vec<u8>, HostError>;
@@ -153,6 +155,65 @@ pub fn encode_header_map(pairs: &[(&str, &str)]) -> Vec<u8> {
         bytes.push(0);
     }
     bytes
+}
+
+/// A header map as one host call returns it (proxy-wasm pairs: a count, each key's and value's
+/// size, then each key and value NUL-terminated), looked up locally: one crossing of the wasm
+/// boundary instead of one per header.
+#[derive(Debug, Default)]
+pub struct HeaderPairs {
+    bytes: Vec<u8>,
+    /// `(key start, key end, value start, value end)` into `bytes`.
+    spans: Vec<(usize, usize, usize, usize)>,
+}
+
+impl HeaderPairs {
+    /// `None` unless `bytes` is exactly one pairs buffer.
+    pub fn decode(bytes: Vec<u8>) -> Option<HeaderPairs> {
+        let word = |at: usize| -> Option<usize> {
+            let raw: [u8; 4] = bytes.get(at..at.checked_add(4)?)?.try_into().ok()?;
+            usize::try_from(u32::from_le_bytes(raw)).ok()
+        };
+        let count = word(0)?;
+        let mut data = count.checked_mul(8)?.checked_add(4)?;
+        if data > bytes.len() {
+            return None;
+        }
+        let mut spans = Vec::with_capacity(count);
+        for pair in 0..count {
+            let key_len = word(4 + pair * 8)?;
+            let value_len = word(8 + pair * 8)?;
+            let key_end = data.checked_add(key_len)?;
+            let value_start = key_end.checked_add(1)?;
+            let value_end = value_start.checked_add(value_len)?;
+            spans.push((data, key_end, value_start, value_end));
+            data = value_end.checked_add(1)?;
+        }
+        (data == bytes.len()).then_some(HeaderPairs { bytes, spans })
+    }
+
+    /// The first value of `name` (lowercase, as Envoy keeps header names).
+    pub fn get(&self, name: &str) -> Option<&[u8]> {
+        self.spans
+            .iter()
+            .find_map(|&(key_start, key_end, value_start, value_end)| {
+                let key = self.bytes.get(key_start..key_end)?;
+                (key == name.as_bytes())
+                    .then(|| self.bytes.get(value_start..value_end))
+                    .flatten()
+            })
+    }
+
+    pub fn contains(&self, name: &str) -> bool {
+        self.get(name).is_some()
+    }
+
+    /// Every key, in order.
+    pub fn keys(&self) -> impl Iterator<Item = &[u8]> {
+        self.spans
+            .iter()
+            .filter_map(|&(start, end, _, _)| self.bytes.get(start..end))
+    }
 }
 
 /// In-memory hosts for native tests.
