@@ -18,7 +18,7 @@ const INTRO: &str = "## 8. One request's cost, step by step\n\n\
      Envoy's CPU per request and the latency a request sees, as the picker's work is added one \
      step at a time. Two near-instant simulated pods; every gateway is Envoy `--concurrency 2`; \
      closed loop, one client over a keep-alive connection, `max_tokens: 1`; the gateways take \
-     turns in four rounds per body size. Rows (b)-(f) run a stage filter \
+     turns in eight rounds per body size. Rows (b)-(f) run a stage filter \
      (`bench/profile-filter`) that stops after one step of the picker's work: (b) callbacks \
      only, nothing paused; (c) the headers held until the body's end, as the picker does (Envoy \
      buffers the body); (d) the body copied into the VM; (e) parsed with the picker's own \
@@ -28,7 +28,7 @@ const INTRO: &str = "## 8. One request's cost, step by step\n\n\
      (an ORIGINAL_DST cluster instead of the pool cluster). CPU = Envoy's user+system seconds \
      per 1,000 requests; `x alone` divides it by (a)'s.\n\n";
 
-const ROUNDS: usize = 4;
+const ROUNDS: usize = 8;
 const LARGE_BODY: usize = 220 * 1024;
 
 /// A gateway of the profile: what it adds, and how to start it.
@@ -160,10 +160,11 @@ struct Tally {
 
 fn measure(steps: &[Step], body_bytes: usize, quick: bool) -> Vec<StepRow> {
     let body = padded_completion(body_bytes);
+    // Enough requests per gateway that a step of ~0.01 s per 1,000 stands out of the spread.
     let count = match (body_bytes >= LARGE_BODY, quick) {
-        (false, false) => 1600,
+        (false, false) => 4800,
         (false, true) => 400,
-        (true, false) => 400,
+        (true, false) => 960,
         (true, true) => 100,
     };
     for step in steps {
