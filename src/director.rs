@@ -280,44 +280,25 @@ impl Director {
         }
     }
 
-    /// Whether endpoint `index` reported serving `model`; `None` when the pool learns no
-    /// models or no endpoint reported it (the configuration names it: no restriction).
-    fn serves(&self, model: &str) -> Option<Vec<bool>> {
-        self.models_source.as_ref()?;
-        let serving: Vec<bool> = (0..self.pool.len())
-            .map(|index| {
-                self.endpoint_models
-                    .get(index)
-                    .and_then(Option::as_ref)
-                    .is_some_and(|models| {
-                        models.binary_search_by(|m| m.as_str().cmp(model)).is_ok()
-                    })
-            })
-            .collect();
-        serving.contains(&true).then_some(serving)
+    /// Whether the pods' model lists narrow the candidates for `model`: only when the pool
+    /// learns its models and some pod reports it (a name only the configuration lists is
+    /// served by every pod).
+    fn narrowed_by_model(&self, model: &str) -> bool {
+        self.models_source.is_some()
+            && (0..self.pool.len()).any(|index| reports(&self.endpoint_models, index, model))
     }
 
-    /// The endpoints the request may go to when something narrows the pool: the proxy's
-    /// subset hint and, with `models-data-source`, the pods that report serving its model.
-    /// `None`: every endpoint.
-    fn eligible(&self, request: &InferenceRequest) -> Option<Vec<bool>> {
-        let subset = request.headers.subset_hint.as_ref().map(|addresses| {
-            let mut mask = vec![false; self.pool.len()];
-            for address in addresses {
-                let canonical = crate::endpoint::canonical_address(address).ok();
-                let index = canonical.and_then(|address| self.pool.index_of(&address));
-                if let Some(slot) = index.and_then(|index| mask.get_mut(index)) {
-                    *slot = true;
-                }
+    /// The pool members a subset hint names (addresses outside the pool name none).
+    fn subset_mask(&self, addresses: &[String]) -> Vec<bool> {
+        let mut mask = vec![false; self.pool.len()];
+        for address in addresses {
+            let canonical = crate::endpoint::canonical_address(address).ok();
+            let index = canonical.and_then(|address| self.pool.index_of(&address));
+            if let Some(slot) = index.and_then(|index| mask.get_mut(index)) {
+                *slot = true;
             }
-            mask
-        });
-        match (subset, self.serves(&request.model)) {
-            (Some(subset), Some(serving)) => {
-                Some(subset.iter().zip(serving).map(|(a, b)| *a && b).collect())
-            }
-            (subset, serving) => subset.or(serving),
         }
+        mask
     }
 
     fn recompute_served_models(&mut self) -> bool {
@@ -851,14 +832,22 @@ impl Director {
                 request.priority
             )));
         }
-        let eligible = self.eligible(request);
-        let scheduled = match &eligible {
-            Some(mask) => {
-                let eligible = |index: usize| mask.get(index) == Some(&true);
-                self.scheduler.schedule_where(request, &self.pool, eligible)
-            }
-            None => self.scheduler.schedule(request, &self.pool),
+        // The candidates, narrowed by the proxy's subset hint and, with `models-data-source`,
+        // to the pods that report serving the model; nothing is allocated without a hint.
+        let subset = request
+            .headers
+            .subset_hint
+            .as_deref()
+            .map(|a| self.subset_mask(a));
+        let by_model = self.narrowed_by_model(&request.model);
+        let (reported, model) = (&self.endpoint_models, request.model.as_str());
+        let eligible = |index: usize| {
+            subset
+                .as_ref()
+                .is_none_or(|mask| mask.get(index) == Some(&true))
+                && (!by_model || reports(reported, index, model))
         };
+        let scheduled = self.scheduler.schedule_where(request, &self.pool, eligible);
         let decision = scheduled.map_err(|error| match error {
             ScheduleError::NoReachableEndpoint => RequestError::NoEndpoint(error.to_string()),
             ScheduleError::FilteredOut { .. } => RequestError::TooManyRequests(error.to_string()),
@@ -956,6 +945,14 @@ impl Director {
     pub fn explain_last(&self) -> String {
         self.scheduler.explain(&self.pool)
     }
+}
+
+/// Whether endpoint `index` reported serving `model` (each list is sorted).
+fn reports(reported: &[Option<Vec<String>>], index: usize, model: &str) -> bool {
+    reported
+        .get(index)
+        .and_then(Option::as_ref)
+        .is_some_and(|models| models.binary_search_by(|m| m.as_str().cmp(model)).is_ok())
 }
 
 /// Parses the body (if the API has one) and applies the model rewrite: the part of preparing
@@ -1131,10 +1128,13 @@ pool:
         let mut follower = Director::new(load(config, 2).unwrap());
         assert!(follower.apply_reported_models(&reported).pool);
         assert_eq!(follower.served_models(), ["base", "lora-x"]);
-        assert_eq!(follower.serves("lora-x"), Some(vec![false, true]));
-        assert_eq!(
-            follower.serves("unlisted"),
-            None,
+        assert!(follower.narrowed_by_model("lora-x"));
+        let serving: Vec<bool> = (0..2)
+            .map(|i| reports(&follower.endpoint_models, i, "lora-x"))
+            .collect();
+        assert_eq!(serving, [false, true]);
+        assert!(
+            !follower.narrowed_by_model("unlisted"),
             "no pod reports it: no restriction"
         );
     }

@@ -125,11 +125,10 @@ impl RequestFlow {
         // Every header in one host call: the reads below and the removals the decision can
         // skip are answered from it.
         let pairs = host.request_headers();
-        let path = match &pairs {
-            Some(pairs) => pairs.get(":path").map(<[u8]>::to_vec),
-            None => host.request_header(":path"),
+        self.api = match &pairs {
+            Some(pairs) => ApiKind::from_path(pairs.get(":path").unwrap_or_default()),
+            None => ApiKind::from_path(&host.request_header(":path").unwrap_or_default()),
         };
-        self.api = ApiKind::from_path(&path.unwrap_or_default());
         self.client_sent = pairs.as_ref().map(ClientSent::of).unwrap_or_default();
         self.read_protocol_headers(host, picker, pairs.as_ref());
         if end_of_stream || !self.api.is_inference() {
@@ -993,6 +992,7 @@ mod tests {
             .pools
             .into_iter()
             .map(|pool| {
+                let models = pool.router_models();
                 let mut director = Director::new(pool.config);
                 director
                     .on_scrape_ok(0, 0, "vllm:num_requests_waiting 0\n")
@@ -1002,7 +1002,7 @@ mod tests {
                     name: pool.name,
                     director,
                 };
-                (slot, pool.models)
+                (slot, models)
             })
             .collect();
         Picker::new(slots, header)

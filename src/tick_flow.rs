@@ -56,6 +56,7 @@ pub fn configure(text: &[u8], vm_seed: u64) -> Result<Configured, String> {
             base.clone()
         };
         let coordinator = Coordinator::new(&namespace, vm_seed, interval_ms);
+        let models = pool.router_models();
         let mut director = Director::new(pool.config);
         if let Some(flow) = director.flow_control_mut() {
             flow.attach(&namespace, vm_seed);
@@ -65,11 +66,6 @@ pub fn configure(text: &[u8], vm_seed: u64) -> Result<Configured, String> {
             stats_prefix: stats_prefix(many.then_some(pool.name.as_str())),
             interval_ms,
         });
-        // A pool that lists no models but learns them serves only what its pods report.
-        let models = match (pool.models, director.models_source()) {
-            (None, Some(_)) => Some(Vec::new()),
-            (models, _) => models,
-        };
         let slot = PoolSlot {
             name: pool.name,
             director,

@@ -84,7 +84,7 @@ fn check(path: &str) -> Result<(), String> {
 
 /// The pool a request body's model names (after a model rewrite header).
 fn pool_for(set: PoolSet, model: Option<String>) -> Result<NamedPool, String> {
-    let models: Vec<Option<Vec<String>>> = set.pools.iter().map(|p| p.models.clone()).collect();
+    let models: Vec<Option<Vec<String>>> = set.pools.iter().map(NamedPool::router_models).collect();
     let router = ModelRouter::new(&models);
     let index = match &model {
         Some(model) => router

@@ -136,6 +136,15 @@ impl NamedPool {
     pub fn serves_any_model(&self) -> bool {
         self.models.is_none() && self.config.models_source.is_none()
     }
+
+    /// The names the model router starts from: `None` for the catch-all, and a pool that
+    /// lists no models but learns them starts with none (it serves what its pods report).
+    pub fn router_models(&self) -> Option<Vec<String>> {
+        match (&self.models, &self.config.models_source) {
+            (None, Some(_)) => Some(Vec::new()),
+            (models, _) => models.clone(),
+        }
+    }
 }
 
 /// Names the pool an error is in; its `pool.` keys are the entry's own.

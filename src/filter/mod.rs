@@ -583,18 +583,23 @@ impl PickerHttp {
         }
         if self.flow.outcome == Outcome::Held {
             // Held behind others while the pool may have room: let the right one go.
-            if let Some(director) = picker.director_mut(self.flow.pool()) {
-                release_held(
-                    director,
-                    self.pool_stats(),
-                    self.context_id,
-                    Callback::Stream,
-                );
-            }
+            self.release_held_in_pool(&mut picker);
         }
         match flow {
             Flow::Continue => Action::Continue,
             Flow::Pause => Action::Pause,
+        }
+    }
+
+    /// Flow control's part of this stream's callback, in the request's pool.
+    fn release_held_in_pool(&self, picker: &mut Picker) {
+        if let Some(director) = picker.director_mut(self.flow.pool()) {
+            release_held(
+                director,
+                self.pool_stats(),
+                self.context_id,
+                Callback::Stream,
+            );
         }
     }
 
@@ -676,13 +681,6 @@ impl HttpContext for PickerHttp {
             }
         }
         // The slot this request held is free: let the next held request go now.
-        if let Some(director) = picker.director_mut(self.flow.pool()) {
-            release_held(
-                director,
-                self.pool_stats(),
-                self.context_id,
-                Callback::Stream,
-            );
-        }
+        self.release_held_in_pool(&mut picker);
     }
 }

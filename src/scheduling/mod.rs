@@ -125,8 +125,8 @@ pub trait Scorer: Send {
 
     /// A request picked for one endpoint was served by another (Envoy retried it there):
     /// learn that, and share it like an own pick.
-    fn learn_served(&mut self, learned: LearnedPrefix) {
-        self.learn_remote(&learned);
+    fn learn_served(&mut self, learned: &LearnedPrefix) {
+        self.learn_remote(learned);
     }
 
     /// A pick another worker learned.
@@ -508,7 +508,7 @@ impl Scheduler {
     pub fn learn_served(&mut self, learned: &LearnedPrefix) {
         for instance in &mut self.plugins {
             if let Plugin::Scorer(scorer) = &mut instance.plugin {
-                scorer.learn_served(learned.clone());
+                scorer.learn_served(learned);
             }
         }
     }
@@ -516,6 +516,7 @@ impl Scheduler {
     /// The first profile's weighted totals in the last decision, as a JSON object
     /// `{"ip:port": total, ...}` over every endpoint it scored.
     pub fn scores_json(&self, pool: &Pool) -> String {
+        use std::fmt::Write;
         let mut json = String::from("{");
         if let Some(trace) = self.traces.iter().take(self.traces_used).next() {
             for (i, &endpoint) in trace.candidates.iter().enumerate() {
@@ -526,7 +527,7 @@ impl Scheduler {
                     json.push(',');
                 }
                 let total = if total.is_finite() { *total } else { 0.0 };
-                json.push_str(&format!("\"{}\":{:.4}", address.address, total));
+                let _ = write!(json, "\"{}\":{total:.4}", address.address);
             }
         }
         json.push('}');

@@ -323,10 +323,10 @@ impl Scorer for PrefixCacheScorer {
         (!self.hashes.is_empty()).then_some(self.hashes.as_slice())
     }
 
-    fn learn_served(&mut self, learned: LearnedPrefix) {
+    fn learn_served(&mut self, learned: &LearnedPrefix) {
         self.index.insert(learned.endpoint, &learned.hashes);
         if self.learned.len() < MAX_UNSHARED {
-            self.learned.push(learned);
+            self.learned.push(learned.clone());
         }
     }
 }
