@@ -17,7 +17,7 @@ WBG_RUNNER := $(TOOLS)/bin/wasm-bindgen-test-runner
 FUZZ_SECONDS ?= 60
 FUZZ_TARGETS := body_parser prometheus_parser config_loader
 
-.PHONY: all build sim envoy toolchain wasm-bindgen-runner lint unit wasm-unit integration test demo e2e-vllm vllm-scrape-cost soak bench extproc bench-quick bench-schedule bench-hop bench-quality bench-memory bench-scaleout bench-overload bench-pools bench-profile profile-filter peers fuzz check compose-up compose-down image clean
+.PHONY: all build sim envoy toolchain wasm-bindgen-runner lint unit wasm-unit integration test demo e2e-vllm vllm-scrape-cost soak bench extproc bench-quick bench-schedule bench-hop bench-quality bench-memory bench-scaleout bench-overload bench-pools bench-profile profile-filter wasm-micro peers fuzz check compose-up compose-down image clean
 
 all: build
 
@@ -119,7 +119,7 @@ $(PEERS):
 
 ## bench: scheduling cost, hop cost (vs an ext_proc picker), routing quality, memory, scale-out;
 ## writes bench/RESULTS.md (+ CSV, SVG)
-bench: build sim envoy extproc profile-filter peers
+bench: build sim envoy extproc profile-filter wasm-micro peers
 	$(CARGO) run --release --example bench -- all
 
 ## extproc: the ext_proc baseline picker (bench/extproc), our scheduling core behind gRPC
@@ -127,7 +127,7 @@ extproc:
 	$(CARGO) build --release --manifest-path bench/extproc/Cargo.toml --target-dir target
 
 ## bench-quick: every part, small (under five minutes), into bench/RESULTS-quick.md
-bench-quick: build sim envoy extproc profile-filter peers
+bench-quick: build sim envoy extproc profile-filter wasm-micro peers
 	$(CARGO) run --release --example bench -- quick
 
 bench-schedule:
@@ -153,8 +153,12 @@ bench-overload: build sim envoy
 profile-filter: toolchain
 	$(CARGO) build --release --target wasm32-wasip1 --manifest-path bench/profile-filter/Cargo.toml --target-dir target/profile-filter
 
-## bench-profile: one request's cost step by step: Envoy CPU per stage, host calls by kind, perf
-bench-profile: build sim envoy profile-filter
+## wasm-micro: the picker's per-request steps as a plain wasm module, timed in Node's V8 (bench/wasm-micro)
+wasm-micro: toolchain
+	$(CARGO) build --release --target wasm32-unknown-unknown --manifest-path bench/wasm-micro/Cargo.toml --target-dir target/wasm-micro
+
+## bench-profile: one request's cost step by step: Envoy CPU per stage, V8 time per step, host calls by kind, perf
+bench-profile: build sim envoy profile-filter wasm-micro
 	$(CARGO) run --release --example bench -- profile
 
 ## bench-pools: one filter serving 1 vs 100 pools: per-request latency and Envoy CPU

@@ -11,6 +11,7 @@ use crate::support::{
 };
 use crate::workloads::padded_completion;
 use inference_picker::host::HostCall;
+use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
@@ -18,15 +19,33 @@ const INTRO: &str = "## 8. One request's cost, step by step\n\n\
      Envoy's CPU per request and the latency a request sees, as the picker's work is added one \
      step at a time. Two near-instant simulated pods; every gateway is Envoy `--concurrency 2`; \
      closed loop, one client over a keep-alive connection, `max_tokens: 1`; the gateways take \
-     turns in eight rounds per body size. Rows (b)-(f) run a stage filter \
-     (`bench/profile-filter`) that stops after one step of the picker's work: (b) callbacks \
-     only, nothing paused; (c) the headers held until the body's end, as the picker does (Envoy \
-     buffers the body); (d) the body copied into the VM; (e) parsed with the picker's own \
-     parser; (f) a header written. (g) is the picker itself (the shipped plugins: parse, \
-     prefix hashing, scheduling, its header writes and stats) without the `header_to_metadata` \
-     step, (h) the shipped `envoy/envoy.yaml` (with it), (i) `envoy/envoy-original-dst.yaml` \
-     (an ORIGINAL_DST cluster instead of the pool cluster). CPU = Envoy's user+system seconds \
-     per 1,000 requests; `x alone` divides it by (a)'s.\n\n";
+     turns in eight rounds per body size. Rows (t1)-(f) run a stage filter \
+     (`bench/profile-filter`): (t1) a 50 ms tick that does nothing and (t2) one that fetches \
+     both pods' `/metrics` in every VM (the timer side alone, requests untouched); then one \
+     step of the picker's request work at a time: (b) callbacks only, nothing paused; (c) the \
+     headers held until the body's end, as the picker does (Envoy buffers the body); (d) the \
+     body copied into the VM; (e) parsed with the picker's own parser; (f) a header written. \
+     (g)-(j) are the picker on a plain round-robin cluster (its header written, Envoy balancing \
+     on its own): (g) a random pick, (h) the shipped scorers but the prefix one, (i) the \
+     shipped plugins, (j) those scraping every second instead of every 50 ms. (k) adds the \
+     shipped `override_host` cluster that follows the picker's header, (l) is the shipped \
+     `envoy/envoy.yaml` (with its `header_to_metadata` step), (m) \
+     `envoy/envoy-original-dst.yaml` (an ORIGINAL_DST cluster instead). CPU = Envoy's \
+     user+system seconds per 1,000 requests (every thread's schedstat); `x alone` divides it \
+     by (a)'s. The same build measured twice differs by up to about 0.03 s per 1,000 requests \
+     (0.15x) per row: differences between neighbouring rows smaller than that are noise.\n\n";
+
+const MICRO: &str = "The picker's own work per request, with no host in the way: the same \
+     code built as a plain wasm module (`bench/wasm-micro`: the shipped configuration over two \
+     pods with fresh metrics, an in-memory host answering what Envoy would) and timed in \
+     Node's V8, the engine Envoy embeds, and natively. Each request step includes the one \
+     above it. What an Envoy row above costs beyond these is the host's: crossings into and \
+     out of the VM, copies, Envoy's own work for the stream.\n\n";
+
+const IDLE: &str = "Envoy's CPU with no request in flight (3 s per gateway): the timer side, \
+     which the per-request figures above also carry. (t1) and (t2) are the stage filter \
+     ticking every 50 ms with nothing to do, and fetching both pods' `/metrics` on every tick \
+     in every VM (the body copied in, not parsed); the picker fetches them from one VM.\n\n";
 
 const ROUNDS: usize = 8;
 const LARGE_BODY: usize = 220 * 1024;
@@ -71,7 +90,7 @@ impl Row for StepRow {
     }
 }
 
-fn stage_wasm() -> std::path::PathBuf {
+fn stage_wasm() -> PathBuf {
     let path = repo().join("target/profile-filter/wasm32-wasip1/release/profile_filter.wasm");
     assert!(
         path.exists(),
@@ -83,26 +102,49 @@ fn stage_wasm() -> std::path::PathBuf {
 
 /// Envoy routing round robin to the pods (as `plain_envoy`) through the stage filter stopping
 /// at `stage`.
-fn stage_envoy(sims: &[&Sim], stage: &'static str) -> Envoy {
-    let addresses: Vec<&str> = sims.iter().map(|sim| sim.address.as_str()).collect();
-    let mut cluster = static_cluster("pool", &addresses);
-    cluster["lb_policy"] = "ROUND_ROBIN".into();
-    let wasm = stage_wasm();
+fn stage_envoy(sims: &[&Sim], stage: &str) -> Envoy {
     let picker = with_endpoints(&shipped_picker_config(), sims);
-    Envoy::start_with(&picker, 2, move |config| {
+    round_robin_envoy(sims, &picker, Some((stage_wasm(), stage)))
+}
+
+/// The picker deciding as shipped, but Envoy balancing round robin over a plain cluster (the
+/// destination header is written and ignored): the picker's own cost without the
+/// override_host policy's.
+fn picker_round_robin(sims: &[&Sim], picker: &str) -> Envoy {
+    round_robin_envoy(sims, picker, None)
+}
+
+/// The shipped Envoy with only the wasm filter and the router, routing round robin over the
+/// pods (the metrics cluster kept for scrapes); `stage` swaps the picker for the stage
+/// filter with that configuration.
+fn round_robin_envoy(sims: &[&Sim], picker: &str, stage: Option<(PathBuf, &str)>) -> Envoy {
+    let mut cluster = static_cluster("pool", &addresses(sims));
+    cluster["lb_policy"] = "ROUND_ROBIN".into();
+    Envoy::start_with(picker, 2, move |config| {
         let mut listener = config.listener_mut(0);
         listener.http_filters_mut().retain(|f| {
             f["name"] == "envoy.filters.http.wasm" || f["name"] == "envoy.filters.http.router"
         });
-        listener.set_wasm_file(&wasm);
-        listener.set_picker_config(stage);
+        if let Some((wasm, stage)) = &stage {
+            listener.set_wasm_file(wasm);
+            listener.set_picker_config(stage);
+        }
         listener.http_connection_manager_mut()["route_config"]["virtual_hosts"][0]["routes"][0]
             ["route"]["cluster"] = "pool".into();
+        let metrics = config
+            .clusters_mut()
+            .iter()
+            .find(|c| c["name"] == "inference_picker_metrics")
+            .cloned();
         *config.clusters_mut() = vec![cluster.clone()];
+        config.clusters_mut().extend(metrics);
     })
 }
 
-fn steps(sims: &[&Sim]) -> Vec<Step> {
+type Start<'a> = Box<dyn Fn() -> Envoy + 'a>;
+
+/// The profile's gateways, in order, each started only if `chosen` keeps it.
+fn steps(sims: &[&Sim], chosen: impl Fn(&str) -> bool) -> Vec<Step> {
     let picker = with_endpoints(&shipped_picker_config(), sims);
     let without_metadata = |config: &mut EnvoyConfig| {
         config
@@ -111,44 +153,97 @@ fn steps(sims: &[&Sim]) -> Vec<Step> {
     };
     let original_dst = crate::support::picker_config_of("envoy/envoy-original-dst.yaml");
     let original_dst = with_endpoints(&original_dst, sims);
-    vec![
-        Step {
-            name: "(a) Envoy alone",
-            envoy: plain_envoy(sims, "ROUND_ROBIN"),
-        },
-        Step {
-            name: "(b) + filter callbacks",
-            envoy: stage_envoy(sims, "pass"),
-        },
-        Step {
-            name: "(c) + held until the body",
-            envoy: stage_envoy(sims, "pause"),
-        },
-        Step {
-            name: "(d) + body copied in",
-            envoy: stage_envoy(sims, "read"),
-        },
-        Step {
-            name: "(e) + parsed",
-            envoy: stage_envoy(sims, "parse"),
-        },
-        Step {
-            name: "(f) + a header written",
-            envoy: stage_envoy(sims, "write"),
-        },
-        Step {
-            name: "(g) picker, no metadata step",
-            envoy: Envoy::start_with(&picker, 2, without_metadata),
-        },
-        Step {
-            name: "(h) picker, shipped",
-            envoy: Envoy::start(&picker, 2),
-        },
-        Step {
-            name: "(i) picker, ORIGINAL_DST",
-            envoy: Envoy::start_from("envoy/envoy-original-dst.yaml", &original_dst, 2, |_| {}),
-        },
-    ]
+    let scrapes = format!("scrapes {}", addresses(sims).join(","));
+    let stage = |config: &'static str| -> Start { Box::new(move || stage_envoy(sims, config)) };
+    let variant = |variant: Variant| -> Start {
+        let config = picker_variant(&picker, variant);
+        Box::new(move || picker_round_robin(sims, &config))
+    };
+    let all: Vec<(&'static str, Start)> = vec![
+        (
+            "(a) Envoy alone",
+            Box::new(|| plain_envoy(sims, "ROUND_ROBIN")),
+        ),
+        ("(t1) + a 50 ms tick, idle", stage("ticks")),
+        (
+            "(t2) + 50 ms scrapes of both pods",
+            Box::new(|| stage_envoy(sims, &scrapes)),
+        ),
+        ("(b) + filter callbacks", stage("pass")),
+        ("(c) + held until the body", stage("pause")),
+        ("(d) + body copied in", stage("read")),
+        ("(e) + parsed", stage("parse")),
+        ("(f) + a header written", stage("write")),
+        ("(g) picker, a random pick", variant(Variant::RandomPick)),
+        (
+            "(h) picker, no prefix scorer",
+            variant(Variant::NoPrefixScorer),
+        ),
+        ("(i) picker, shipped plugins", variant(Variant::Shipped)),
+        ("(j) picker, 1 s scrapes", variant(Variant::SlowScrapes)),
+        (
+            "(k) picker + override_host",
+            Box::new(|| Envoy::start_with(&picker, 2, without_metadata)),
+        ),
+        (
+            "(l) picker, shipped Envoy",
+            Box::new(|| Envoy::start(&picker, 2)),
+        ),
+        (
+            "(m) picker, ORIGINAL_DST",
+            Box::new(|| {
+                Envoy::start_from("envoy/envoy-original-dst.yaml", &original_dst, 2, |_| {})
+            }),
+        ),
+    ];
+    all.into_iter()
+        .filter(|(name, _)| chosen(name))
+        .map(|(name, start)| Step {
+            name,
+            envoy: start(),
+        })
+        .collect()
+}
+
+/// The picker's configurations behind the round-robin rows.
+#[derive(Clone, Copy)]
+enum Variant {
+    /// A random pick among the pods: parsing and the request flow, no scorer.
+    RandomPick,
+    /// The shipped scorers but the prefix-cache one (no prompt hashing, no index).
+    NoPrefixScorer,
+    Shipped,
+    /// The shipped plugins, scraping every second instead of every 50 ms.
+    SlowScrapes,
+}
+
+fn picker_variant(picker: &str, variant: Variant) -> String {
+    let mut config: serde_yaml::Value = serde_yaml::from_str(picker).expect("picker config");
+    let (plugins, profile) = match variant {
+        Variant::Shipped => return picker.to_owned(),
+        Variant::SlowScrapes => {
+            config["pool"]["refreshMetricsInterval"] = "1s".into();
+            config["pool"]["metricsStalenessThreshold"] = "5s".into();
+            return serde_yaml::to_string(&config).expect("yaml");
+        }
+        Variant::RandomPick => (
+            "[{type: random-picker, parameters: {maxNumOfEndpoints: 3}}, \
+             {type: single-profile-handler}]",
+            "[{name: default, plugins: [{pluginRef: random-picker}]}]",
+        ),
+        Variant::NoPrefixScorer => (
+            "[{type: queue-scorer}, {type: kv-cache-utilization-scorer}, \
+             {type: lora-affinity-scorer}, \
+             {type: max-score-picker, parameters: {maxNumOfEndpoints: 3}}, \
+             {type: single-profile-handler}]",
+            "[{name: default, plugins: [{pluginRef: queue-scorer, weight: 2}, \
+             {pluginRef: kv-cache-utilization-scorer, weight: 2}, \
+             {pluginRef: lora-affinity-scorer, weight: 1}, {pluginRef: max-score-picker}]}]",
+        ),
+    };
+    config["plugins"] = serde_yaml::from_str(plugins).expect("plugins");
+    config["schedulingProfiles"] = serde_yaml::from_str(profile).expect("profiles");
+    serde_yaml::to_string(&config).expect("yaml")
 }
 
 #[derive(Default, Clone)]
@@ -156,6 +251,21 @@ struct Tally {
     latencies_ms: Vec<f64>,
     cpu: f64,
     sent: usize,
+}
+
+/// Envoy's CPU per second with no request in flight: the filter's ticks (scrapes, shared
+/// state, stats), which every request's CPU figure above also carries.
+fn idle_cpu_ms_per_s(steps: &[Step]) -> String {
+    let window = Duration::from_secs(3);
+    let mut table = String::from("| gateway | Envoy CPU ms per idle second |\n|---|---:|\n");
+    for step in steps {
+        let before = cpu_seconds(step.envoy.pid());
+        std::thread::sleep(window);
+        let per_second = (cpu_seconds(step.envoy.pid()) - before) * 1000.0 / window.as_secs_f64();
+        println!("  {:<36} idle CPU {per_second:.1} ms/s", step.name);
+        table.push_str(&format!("| {} | {per_second:.1} |\n", step.name));
+    }
+    table
 }
 
 fn measure(steps: &[Step], body_bytes: usize, quick: bool) -> Vec<StepRow> {
@@ -242,6 +352,13 @@ fn host_calls_per_request(envoy: &Envoy, count: usize) -> String {
         .zip(&idle_before)
         .map(|(a, b)| (a - b) / 0.3)
         .collect();
+    let idle: Vec<String> = HostCall::ALL
+        .iter()
+        .zip(&idle_rate)
+        .filter(|(_, rate)| **rate >= 0.5)
+        .map(|(call, rate)| format!("{} {rate:.0}/s", call.name()))
+        .collect();
+    println!("  host calls while idle: {}", idle.join(", "));
     let mut total = 0.0;
     let mut rows = String::from("| host call | per request |\n|---|---:|\n");
     for ((call, after), (before, idle)) in HostCall::ALL
@@ -319,11 +436,144 @@ fn perf_profile(envoy: &Envoy, quick: bool) -> String {
     table
 }
 
-/// The per-request cost goals, judged on the shipped picker, row (h).
+struct MicroRow {
+    step: &'static str,
+    body_bytes: Option<usize>,
+    v8_us: f64,
+    native_us: f64,
+}
+
+impl Row for MicroRow {
+    const COLUMNS: &'static [Column] = &[
+        Column::both("step (wasm, no host)", "step"),
+        Column::both("body", "body_bytes"),
+        Column::both("V8 µs", "v8_us"),
+        Column::both("native µs", "native_us"),
+        Column::markdown("V8 / native"),
+    ];
+
+    fn cells(&self) -> Vec<Cell> {
+        vec![
+            Cell::Text(self.step.to_string()),
+            self.body_bytes
+                .map_or(Cell::Text("-".into()), Cell::Kilobytes),
+            Cell::Fixed(self.v8_us, 1),
+            Cell::Fixed(self.native_us, 1),
+            Cell::Fixed(self.v8_us / self.native_us, 1),
+        ]
+    }
+}
+
+const MICRO_STEPS: [(&str, &str); 4] = [
+    ("parse", "parse the body, choose the pool"),
+    ("decide", "+ prefix hashing, scoring, picking, release"),
+    (
+        "request",
+        "+ the request flow's callbacks (headers, body, response, end)",
+    ),
+    (
+        "tick",
+        "a scraping tick: both pods' real vLLM 0.32 `/metrics` (55 KB) read",
+    ),
+];
+
+/// The picker's own work per step, in Node's V8 (`bench/wasm-micro`, the engine Envoy embeds,
+/// with no host call in the way) and natively: what the Envoy rows above cost beyond it is
+/// the host's.
+fn micro_steps() -> Vec<MicroRow> {
+    let wasm = repo().join("target/wasm-micro/wasm32-unknown-unknown/release/wasm_micro.wasm");
+    let sizes = [1024, LARGE_BODY];
+    let output = Command::new("node")
+        .arg(repo().join("bench/wasm-micro/run.js"))
+        .arg(&wasm)
+        .args(sizes.iter().map(|size| size.to_string()))
+        .output();
+    let Some(output) = output.ok().filter(|o| o.status.success()) else {
+        println!("  node could not time the wasm steps (make wasm-micro?)");
+        return Vec::new();
+    };
+    let lines: Vec<serde_json::Value> = String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .filter_map(|line| serde_json::from_str(line).ok())
+        .collect();
+    let v8_ns = |body: Option<usize>, step: &str| {
+        lines
+            .iter()
+            .find(|line| match body {
+                Some(body) => line["body"] == body,
+                None => line.get("tick_ns").is_some(),
+            })
+            .and_then(|line| match body {
+                Some(_) => line["ns"][step].as_f64(),
+                None => line["tick_ns"].as_f64(),
+            })
+            .unwrap_or(f64::NAN)
+    };
+    let mut rows = Vec::new();
+    for (step, name) in MICRO_STEPS {
+        let bodies: Vec<Option<usize>> = if step == "tick" {
+            vec![None]
+        } else {
+            sizes.iter().copied().map(Some).collect()
+        };
+        for body in bodies {
+            let native_ns = native_ns(step, body);
+            let row = MicroRow {
+                step: name,
+                body_bytes: body,
+                v8_us: v8_ns(body, step) / 1000.0,
+                native_us: native_ns / 1000.0,
+            };
+            println!(
+                "  {step:<8} {:>4} KB: V8 {:.1} µs, native {:.1} µs",
+                body.unwrap_or(0) / 1024,
+                row.v8_us,
+                row.native_us
+            );
+            rows.push(row);
+        }
+    }
+    rows
+}
+
+/// Nanoseconds per call of a micro step natively: best of five batches after a warm-up.
+fn native_ns(step: &str, body: Option<usize>) -> f64 {
+    use crate::micro_steps as micro;
+    let batch = body.map_or(200, |bytes| (64 * 1024 * 1024 / bytes).clamp(20, 20_000));
+    let mut run: Box<dyn FnMut(usize) -> usize> = match body {
+        None => {
+            let Some(mut ticks) = micro::Ticks::new() else {
+                return f64::NAN;
+            };
+            Box::new(move |n| ticks.run(n))
+        }
+        Some(bytes) => {
+            let (Some(mut picker), Some(index)) = (
+                micro::shipped_picker(),
+                micro::STEPS.iter().position(|s| *s == step),
+            ) else {
+                return f64::NAN;
+            };
+            let host = micro::BenchHost::new(&micro::padded_completion(bytes));
+            Box::new(move |n| micro::run(&mut picker, &host, index, n))
+        }
+    };
+    run(batch);
+    (0..5)
+        .map(|_| {
+            let started = std::time::Instant::now();
+            let done = run(batch);
+            assert!(done > 0, "micro step {step} did nothing");
+            started.elapsed().as_nanos() as f64 / batch as f64
+        })
+        .fold(f64::INFINITY, f64::min)
+}
+
+/// The per-request cost goals, judged on the shipped picker, row (l).
 fn goals(rows: &[StepRow]) -> String {
     let shipped = |body: usize| {
         rows.iter()
-            .find(|r| r.body_bytes == body && r.step.starts_with("(h)"))
+            .find(|r| r.body_bytes == body && r.step.starts_with("(l)"))
     };
     let small = shipped(1024);
     let large = shipped(LARGE_BODY);
@@ -358,27 +608,49 @@ pub fn run(quick: bool) -> Part {
         .map(|i| Sim::start(&format!("pod-{i}"), &["--time-scale", "0"]))
         .collect();
     let refs: Vec<&Sim> = sims.iter().collect();
-    let steps = steps(&refs);
+    // BENCH_STEPS=a,f,h runs only those rows (for trying a change; the report wants them all).
+    let only = std::env::var("BENCH_STEPS").unwrap_or_default();
+    let chosen = |name: &str| {
+        only.is_empty()
+            || only
+                .split(',')
+                .any(|letter| name.starts_with(&format!("({})", letter.trim())))
+    };
+    let steps = steps(&refs, chosen);
     for sim in &refs {
         sim.wait_for_scrapes(6);
     }
+    let idle = idle_cpu_ms_per_s(&steps);
     let mut rows = measure(&steps, 1024, quick);
     rows.extend(measure(&steps, LARGE_BODY, quick));
-    let shipped = &steps[7].envoy;
+    let micro = micro_steps();
+    let Some(shipped) = steps.iter().find(|step| step.name.starts_with("(l)")) else {
+        return Part {
+            markdown: format!("{INTRO}{}", markdown_table(&rows)),
+            csv: csv_table(&rows),
+            charts: Vec::new(),
+        };
+    };
+    let shipped = &shipped.envoy;
     let calls = host_calls_per_request(shipped, if quick { 200 } else { 1000 });
     let perf = perf_profile(shipped, quick);
     let goals = goals(&rows);
     Part {
         markdown: format!(
-            "{INTRO}{}\n{goals}\nHost calls a request makes through the shipped picker, by kind (the \
-             filter's `host_calls` counters over the requests of a closed loop, less what its \
+            "{INTRO}{}\n{goals}\n{MICRO}{}\n{IDLE}{idle}\nHost calls a request makes through \
+             the shipped picker, by kind (the filter's `host_calls` counters over the requests of a closed loop, less what its \
              ticks make meanwhile):\n\n{calls}\nWhere Envoy's CPU goes with the shipped picker \
              serving 220 KB requests (`perf record` on the Envoy process, by object; the \
              wasm code V8 compiled has no symbols and shows as anonymous memory or \
              `[unknown]`):\n\n{perf}",
-            markdown_table(&rows)
+            markdown_table(&rows),
+            markdown_table(&micro),
         ),
         csv: csv_table(&rows),
         charts: Vec::new(),
     }
+}
+
+fn addresses<'s>(sims: &[&'s Sim]) -> Vec<&'s str> {
+    sims.iter().map(|sim| sim.address.as_str()).collect()
 }

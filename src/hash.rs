@@ -1,33 +1,47 @@
 //! A small, fast, deterministic 64-bit hash. Deterministic across VMs and restarts, so block
 //! hashes computed on one worker mean the same thing on another.
 
-const K0: u64 = 0xa076_1d64_78bd_642f;
-const K1: u64 = 0xe703_7ed1_a0b4_28db;
-const K2: u64 = 0x8ebc_6af0_9c88_c6e3;
+// 64-bit odd constants with well-spread bits (xxHash's primes).
+const P1: u64 = 0x9e37_79b1_85eb_ca87;
+const P2: u64 = 0xc2b2_ae3d_27d4_eb4f;
+const P3: u64 = 0x1656_67b1_9e37_79f9;
 
-fn mix(a: u64, b: u64) -> u64 {
-    let product = u128::from(a).wrapping_mul(u128::from(b));
-    (product as u64) ^ ((product >> 64) as u64)
+/// Folds one word into the state with 64-bit multiplies only: the filter runs as wasm32,
+/// where a 128-bit product is a library call, and prompts are hashed 8 bytes at a time.
+fn absorb(state: u64, word: u64) -> u64 {
+    (state ^ word.wrapping_mul(P2))
+        .rotate_left(31)
+        .wrapping_mul(P1)
+}
+
+/// Spreads every input bit over the whole output.
+fn avalanche(mut state: u64) -> u64 {
+    state ^= state >> 33;
+    state = state.wrapping_mul(P2);
+    state ^= state >> 29;
+    state = state.wrapping_mul(P3);
+    state ^ (state >> 32)
 }
 
 /// Hashes `bytes` chained onto `seed`.
 pub fn hash_bytes(seed: u64, bytes: &[u8]) -> u64 {
-    let mut state = seed ^ K0 ^ (bytes.len() as u64).wrapping_mul(K1);
+    let mut state = seed ^ P3 ^ (bytes.len() as u64).wrapping_mul(P1);
     let mut words = bytes.chunks_exact(8);
     for word in &mut words {
         let mut buffer = [0u8; 8];
         buffer.copy_from_slice(word);
-        state = mix(state ^ u64::from_le_bytes(buffer), K1);
+        state = absorb(state, u64::from_le_bytes(buffer));
     }
     let tail = words.remainder();
     if !tail.is_empty() {
+        // Zero-padded; the length in the initial state tells `ab` from `ab\0`.
         let mut buffer = [0u8; 8];
         for (slot, byte) in buffer.iter_mut().zip(tail) {
             *slot = *byte;
         }
-        state = mix(state ^ u64::from_le_bytes(buffer), K2);
+        state = absorb(state ^ P3, u64::from_le_bytes(buffer));
     }
-    mix(state, K0 ^ K2)
+    avalanche(state)
 }
 
 #[cfg(test)]
@@ -42,5 +56,33 @@ mod tests {
         assert_ne!(hash_bytes(0, b"hello"), hash_bytes(0, b"hellp"));
         assert_ne!(hash_bytes(0, b"abcdefgh"), hash_bytes(0, b"abcdefgh\0"));
         assert_ne!(hash_bytes(0, b""), hash_bytes(0, b"\0"));
+    }
+
+    #[test]
+    fn one_flipped_bit_changes_about_half_the_output() {
+        let block: Vec<u8> = (0..64u8).map(|i| b'a' + i % 26).collect();
+        let base = hash_bytes(7, &block);
+        let mut changed_bits = 0;
+        for bit in 0..block.len() * 8 {
+            let mut flipped = block.clone();
+            flipped[bit / 8] ^= 1 << (bit % 8);
+            let changed = (hash_bytes(7, &flipped) ^ base).count_ones();
+            assert!(
+                changed >= 12,
+                "bit {bit}: only {changed} output bits changed"
+            );
+            changed_bits += changed;
+        }
+        let mean = f64::from(changed_bits) / (block.len() * 8) as f64;
+        assert!((28.0..36.0).contains(&mean), "mean {mean}");
+    }
+
+    #[test]
+    fn chained_blocks_of_similar_prompts_do_not_collide() {
+        let mut seen = std::collections::HashSet::new();
+        for n in 0..20_000u32 {
+            let block = format!("user {n:08} asks: what is the capital of France?  ...");
+            assert!(seen.insert(hash_bytes(hash_bytes(0, b"model"), block.as_bytes())));
+        }
     }
 }

@@ -1,7 +1,7 @@
 //! Model-server metrics: which series each engine exposes, and the compact snapshot the
 //! scorers read.
 
-use crate::prometheus::{for_each_sample_within, ParseSummary, Sample};
+use crate::prometheus::{for_each_named_sample_within, ParseSummary, Sample};
 
 /// Metric-name profile, chosen per pod by its `engine-type` label.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -55,6 +55,11 @@ pub struct LoraInfo {
     pub running: Vec<String>,
     pub waiting: Vec<String>,
 }
+
+/// vLLM's adapter series: the adapters running and waiting, as labels.
+const LORA_INFO: &str = "vllm:lora_requests_info";
+/// vLLM's cache geometry series, as labels.
+const CACHE_CONFIG_INFO: &str = "vllm:cache_config_info";
 
 /// vLLM's `vllm:cache_config_info`: used to size the prefix index per pod.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -251,7 +256,17 @@ pub fn extract_within(
     let mut metrics = EndpointMetrics::default();
     let mut custom = vec![Gauge::Absent; selectors.len()];
     let mut name_seen = vec![false; selectors.len()];
-    let summary = for_each_sample_within(text, max_bytes, |sample| {
+    let wanted = |name: &str| {
+        names.waiting.contains(&name)
+            || names.running.contains(&name)
+            || names.kv_usage.contains(&name)
+            || name == LORA_INFO
+            || name == CACHE_CONFIG_INFO
+            || selectors
+                .iter()
+                .any(|selector| selector.metric_name == name)
+    };
+    let summary = for_each_named_sample_within(text, max_bytes, wanted, |sample| {
         let value = sample.value;
         if names.waiting.contains(&sample.name) {
             acc.waiting.add(value, false);
@@ -259,10 +274,10 @@ pub fn extract_within(
             acc.running.add(value, false);
         } else if names.kv_usage.contains(&sample.name) {
             acc.kv_usage.max(value);
-        } else if sample.name == "vllm:lora_requests_info" && sample.value >= acc.lora_timestamp {
+        } else if sample.name == LORA_INFO && sample.value >= acc.lora_timestamp {
             acc.lora_timestamp = sample.value;
             metrics.lora = Some(lora_info(sample));
-        } else if sample.name == "vllm:cache_config_info" {
+        } else if sample.name == CACHE_CONFIG_INFO {
             metrics.cache_config = cache_config(sample);
         }
         for ((slot, seen), selector) in custom.iter_mut().zip(name_seen.iter_mut()).zip(selectors) {
@@ -512,10 +527,16 @@ vllm:cache_config_info{block_size=\"16\",num_gpu_blocks=\"4096\"} 1
             num_gpu_blocks: 48,
         };
 
+        /// The metrics, and the summary of the whole dump's parse (every sample, not only the
+        /// ones extraction reads).
         fn extracted(text: &str) -> (EndpointMetrics, ParseSummary) {
-            let (metrics, summary, unmatched) = extract(Engine::Vllm, text, &[]).unwrap();
+            let (metrics, read, unmatched) = extract(Engine::Vllm, text, &[]).unwrap();
             assert!(unmatched.is_empty());
-            (metrics, summary)
+            let whole = crate::prometheus::for_each_sample(text, |_| {});
+            // Extraction reads the few series it uses and passes over the rest by name.
+            assert!(read.samples < whole.samples / 10, "{read:?} of {whole:?}");
+            assert_eq!(read.malformed_lines, 0);
+            (metrics, whole)
         }
 
         fn lora(max_lora: u32, running: &[&str], waiting: &[&str]) -> Option<LoraInfo> {

@@ -58,6 +58,18 @@ pub fn for_each_sample<'a>(text: &'a str, visit: impl FnMut(&Sample<'a>)) -> Par
 pub fn for_each_sample_within<'a>(
     text: &'a str,
     max_bytes: usize,
+    visit: impl FnMut(&Sample<'a>),
+) -> ParseSummary {
+    for_each_named_sample_within(text, max_bytes, |_| true, visit)
+}
+
+/// [`for_each_sample_within`] for the samples whose name `wanted` accepts. Any other line is
+/// passed over once its name is read, its labels and value never parsed (nor counted): most
+/// of a vLLM dump is histogram buckets no scorer reads, and a scrape runs every interval.
+pub fn for_each_named_sample_within<'a>(
+    text: &'a str,
+    max_bytes: usize,
+    wanted: impl Fn(&str) -> bool,
     mut visit: impl FnMut(&Sample<'a>),
 ) -> ParseSummary {
     let mut summary = ParseSummary::default();
@@ -72,7 +84,11 @@ pub fn for_each_sample_within<'a>(
         if line.is_empty() || line.starts_with('#') {
             continue;
         }
-        match parse_sample_line(line) {
+        let (name, rest) = split_name(line);
+        if !name.is_empty() && !wanted(name) {
+            continue;
+        }
+        match parse_sample(name, rest) {
             Some(sample) => {
                 summary.samples += 1;
                 visit(&sample);
@@ -94,15 +110,21 @@ fn within(text: &str, max_bytes: usize) -> &str {
     text.get(..end).unwrap_or("")
 }
 
-fn parse_sample_line(line: &str) -> Option<Sample<'_>> {
+/// The metric name that starts `line` (empty if none does) and what follows it.
+fn split_name(line: &str) -> (&str, &str) {
+    // Name characters are ASCII, so the first other byte is on a character boundary.
     let name_len = line
-        .char_indices()
-        .find(|&(index, c)| !is_name_char(c, index == 0))
-        .map_or(line.len(), |(index, _)| index);
-    if name_len == 0 {
+        .bytes()
+        .enumerate()
+        .position(|(index, byte)| !is_name_char(char::from(byte), index == 0))
+        .unwrap_or(line.len());
+    line.split_at(name_len)
+}
+
+fn parse_sample<'a>(name: &'a str, rest: &'a str) -> Option<Sample<'a>> {
+    if name.is_empty() {
         return None;
     }
-    let (name, rest) = line.split_at(name_len);
     let (raw_labels, rest) = match rest.strip_prefix('{') {
         Some(inner) => split_labels(inner)?,
         None => ("", rest),
@@ -256,6 +278,24 @@ mod tests {
             out.push((s.name.to_string(), labels, s.value, s.timestamp_ms));
         });
         (out, summary)
+    }
+
+    #[test]
+    fn named_parse_reads_only_wanted_series() {
+        let text = "wanted{a=\"1\"} 2\nother_bucket{le=\"0.5\"} 3\nother_bucket{le= 4\n\
+                    wanted 5 6 7\n9bad 1\n";
+        let mut seen = Vec::new();
+        let summary = for_each_named_sample_within(
+            text,
+            usize::MAX,
+            |name| name == "wanted",
+            |sample| seen.push((sample.name, sample.value)),
+        );
+        assert_eq!(seen, [("wanted", 2.0)]);
+        // The unwanted series is passed over, broken or not; the broken wanted line and the
+        // line with no name count as malformed.
+        assert_eq!(summary.samples, 1);
+        assert_eq!(summary.malformed_lines, 2);
     }
 
     #[test]

@@ -2,6 +2,7 @@
 //! and prompt text a request carries. The body is parsed exactly once per request.
 
 mod json;
+mod text;
 
 use crate::error_response::{ErrorShape, RequestError};
 use json::{Content, Item, Message, Prompt};
@@ -287,30 +288,28 @@ impl PromptText {
     fn push_str(&mut self, value: &str) {
         let room = self.keep.saturating_sub(self.kept);
         if room == 0 {
-            self.chars += value.chars().count();
+            self.chars += text::char_count(value);
             return;
         }
         // A value no longer in bytes than the room fits whole (a char is at least a byte);
-        // otherwise only the kept part is walked char by char and the rest counted in one pass.
-        if value.len() <= room {
-            let count = value.chars().count();
-            self.text.push_str(value);
-            self.kept += count;
-            self.chars += count;
-            return;
-        }
-        match value.char_indices().nth(room) {
+        // otherwise the kept part is cut where its characters end and the rest only counted.
+        let end = if value.len() <= room {
+            None
+        } else {
+            text::offset_of_char(value, room)
+        };
+        match end {
             None => {
-                let count = value.chars().count();
+                let count = text::char_count(value);
                 self.text.push_str(value);
                 self.kept += count;
                 self.chars += count;
             }
-            Some((end, _)) => {
+            Some(end) => {
                 let (kept, rest) = value.split_at(end);
                 self.text.push_str(kept);
                 self.kept += room;
-                self.chars += room + rest.chars().count();
+                self.chars += room + text::char_count(rest);
             }
         }
     }

@@ -524,8 +524,8 @@ pub fn carry_out(
 
 /// Writes the decision into the request. The destination and prefiller headers always replace
 /// whatever the client sent: the ORIGINAL_DST cluster would otherwise go wherever it asked.
-/// Writes the decision into the request; `sent` says which headers the client sent that the
-/// decision must remove when it does not set them.
+/// `sent` says which headers the client sent that the decision must remove when it does not
+/// set them.
 fn apply_routing(
     host: &impl HttpHost,
     routed: &Routed,

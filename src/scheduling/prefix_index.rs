@@ -5,12 +5,35 @@
 
 use hashbrown::HashMap;
 use std::collections::VecDeque;
+use std::hash::{BuildHasherDefault, Hasher};
+
+/// Keys are block hashes, already uniformly mixed: used as they are, not hashed again (the
+/// default hasher's 128-bit multiply is a library call in wasm32, twice per block per pick).
+#[derive(Debug, Default, Clone, Copy)]
+struct BlockHashHasher(u64);
+
+impl Hasher for BlockHashHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        // Only u64 keys reach here (through `write_u64`); anything else is folded in whole.
+        self.0 = crate::hash::hash_bytes(self.0, bytes);
+    }
+
+    fn write_u64(&mut self, value: u64) {
+        self.0 = value;
+    }
+
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
+type BlockMap<V> = HashMap<u64, V, BuildHasherDefault<BlockHashHasher>>;
 
 #[derive(Debug, Default, Clone)]
 struct PodLru {
     capacity: usize,
     /// hash -> stamp of its latest use.
-    stamps: HashMap<u64, u64>,
+    stamps: BlockMap<u64>,
     /// Use order, oldest first; entries whose stamp no longer matches are stale and skipped.
     order: VecDeque<(u64, u64)>,
 }
@@ -61,7 +84,7 @@ impl Holders {
 #[derive(Debug, Default, Clone)]
 pub struct PrefixIndex {
     pods: Vec<PodLru>,
-    holders: HashMap<u64, Holders>,
+    holders: BlockMap<Holders>,
     clock: u64,
     default_capacity: usize,
 }
@@ -176,7 +199,7 @@ impl PrefixIndex {
     }
 }
 
-fn remove_holder(holders: &mut HashMap<u64, Holders>, hash: u64, pod: usize) {
+fn remove_holder(holders: &mut BlockMap<Holders>, hash: u64, pod: usize) {
     let Ok(pod) = u32::try_from(pod) else {
         return;
     };

@@ -223,6 +223,15 @@ pub fn block_hashes(
 
 /// End of the full block starting at `start`, or `None` if fewer than `block_chars` remain.
 fn block_end(text: &str, start: usize, block_chars: usize) -> Option<usize> {
+    // Most prompts are ASCII: a block of that many ASCII bytes is that many characters.
+    let ascii_end = start.checked_add(block_chars)?;
+    if text
+        .as_bytes()
+        .get(start..ascii_end)
+        .is_some_and(<[u8]>::is_ascii)
+    {
+        return Some(ascii_end);
+    }
     let rest = text.get(start..)?;
     match rest.char_indices().nth(block_chars) {
         Some((offset, _)) => Some(start + offset),
@@ -343,6 +352,27 @@ mod tests {
             model: "m".into(),
             prompt: prompt.into(),
             ..InferenceRequest::default()
+        }
+    }
+
+    #[test]
+    fn blocks_end_after_block_chars_characters_in_any_script() {
+        let texts = [
+            "abcdefghij",
+            "ab€cd€efgh",
+            "€€€€€€",
+            "abcd€",
+            "日本語のテキストです",
+        ];
+        for text in texts {
+            for chars in 1..6 {
+                let mut start = 0;
+                while let Some(end) = block_end(text, start, chars) {
+                    assert_eq!(text[start..end].chars().count(), chars, "{text:?} {chars}");
+                    start = end;
+                }
+                assert!(text[start..].chars().count() < chars, "{text:?} {chars}");
+            }
         }
     }
 

@@ -1,0 +1,308 @@
+//! The picker's per-request steps, each runnable `n` times over one body: shared by the wasm
+//! module (timed in V8 by `run.js`) and the bench (timed natively), so both run the same code.
+//! The picker is the shipped `envoy/envoy.yaml` configuration over its first two endpoints,
+//! each scraped once (fresh metrics), as in the profile's Envoy rows.
+
+use inference_picker::error_response::{ErrorShape, RequestError};
+use inference_picker::host::{encode_header_map, HeaderPairs, HostError, HttpHost, SharedData};
+use inference_picker::host::{Clock, HttpCallouts};
+use inference_picker::picker::Picker;
+use inference_picker::request::{ApiKind, RequestHeaders};
+use inference_picker::request_flow::RequestFlow;
+use inference_picker::tick_flow::TickFlow;
+use serde_yaml::Value;
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+
+/// What each step runs, in order: every step does the one before it and more.
+pub const STEPS: [&str; 3] = ["parse", "decide", "request"];
+
+const SHIPPED_ENVOY: &str = include_str!("../../../envoy/envoy.yaml");
+const ENDPOINTS: usize = 2;
+
+/// The headers Envoy hands the filter for a bench request (as `proxy_get_header_map_pairs`
+/// returns them).
+const REQUEST_HEADERS: [(&str, &str); 9] = [
+    (":authority", "127.0.0.1:10000"),
+    (":path", "/v1/completions"),
+    (":method", "POST"),
+    (":scheme", "http"),
+    ("content-type", "application/json"),
+    ("content-length", "1024"),
+    ("x-forwarded-proto", "http"),
+    ("x-request-id", "6c0e3f7e-5d2b-4f8e-9a53-0d6a1b2c3d4e"),
+    ("x-envoy-expected-rq-timeout-ms", "600000"),
+];
+
+/// The picker configuration inside the shipped Envoy configuration, over its first endpoints.
+fn shipped_picker_config() -> Option<String> {
+    let envoy: Value = serde_yaml::from_str(SHIPPED_ENVOY).ok()?;
+    let manager = &envoy["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0];
+    let filters = manager["typed_config"]["http_filters"].as_sequence()?;
+    let wasm = filters
+        .iter()
+        .find(|f| f["name"] == "envoy.filters.http.wasm")?;
+    let text = wasm["typed_config"]["config"]["configuration"]["value"].as_str()?;
+    let mut config: Value = serde_yaml::from_str(text).ok()?;
+    let endpoints = config["pool"]["endpoints"].as_sequence_mut()?;
+    endpoints.truncate(ENDPOINTS);
+    serde_yaml::to_string(&config).ok()
+}
+
+/// The picker, its endpoints scraped once.
+pub fn shipped_picker() -> Option<Picker> {
+    let mut picker = shipped_configuration()?.0;
+    let director = picker.director_mut(0)?;
+    for (endpoint, waiting) in (0..ENDPOINTS).zip([1, 3]) {
+        let metrics = format!(
+            "vllm:num_requests_waiting {waiting}\nvllm:num_requests_running 2\n\
+             vllm:kv_cache_usage_perc 0.{waiting}\n"
+        );
+        director.on_scrape_ok(endpoint, 0, &metrics).ok()?;
+    }
+    director.on_tick(0);
+    Some(picker)
+}
+
+/// The shipped configuration's picker and its pool's tick flow.
+fn shipped_configuration() -> Option<(Picker, TickFlow)> {
+    let text = shipped_picker_config()?;
+    let configured = inference_picker::tick_flow::configure(text.as_bytes(), 7).ok()?;
+    let flow = configured.ticks.into_iter().next()?.flow;
+    Some((configured.picker, flow))
+}
+
+/// A real vLLM 0.32 `/metrics` answer under load (what each scrape reads in production).
+const VLLM_METRICS: &str =
+    include_str!("../../../tests/fixtures/vllm/vllm-0.32.0-metrics-busy.txt");
+
+/// The root context's host for ticks, in memory: shared data in a map, callouts answered with
+/// the vLLM dump, a clock that moves one interval per tick.
+pub struct TickHost {
+    shared: RefCell<HashMap<String, (Vec<u8>, u32)>>,
+    sent: RefCell<Vec<u32>>,
+    next_token: Cell<u32>,
+    now_ms: Cell<u64>,
+}
+
+impl SharedData for TickHost {
+    fn get(&self, key: &str) -> Result<Option<(Vec<u8>, u32)>, HostError> {
+        Ok(self.shared.borrow().get(key).cloned())
+    }
+
+    fn set(&self, key: &str, value: &[u8], cas: Option<u32>) -> Result<bool, HostError> {
+        let mut shared = self.shared.borrow_mut();
+        let current = shared.get(key).map_or(0, |(_, cas)| *cas);
+        if cas.is_some_and(|cas| cas != current) {
+            return Ok(false);
+        }
+        shared.insert(key.to_owned(), (value.to_vec(), current + 1));
+        Ok(true)
+    }
+}
+
+impl HttpCallouts for TickHost {
+    fn dispatch(
+        &self,
+        _cluster: &str,
+        _headers: &[(&str, &str)],
+        _timeout_ms: u32,
+    ) -> Result<u32, HostError> {
+        let token = self.next_token.get() + 1;
+        self.next_token.set(token);
+        self.sent.borrow_mut().push(token);
+        Ok(token)
+    }
+
+    fn response_status(&self) -> Option<Vec<u8>> {
+        Some(b"200".to_vec())
+    }
+
+    fn response_body(&self, size: usize) -> Result<Vec<u8>, HostError> {
+        let body = VLLM_METRICS.as_bytes();
+        Ok(body.get(..size).unwrap_or(body).to_vec())
+    }
+}
+
+impl Clock for TickHost {
+    fn now_ms(&self) -> Result<u64, HostError> {
+        Ok(self.now_ms.get())
+    }
+}
+
+/// The scraping VM's ticks: each one's own work and the answers of the scrapes it sent.
+pub struct Ticks {
+    picker: Picker,
+    flow: TickFlow,
+    host: TickHost,
+}
+
+impl Ticks {
+    pub fn new() -> Option<Ticks> {
+        let (picker, flow) = shipped_configuration()?;
+        let host = TickHost {
+            shared: RefCell::new(HashMap::new()),
+            sent: RefCell::new(Vec::new()),
+            next_token: Cell::new(0),
+            now_ms: Cell::new(1_000_000),
+        };
+        Some(Ticks { picker, flow, host })
+    }
+
+    /// Runs `n` ticks; the scrapes answered, so a tick that scrapes nothing shows as 0.
+    pub fn run(&mut self, n: usize) -> usize {
+        let Some(director) = self.picker.director_mut(0) else {
+            return 0;
+        };
+        let mut answered = 0;
+        for _ in 0..n {
+            self.host.now_ms.set(self.host.now_ms.get() + 50);
+            self.flow.on_tick(&self.host, director);
+            let sent = std::mem::take(&mut *self.host.sent.borrow_mut());
+            for token in sent {
+                self.flow
+                    .on_callout_response(&self.host, director, token, VLLM_METRICS.len());
+                answered += 1;
+            }
+        }
+        answered
+    }
+}
+
+/// A completions body of about `bytes` with a one-character prompt, as the bench sends.
+pub fn padded_completion(bytes: usize) -> String {
+    let prompt = "x".repeat(bytes.saturating_sub(64));
+    format!(r#"{{"model":"meta-llama/Llama-3.1-8B-Instruct","prompt":"{prompt}","max_tokens":1}}"#)
+}
+
+/// The host of one request, in memory: answers what Envoy would and discards writes.
+pub struct BenchHost {
+    headers: Vec<u8>,
+    body: Vec<u8>,
+}
+
+impl BenchHost {
+    pub fn new(body: &str) -> Self {
+        BenchHost {
+            headers: encode_header_map(&REQUEST_HEADERS),
+            body: body.as_bytes().to_vec(),
+        }
+    }
+}
+
+struct NoSharedData;
+
+impl SharedData for NoSharedData {
+    fn get(&self, _key: &str) -> Result<Option<(Vec<u8>, u32)>, HostError> {
+        Ok(None)
+    }
+
+    fn set(&self, _key: &str, _value: &[u8], _cas: Option<u32>) -> Result<bool, HostError> {
+        Ok(true)
+    }
+}
+
+impl HttpHost for BenchHost {
+    fn request_header(&self, name: &str) -> Option<Vec<u8>> {
+        let pairs = self.request_headers()?;
+        pairs.get(name).map(<[u8]>::to_vec)
+    }
+
+    fn request_headers(&self) -> Option<HeaderPairs> {
+        HeaderPairs::decode(self.headers.clone())
+    }
+
+    fn set_request_header(&self, _name: &str, _value: &str) -> Result<(), HostError> {
+        Ok(())
+    }
+
+    fn remove_request_header(&self, _name: &str) -> Result<(), HostError> {
+        Ok(())
+    }
+
+    fn request_body(&self, size: usize) -> Result<Vec<u8>, HostError> {
+        Ok(self.body.get(..size).unwrap_or(&self.body).to_vec())
+    }
+
+    fn replace_request_body(&self, _size: usize, _body: &[u8]) -> Result<(), HostError> {
+        Ok(())
+    }
+
+    fn response_header(&self, name: &str) -> Option<Vec<u8>> {
+        (name == ":status").then(|| b"200".to_vec())
+    }
+
+    fn set_response_header(&self, _name: &str, _value: &str) -> Result<(), HostError> {
+        Ok(())
+    }
+
+    fn upstream_address(&self) -> Option<String> {
+        Some("127.0.0.1:8001".into())
+    }
+
+    fn subset_hint(&self) -> Option<Vec<u8>> {
+        None
+    }
+
+    fn send_error(&self, _error: &RequestError, _shape: ErrorShape) -> Result<(), HostError> {
+        Ok(())
+    }
+
+    fn now_ms(&self) -> u64 {
+        0
+    }
+
+    fn shared_data(&self) -> &dyn SharedData {
+        &NoSharedData
+    }
+}
+
+/// Runs step `step` (an index into [`STEPS`]) `n` times; the count of requests routed, so a
+/// broken step shows as 0.
+pub fn run(picker: &mut Picker, host: &BenchHost, step: usize, n: usize) -> usize {
+    let mut routed = 0;
+    for id in 0..n {
+        let ok = match step {
+            0 => parse(picker, host),
+            1 => decide(picker, host),
+            _ => request(picker, host, id),
+        };
+        routed += usize::from(ok);
+    }
+    routed
+}
+
+fn parse(picker: &mut Picker, host: &BenchHost) -> bool {
+    let body = host.body.as_slice();
+    let prepared = picker.prepare(ApiKind::Completions, Some(body), RequestHeaders::default());
+    std::hint::black_box(&prepared).is_ok()
+}
+
+fn decide(picker: &mut Picker, host: &BenchHost) -> bool {
+    let body = host.body.as_slice();
+    let Ok((pool, prepared)) =
+        picker.prepare(ApiKind::Completions, Some(body), RequestHeaders::default())
+    else {
+        return false;
+    };
+    let Some(director) = picker.director_mut(pool) else {
+        return false;
+    };
+    match director.route_prepared(prepared) {
+        Ok(routed) => {
+            director.release(&routed);
+            true
+        }
+        Err(_) => false,
+    }
+}
+
+fn request(picker: &mut Picker, host: &BenchHost, id: usize) -> bool {
+    let mut flow = RequestFlow::new(u32::try_from(id).unwrap_or(0));
+    flow.on_headers(host, picker, false);
+    flow.on_body(host, picker, host.body.len(), true);
+    let routed = flow.was_routed();
+    flow.on_response_headers(host, picker);
+    flow.on_done(picker, 0, &NoSharedData);
+    routed
+}
