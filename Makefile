@@ -7,6 +7,14 @@ VENV := .venv
 ENVOY := $(VENV)/bin/envoy
 ENVOY_VERSION := 1.40.0
 WASM := target/wasm32-wasip1/release/inference_picker.wasm
+EXPORTS_TOOL := target/tools/release/wasm-exports
+STAGE_WASM := target/profile-filter/wasm32-wasip1/release/profile_filter
+UNUSED_EXPORTS := proxy_on_response_body proxy_on_response_trailers proxy_on_done \
+  proxy_on_new_connection proxy_on_downstream_data proxy_on_upstream_data \
+  proxy_on_downstream_connection_close proxy_on_upstream_connection_close \
+  proxy_on_grpc_receive_initial_metadata proxy_on_grpc_receive \
+  proxy_on_grpc_receive_trailing_metadata proxy_on_grpc_close proxy_on_queue_ready \
+  proxy_on_foreign_function
 SIM := target/release/examples/model-server-sim
 # wasm-bindgen-test's runner (wasm-bindgen-cli) must match the wasm-bindgen crate exactly: its
 # version is read from Cargo.lock, and it is installed once into .tools (git-ignored).
@@ -17,7 +25,7 @@ WBG_RUNNER := $(TOOLS)/bin/wasm-bindgen-test-runner
 FUZZ_SECONDS ?= 60
 FUZZ_TARGETS := body_parser prometheus_parser config_loader
 
-.PHONY: all build sim envoy toolchain wasm-bindgen-runner lint unit wasm-unit integration test demo e2e-vllm vllm-scrape-cost soak bench extproc bench-quick bench-schedule bench-hop bench-quality bench-memory bench-scaleout bench-overload bench-pools bench-profile profile-filter wasm-micro peers fuzz check compose-up compose-down image clean
+.PHONY: all build sim envoy toolchain wasm-bindgen-runner lint unit wasm-unit integration test demo e2e-vllm vllm-scrape-cost soak bench extproc bench-quick bench-schedule bench-hop bench-quality bench-memory bench-scaleout bench-overload bench-pools bench-profile profile-filter wasm-micro wasm-exports peers fuzz check compose-up compose-down image clean
 
 all: build
 
@@ -30,10 +38,18 @@ wasm-bindgen-runner:
 	@test "$$($(WBG_RUNNER) --version 2>/dev/null)" = "wasm-bindgen-test-runner $(WASM_BINDGEN_VERSION)" || \
 	  $(CARGO) install wasm-bindgen-cli --version $(WASM_BINDGEN_VERSION) --locked --root $(TOOLS)
 
-## build: the filter, at target/wasm32-wasip1/release/inference_picker.wasm
-build: toolchain
+## build: the filter, at target/wasm32-wasip1/release/inference_picker.wasm, without the
+## exports of the callbacks it never needs: the SDK exports every one, and Envoy calls into the
+## VM for each callback the module exports (a streamed response's every chunk, trailers, a
+## stream's end before its log, TCP and gRPC events)
+build: toolchain wasm-exports
 	$(CARGO) build --release --target wasm32-wasip1 --lib
+	$(EXPORTS_TOOL) drop $(WASM) $(UNUSED_EXPORTS)
 	@ls -l $(WASM)
+
+## wasm-exports: the tool that lists and drops a wasm module's exports (tools/wasm-exports)
+wasm-exports:
+	$(CARGO) build --quiet --release --manifest-path tools/wasm-exports/Cargo.toml --target-dir target/tools
 
 ## sim: the simulated vLLM model server
 sim:
@@ -61,6 +77,7 @@ lint: toolchain
 
 unit:
 	$(CARGO) test --lib
+	$(CARGO) test --release --manifest-path tools/wasm-exports/Cargo.toml --target-dir target/tools
 
 ## wasm-unit: the unit tests compiled to wasm32-unknown-unknown, run by wasm-bindgen-test in Node's
 ## V8; fails if fewer run there than natively (a test module without `use crate::harness::test;`)
@@ -150,8 +167,10 @@ bench-overload: build sim envoy
 	$(CARGO) run --release --example bench -- overload
 
 ## profile-filter: the per-request profile's stage filter (bench/profile-filter)
-profile-filter: toolchain
+profile-filter: toolchain wasm-exports
 	$(CARGO) build --release --target wasm32-wasip1 --manifest-path bench/profile-filter/Cargo.toml --target-dir target/profile-filter
+	cp $(STAGE_WASM).wasm $(STAGE_WASM)_lean.wasm
+	$(EXPORTS_TOOL) drop $(STAGE_WASM)_lean.wasm $(UNUSED_EXPORTS)
 
 ## wasm-micro: the picker's per-request steps as a plain wasm module, timed in Node's V8 (bench/wasm-micro)
 wasm-micro: toolchain

@@ -42,6 +42,13 @@ const MICRO: &str = "The picker's own work per request, with no host in the way:
      above it. What an Envoy row above costs beyond these is the host's: crossings into and \
      out of the VM, copies, Envoy's own work for the stream.\n\n";
 
+const STREAMED: &str = "Streamed responses: Envoy's CPU per response of 64 tokens, each \
+     sent as its own chunk (the pods decode a token every 0.2 ms), closed loop, one client, \
+     four interleaved rounds. Envoy calls into a VM for every response chunk if the module \
+     exports `proxy_on_response_body`, as every proxy-wasm SDK module does; `make build` drops \
+     that export and the other callbacks the picker never handles (`tools/wasm-exports`). (b) \
+     and (b2) are the same stage filter with every export and with the picker's.\n\n";
+
 const IDLE: &str = "Envoy's CPU with no request in flight (3 s per gateway): the timer side, \
      which the per-request figures above also carry. (t1) and (t2) are the stage filter \
      ticking every 50 ms with nothing to do, and fetching both pods' `/metrics` on every tick \
@@ -90,8 +97,22 @@ impl Row for StepRow {
     }
 }
 
-fn stage_wasm() -> PathBuf {
-    let path = repo().join("target/profile-filter/wasm32-wasip1/release/profile_filter.wasm");
+/// The stage filter as built (every callback the SDK has exported), or with only the
+/// exports the shipped picker keeps (`make profile-filter` writes both).
+#[derive(Clone, Copy, PartialEq)]
+enum Exports {
+    EverySdkCallback,
+    ThePickers,
+}
+
+fn stage_wasm(exports: Exports) -> PathBuf {
+    let file = match exports {
+        Exports::EverySdkCallback => "profile_filter.wasm",
+        Exports::ThePickers => "profile_filter_lean.wasm",
+    };
+    let path = repo()
+        .join("target/profile-filter/wasm32-wasip1/release")
+        .join(file);
     assert!(
         path.exists(),
         "{} is missing: run `make bench-profile`",
@@ -102,9 +123,9 @@ fn stage_wasm() -> PathBuf {
 
 /// Envoy routing round robin to the pods (as `plain_envoy`) through the stage filter stopping
 /// at `stage`.
-fn stage_envoy(sims: &[&Sim], stage: &str) -> Envoy {
+fn stage_envoy(sims: &[&Sim], stage: &str, exports: Exports) -> Envoy {
     let picker = with_endpoints(&shipped_picker_config(), sims);
-    round_robin_envoy(sims, &picker, Some((stage_wasm(), stage)))
+    round_robin_envoy(sims, &picker, Some((stage_wasm(exports), stage)))
 }
 
 /// The picker deciding as shipped, but Envoy balancing round robin over a plain cluster (the
@@ -154,7 +175,9 @@ fn steps(sims: &[&Sim], chosen: impl Fn(&str) -> bool) -> Vec<Step> {
     let original_dst = crate::support::picker_config_of("envoy/envoy-original-dst.yaml");
     let original_dst = with_endpoints(&original_dst, sims);
     let scrapes = format!("scrapes {}", addresses(sims).join(","));
-    let stage = |config: &'static str| -> Start { Box::new(move || stage_envoy(sims, config)) };
+    let stage = |config: &'static str| -> Start {
+        Box::new(move || stage_envoy(sims, config, Exports::ThePickers))
+    };
     let variant = |variant: Variant| -> Start {
         let config = picker_variant(&picker, variant);
         Box::new(move || picker_round_robin(sims, &config))
@@ -167,9 +190,16 @@ fn steps(sims: &[&Sim], chosen: impl Fn(&str) -> bool) -> Vec<Step> {
         ("(t1) + a 50 ms tick, idle", stage("ticks")),
         (
             "(t2) + 50 ms scrapes of both pods",
-            Box::new(|| stage_envoy(sims, &scrapes)),
+            Box::new(|| stage_envoy(sims, &scrapes, Exports::ThePickers)),
         ),
-        ("(b) + filter callbacks", stage("pass")),
+        (
+            "(b) + filter callbacks, every SDK export",
+            Box::new(|| stage_envoy(sims, "pass", Exports::EverySdkCallback)),
+        ),
+        (
+            "(b2) + filter callbacks, the picker's exports",
+            stage("pass"),
+        ),
         ("(c) + held until the body", stage("pause")),
         ("(d) + body copied in", stage("read")),
         ("(e) + parsed", stage("parse")),
@@ -322,6 +352,104 @@ fn measure(steps: &[Step], body_bytes: usize, quick: bool) -> Vec<StepRow> {
                 row.added_p50_us,
                 row.cpu_per_1000,
                 row.cpu_ratio
+            );
+            row
+        })
+        .collect()
+}
+
+/// Tokens each streamed response carries.
+const STREAM_TOKENS: usize = 64;
+
+struct StreamRow {
+    gateway: &'static str,
+    cpu_per_1000: f64,
+    cpu_ratio: f64,
+    errors: usize,
+}
+
+impl Row for StreamRow {
+    const COLUMNS: &'static [Column] = &[
+        Column::both("gateway", "gateway"),
+        Column::both("CPU s / 1k streamed responses", "cpu_s_per_1k"),
+        Column::both("x alone", "cpu_ratio"),
+        Column::both("errors", "errors"),
+    ];
+
+    fn cells(&self) -> Vec<Cell> {
+        vec![
+            Cell::Text(self.gateway.to_string()),
+            Cell::Measure(self.cpu_per_1000, 3),
+            Cell::Fixed(self.cpu_ratio, 2),
+            Cell::Count(self.errors),
+        ]
+    }
+}
+
+/// Envoy's CPU per streamed response of [`STREAM_TOKENS`] tokens, each its own chunk (pods
+/// that decode a token every 0.2 ms): every chunk is a callback into a VM that exports
+/// `proxy_on_response_body`, which the shipped build does not.
+fn streamed(quick: bool) -> Vec<StreamRow> {
+    let paced = [
+        "--time-scale",
+        "1",
+        "--decode-ms-per-token",
+        "0.2",
+        "--prefill-us-per-token",
+        "0",
+    ];
+    let sims: Vec<Sim> = (1..=2)
+        .map(|i| Sim::start(&format!("stream-{i}"), &paced))
+        .collect();
+    let refs: Vec<&Sim> = sims.iter().collect();
+    let picker = with_endpoints(&shipped_picker_config(), &refs);
+    let gateways: [(&'static str, Envoy); 4] = [
+        ("(a) Envoy alone", plain_envoy(&refs, "ROUND_ROBIN")),
+        (
+            "(b) + filter callbacks, every SDK export",
+            stage_envoy(&refs, "pass", Exports::EverySdkCallback),
+        ),
+        (
+            "(b2) + filter callbacks, the picker's exports",
+            stage_envoy(&refs, "pass", Exports::ThePickers),
+        ),
+        ("(l) picker, shipped Envoy", Envoy::start(&picker, 2)),
+    ];
+    for sim in &refs {
+        sim.wait_for_scrapes(6);
+    }
+    let body = format!(
+        r#"{{"model":"{}","prompt":"hello","max_tokens":{STREAM_TOKENS},"stream":true}}"#,
+        crate::support::MODEL
+    );
+    let count = if quick { 80 } else { 400 };
+    let rounds = 4;
+    // Per gateway: CPU seconds and responses that came back whole.
+    let mut tallies = vec![(0.0, 0); gateways.len()];
+    for _ in 0..rounds {
+        for ((cpu, ok), (_, envoy)) in tallies.iter_mut().zip(&gateways) {
+            let before = cpu_seconds(envoy.pid());
+            let results = closed_loop(&envoy.address(), 1, count / rounds, &body);
+            *cpu += cpu_seconds(envoy.pid()) - before;
+            *ok += results.iter().filter(|e| e.status == 200).count();
+        }
+    }
+    let sent = count / rounds * rounds;
+    let per_1000 = |cpu: f64| cpu * 1000.0 / sent as f64;
+    let alone = per_1000(tallies[0].0);
+    gateways
+        .iter()
+        .zip(&tallies)
+        .map(|((gateway, _), &(cpu, ok))| {
+            let row = StreamRow {
+                gateway,
+                cpu_per_1000: per_1000(cpu),
+                cpu_ratio: per_1000(cpu) / alone,
+                errors: sent - ok,
+            };
+            println!(
+                "  streamed: {gateway:<46} CPU {:.3} s/1k ({:.2}x)",
+                row.cpu_per_1000, row.cpu_ratio
             );
             row
         })
@@ -539,7 +667,8 @@ fn micro_steps() -> Vec<MicroRow> {
 /// Nanoseconds per call of a micro step natively: best of five batches after a warm-up.
 fn native_ns(step: &str, body: Option<usize>) -> f64 {
     use crate::micro_steps as micro;
-    let batch = body.map_or(200, |bytes| (64 * 1024 * 1024 / bytes).clamp(20, 20_000));
+    // The batch sizes `run.js` uses.
+    let batch = body.map_or(200, |bytes| (64_000_000 / bytes).clamp(20, 20_000));
     let mut run: Box<dyn FnMut(usize) -> usize> = match body {
         None => {
             let Some(mut ticks) = micro::Ticks::new() else {
@@ -624,6 +753,11 @@ pub fn run(quick: bool) -> Part {
     let mut rows = measure(&steps, 1024, quick);
     rows.extend(measure(&steps, LARGE_BODY, quick));
     let micro = micro_steps();
+    let streamed = if std::env::var("BENCH_STEPS").is_ok_and(|s| !s.is_empty()) {
+        Vec::new()
+    } else {
+        streamed(quick)
+    };
     let Some(shipped) = steps.iter().find(|step| step.name.starts_with("(l)")) else {
         return Part {
             markdown: format!("{INTRO}{}", markdown_table(&rows)),
@@ -637,7 +771,7 @@ pub fn run(quick: bool) -> Part {
     let goals = goals(&rows);
     Part {
         markdown: format!(
-            "{INTRO}{}\n{goals}\n{MICRO}{}\n{IDLE}{idle}\nHost calls a request makes through \
+            "{INTRO}{}\n{goals}\n{MICRO}{}\n{STREAMED}{}\n{IDLE}{idle}\nHost calls a request makes through \
              the shipped picker, by kind (the filter's `host_calls` counters over the requests of a closed loop, less what its \
              ticks make meanwhile):\n\n{calls}\nWhere Envoy's CPU goes with the shipped picker \
              serving 220 KB requests (`perf record` on the Envoy process, by object; the \
@@ -645,6 +779,7 @@ pub fn run(quick: bool) -> Part {
              `[unknown]`):\n\n{perf}",
             markdown_table(&rows),
             markdown_table(&micro),
+            markdown_table(&streamed),
         ),
         csv: csv_table(&rows),
         charts: Vec::new(),

@@ -156,7 +156,7 @@ impl std::fmt::Display for ExtractError {
                 malformed_lines,
             } => write!(
                 f,
-                "no {engine:?} queue/running/KV metrics found ({malformed_lines} malformed lines)"
+                "no {engine:?} queue/running/KV metrics found ({malformed_lines} malformed lines among those series or with no metric name)"
             ),
             ExtractError::TooLarge { limit } => write!(
                 f,

@@ -39,10 +39,12 @@ impl<'a> Sample<'a> {
     }
 }
 
-/// What a parse saw, for logs and stats.
+/// What a parse saw, for logs and stats: among the series read (a named parse passes the
+/// others over unparsed, broken or not).
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct ParseSummary {
     pub samples: usize,
+    /// Lines of the series read that did not parse, and lines with no metric name.
     pub malformed_lines: usize,
     /// The text was longer than the limit; nothing past it was read.
     pub truncated: bool,

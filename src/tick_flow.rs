@@ -33,14 +33,22 @@ pub struct PoolTicks {
     pub interval_ms: u64,
 }
 
+/// The version of what VMs share (values and block hashes): a VM of another version uses
+/// other keys.
+const SHARED_FORMAT: u32 = 2;
+
 /// Loads the plugin configuration for one VM; `vm_seed` must differ between VMs, or every
 /// worker breaks ties alike. Warnings go to the log; the error says what to fix.
 pub fn configure(text: &[u8], vm_seed: u64) -> Result<Configured, String> {
     let text = std::str::from_utf8(text)
         .map_err(|_| "invalid configuration: it is not UTF-8 text".to_owned())?;
     let set = config::load_set(text, vm_seed, false).map_err(|error| error.to_string())?;
-    // A config update starts a fresh namespace, so old VMs' leases do not interfere.
-    let base = format!("inference-picker/{:x}", hash_bytes(0, text.as_bytes()));
+    // A config update starts a fresh namespace, so old VMs' leases do not interfere; so does
+    // a build that shares data in another format (or hashes prompt blocks another way).
+    let base = format!(
+        "inference-picker/{SHARED_FORMAT}/{:x}",
+        hash_bytes(0, text.as_bytes())
+    );
     let many = set.listed;
     let mut slots = Vec::with_capacity(set.pools.len());
     let mut ticks = Vec::with_capacity(set.pools.len());

@@ -58,7 +58,11 @@ pub fn offset_of_char(text: &str, chars: usize) -> Option<usize> {
     if chars < ascii {
         return Some(chars);
     }
-    text.char_indices().nth(chars).map(|(offset, _)| offset)
+    // The ASCII start holds one character per byte: walk only what follows it.
+    let rest = text.get(ascii..)?;
+    rest.char_indices()
+        .nth(chars - ascii)
+        .map(|(offset, _)| ascii + offset)
 }
 
 #[cfg(test)]

@@ -5,29 +5,59 @@
 
 use hashbrown::HashMap;
 use std::collections::VecDeque;
-use std::hash::{BuildHasherDefault, Hasher};
+use std::hash::{BuildHasher, Hasher};
 
-/// Keys are block hashes, already uniformly mixed: used as they are, not hashed again (the
-/// default hasher's 128-bit multiply is a library call in wasm32, twice per block per pick).
-#[derive(Debug, Default, Clone, Copy)]
-struct BlockHashHasher(u64);
+/// Keys are block hashes, already uniformly mixed: they need one keyed multiply, not a full
+/// hash (the default hasher's 128-bit multiply is a library call in wasm32, twice per block
+/// per pick). The key is random per map (std's seed, from the host's randomness in wasm), so
+/// a client cannot search offline for prompts whose blocks crowd one bucket.
+#[derive(Debug, Clone, Copy)]
+struct BlockHashes {
+    key: u64,
+}
+
+impl Default for BlockHashes {
+    fn default() -> Self {
+        BlockHashes {
+            key: std::collections::hash_map::RandomState::new().hash_one(0u64) | 1,
+        }
+    }
+}
+
+impl BuildHasher for BlockHashes {
+    type Hasher = BlockHashHasher;
+
+    fn build_hasher(&self) -> BlockHashHasher {
+        BlockHashHasher {
+            key: self.key,
+            state: 0,
+        }
+    }
+}
+
+#[derive(Debug)]
+struct BlockHashHasher {
+    key: u64,
+    state: u64,
+}
 
 impl Hasher for BlockHashHasher {
     fn write(&mut self, bytes: &[u8]) {
         // Only u64 keys reach here (through `write_u64`); anything else is folded in whole.
-        self.0 = crate::hash::hash_bytes(self.0, bytes);
+        self.state = crate::hash::hash_bytes(self.state ^ self.key, bytes);
     }
 
     fn write_u64(&mut self, value: u64) {
-        self.0 = value;
+        let mixed = (value ^ self.key).wrapping_mul(0x9e37_79b1_85eb_ca87);
+        self.state = mixed ^ (mixed >> 29);
     }
 
     fn finish(&self) -> u64 {
-        self.0
+        self.state
     }
 }
 
-type BlockMap<V> = HashMap<u64, V, BuildHasherDefault<BlockHashHasher>>;
+type BlockMap<V> = HashMap<u64, V, BlockHashes>;
 
 #[derive(Debug, Default, Clone)]
 struct PodLru {

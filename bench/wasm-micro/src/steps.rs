@@ -169,7 +169,7 @@ impl Ticks {
     }
 }
 
-/// A completions body of about `bytes` with a one-character prompt, as the bench sends.
+/// A completions body of about `bytes`, its prompt all `x`, as the bench sends.
 pub fn padded_completion(bytes: usize) -> String {
     let prompt = "x".repeat(bytes.saturating_sub(64));
     format!(r#"{{"model":"meta-llama/Llama-3.1-8B-Instruct","prompt":"{prompt}","max_tokens":1}}"#)
