@@ -313,7 +313,12 @@ impl Coordinator {
             while self.prefix_batches.len() > KEPT_BATCHES {
                 self.prefix_batches.pop_front();
             }
-            let published: Vec<u8> = self.prefix_batches.iter().flatten().copied().collect();
+            // Batch by batch (one copy each), not byte by byte.
+            let size = self.prefix_batches.iter().map(Vec::len).sum();
+            let mut published = Vec::with_capacity(size);
+            for batch in &self.prefix_batches {
+                published.extend_from_slice(batch);
+            }
             store.set(&self.prefix_key, &published, None)?;
         }
         let mut remote = Vec::new();
