@@ -22,7 +22,9 @@ const INTRO: &str = "## 8. One request's cost, step by step\n\n\
      turns in eight rounds per body size. Rows (t1)-(f) run a stage filter \
      (`bench/profile-filter`): (t1) a 50 ms tick that does nothing and (t2) one that fetches \
      both pods' `/metrics` in every VM (the timer side alone, requests untouched); then one \
-     step of the picker's request work at a time: (b) callbacks only, nothing paused; (c) the \
+     step of the picker's request work at a time: (b) callbacks only, nothing paused, the \
+     module with every export the proxy-wasm SDK makes, and (b2) with only the picker's (as \
+     `make build` leaves the picker; the stage rows after it run that build too); (c) the \
      headers held until the body's end, as the picker does (Envoy buffers the body); (d) the \
      body copied into the VM; (e) parsed with the picker's own parser; (f) a header written. \
      (g)-(j) are the picker on a plain round-robin cluster (its header written, Envoy balancing \
