@@ -74,6 +74,7 @@ lint: toolchain
 	$(CARGO) fmt --check
 	$(CARGO) clippy --all-targets -- -D warnings
 	$(CARGO) clippy --release --target wasm32-wasip1 --lib -- -D warnings
+	$(CARGO) clippy --all-targets --manifest-path tools/wasm-exports/Cargo.toml --target-dir target/tools -- -D warnings
 
 unit:
 	$(CARGO) test --lib
