@@ -54,7 +54,11 @@ pub fn char_count(text: &str) -> usize {
 /// The byte offset just past the first `chars` characters of `text`, `None` if it has fewer
 /// than `chars + 1` (so the offset is a char boundary short of the end).
 pub fn offset_of_char(text: &str, chars: usize) -> Option<usize> {
-    let ascii = ascii_words_len(text.as_bytes());
+    // Only the first `chars + 1` bytes can hold the answer's ASCII run: a long prompt's tail
+    // is left to the count.
+    let bytes = text.as_bytes();
+    let head = bytes.get(..chars.saturating_add(1)).unwrap_or(bytes);
+    let ascii = ascii_words_len(head);
     if chars < ascii {
         return Some(chars);
     }
