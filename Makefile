@@ -101,14 +101,24 @@ demo: build sim envoy
 	$(CARGO) run --release --example demo
 
 ## e2e-vllm: two real vLLM 0.32.0 servers (CPU build, a tiny random-weight Llama and a LoRA adapter
-## made locally) behind Envoy with envoy/envoy.yaml and the filter; one line per check. Not part of
-## `make test`: installs vLLM into the git-ignored .venv-vllm (~6 GB, ~3 min) the first time.
+## made locally) behind Envoy with envoy/envoy.yaml and the filter; one line per check, saved with
+## the commit it ran (and whether the tree had uncommitted changes) in bench/results/e2e-vllm.txt;
+## a failed check still fails the target. Not part of `make test`: installs vLLM into the
+## git-ignored .venv-vllm (~6 GB) the first time.
 VLLM_VENV := .venv-vllm
 VLLM_MODEL := target/vllm-model
+E2E_VLLM_OUT := bench/results/e2e-vllm.txt
 e2e-vllm: build envoy
 	@bash tests/vllm/install.sh $(VLLM_VENV)
 	@$(VLLM_VENV)/bin/python tests/vllm/make_model.py $(VLLM_MODEL)
-	$(CARGO) run --quiet --example e2e-vllm -- --venv $(VLLM_VENV) --model-dir $(VLLM_MODEL)
+	@set -o pipefail; \
+	  dirty=$$(git status --porcelain -- . ':!$(E2E_VLLM_OUT)'); \
+	  { echo "command: make e2e-vllm"; \
+	    echo "commit: $$(git rev-parse HEAD)$${dirty:+ (dirty: the tree had uncommitted changes)}"; \
+	    echo "date: $$(date -u '+%Y-%m-%d %H:%M UTC'); machine: $$(nproc) cores"; \
+	    echo; } > $(E2E_VLLM_OUT); \
+	  $(CARGO) run --quiet --example e2e-vllm -- --venv $(VLLM_VENV) --model-dir $(VLLM_MODEL) 2>&1 \
+	    | tee -a $(E2E_VLLM_OUT)
 
 ## vllm-scrape-cost: an idle real vLLM's CPU with no scrapes and with one every 1000/200/100/50 ms
 vllm-scrape-cost:
