@@ -7,6 +7,7 @@
 //! request whose adapter cannot be loaded (every one of `--max-lora` slots holds an adapter
 //! in use) is skipped and later ones go ahead (reason `deferred`).
 
+use crate::batching::Batch;
 use crate::kv_cache::{Allocation, KvCache};
 use crate::metrics::Snapshot;
 use std::collections::{HashMap, VecDeque};
@@ -44,8 +45,10 @@ pub struct Admitted {
 
 #[derive(Debug)]
 pub struct Engine {
-    limits: Limits,
+    pub(crate) limits: Limits,
     pub kv: KvCache,
+    /// The batching engine's queues (`--batching`); empty in the slot engine.
+    pub(crate) batch: Batch,
     waiting: VecDeque<Waiter>,
     admitted: HashMap<u64, Admitted>,
     next_id: u64,
@@ -70,6 +73,8 @@ pub struct Engine {
     pub requests_total: u64,
     /// The longest the waiting queue has been after a scheduling pass.
     pub peak_waiting: usize,
+    /// Running sequences the batching engine preempted for KV blocks.
+    pub preemptions: u64,
     pub metrics_scrapes: u64,
     pub fault: Option<Fault>,
     /// The fault spares `/metrics`: the pod looks healthy to scrapes but fails requests.
@@ -81,6 +86,7 @@ impl Engine {
         Engine {
             limits,
             kv,
+            batch: Batch::default(),
             waiting: VecDeque::new(),
             admitted: HashMap::new(),
             next_id: 0,
@@ -98,6 +104,7 @@ impl Engine {
             generation_tokens: 0,
             requests_total: 0,
             peak_waiting: 0,
+            preemptions: 0,
             metrics_scrapes: 0,
             fault: None,
             fault_spares_metrics: false,
@@ -147,16 +154,8 @@ impl Engine {
             let Some(waiter) = self.waiting.remove(i) else {
                 break;
             };
-            let lora_loaded = match waiter.adapter.as_deref() {
-                Some(name) => {
-                    *self.running_adapters.entry(name.to_string()).or_default() += 1;
-                    self.load_adapter(name)
-                }
-                None => false,
-            };
-            self.running += 1;
-            self.prefix_queries += waiter.prompt_tokens as u64;
-            self.prefix_hits += allocation.hit_tokens as u64;
+            let lora_loaded =
+                self.start_running(waiter.adapter.as_deref(), waiter.prompt_tokens, &allocation);
             self.admitted.insert(
                 waiter.id,
                 Admitted {
@@ -170,16 +169,41 @@ impl Engine {
         admitted_any
     }
 
+    /// Counts a request admitted to run: its slot, its adapter (made resident; true if it had
+    /// to be loaded) and its prefix-cache lookup.
+    pub(crate) fn start_running(
+        &mut self,
+        adapter: Option<&str>,
+        prompt_tokens: usize,
+        allocation: &Allocation,
+    ) -> bool {
+        self.running += 1;
+        self.prefix_queries += prompt_tokens as u64;
+        self.prefix_hits += allocation.hit_tokens as u64;
+        match adapter {
+            Some(name) => {
+                *self.running_adapters.entry(name.to_string()).or_default() += 1;
+                self.load_adapter(name)
+            }
+            None => false,
+        }
+    }
+
     pub fn take_admitted(&mut self, id: u64) -> Option<Admitted> {
         self.admitted.remove(&id)
     }
 
     /// A running request finished (or its client went away): its blocks and slots return.
     pub fn finish(&mut self, adapter: Option<&str>, blocks: &[u32], output_tokens: usize) {
-        self.kv.release(blocks);
-        self.running = self.running.saturating_sub(1);
+        self.release(adapter, blocks);
         self.requests_total += 1;
         self.generation_tokens += output_tokens as u64;
+    }
+
+    /// A request stops running: its blocks, its slot and its hold on its adapter return.
+    pub(crate) fn release(&mut self, adapter: Option<&str>, blocks: &[u32]) {
+        self.kv.release(blocks);
+        self.running = self.running.saturating_sub(1);
         if let Some(name) = adapter {
             if let Some(count) = self.running_adapters.get_mut(name) {
                 *count -= 1;
@@ -191,21 +215,26 @@ impl Engine {
     }
 
     pub fn waiting(&self) -> usize {
-        self.waiting.len()
+        self.waiting.len() + self.batch.waiting.len()
+    }
+
+    /// The adapter of every waiting request (`None` for the base model), in either engine.
+    fn waiting_adapters(&self) -> impl Iterator<Item = Option<&str>> {
+        let slots = self.waiting.iter().map(|w| w.adapter.as_deref());
+        slots.chain(self.batch.waiting_adapters())
     }
 
     /// Waiting requests as (capacity, deferred): deferred ones wait for a LoRA slot.
     fn waiting_by_reason(&self) -> (usize, usize) {
         let deferred = self
-            .waiting
-            .iter()
-            .filter(|w| w.adapter.as_deref().is_some_and(|a| !self.lora_ready(a)))
+            .waiting_adapters()
+            .filter(|a| a.is_some_and(|a| !self.lora_ready(a)))
             .count();
-        (self.waiting.len() - deferred, deferred)
+        (self.waiting() - deferred, deferred)
     }
 
     /// An adapter can run now: resident, or a slot is free or holds an idle adapter.
-    fn lora_ready(&self, name: &str) -> bool {
+    pub(crate) fn lora_ready(&self, name: &str) -> bool {
         self.loaded_adapters.iter().any(|a| a == name)
             || self.loaded_adapters.len() < self.limits.max_lora
             || self
@@ -240,9 +269,9 @@ impl Engine {
         self.metrics_scrapes += 1;
         let (capacity, deferred) = self.waiting_by_reason();
         let mut waiting_adapters: Vec<String> = self
-            .waiting
-            .iter()
-            .filter_map(|w| w.adapter.clone())
+            .waiting_adapters()
+            .flatten()
+            .map(String::from)
             .collect();
         waiting_adapters.sort();
         waiting_adapters.dedup();

@@ -1,8 +1,9 @@
 //! The KV cache as vLLM's block manager keeps it, with automatic prefix caching.
 //!
-//! - The cache is `--kv-blocks` blocks of `--block-size` tokens. A running request holds the
-//!   blocks for its prompt and its `max_tokens` (allocated at admission; vLLM allocates decode
-//!   blocks as it goes, which only changes when a block is taken).
+//! - The cache is `--kv-blocks` blocks of `--block-size` tokens. In the slot engine a running
+//!   request holds the blocks for its prompt and its `max_tokens` from admission; the batching
+//!   engine (`batching.rs`) takes the prompt's blocks at admission and one more block each
+//!   time a decoding sequence fills its last, as vLLM does, and preempts when none is left.
 //! - Each full block of a prompt has a hash chained from the first block: `hash(parent hash,
 //!   the block's token ids, extra key)`, the extra key being the LoRA adapter, so one adapter's
 //!   blocks never serve another. Only full blocks are hashed; a request's last partial block is
@@ -253,6 +254,23 @@ impl KvCache {
             blocks,
             hit_tokens: hit * self.block_size,
         })
+    }
+
+    /// One more block for a running sequence's next tokens (the batching engine grows a
+    /// sequence block by block as it decodes, as vLLM does); false when none is free.
+    pub fn grow(&mut self, blocks: &mut Vec<u32>) -> bool {
+        if self.free() == 0 {
+            return false;
+        }
+        let id = self.take_free_block();
+        let block = &mut self.blocks[id as usize];
+        if let Some(old) = block.hash.take() {
+            self.cached.remove(&old);
+            self.evictions += 1;
+        }
+        block.refs = 1;
+        blocks.push(id);
+        true
     }
 
     /// A request finished: its blocks are released, tail first, and the ones nobody holds go

@@ -21,6 +21,11 @@
 //!    requests)`; streamed responses send each token as it is decoded.
 //! 6. The request's blocks return to the cache (still cached until evicted).
 //!
+//! With `--batching` steps 2 to 5 are the batching engine's instead (`batching.rs`): vLLM V1's
+//! continuous batching, every engine step shared by the decodes and prefill chunks of up to
+//! `--max-num-seqs` sequences within a token budget, its time growing with the tokens in it,
+//! KV blocks taken as sequences grow and preemption when they run out.
+//!
 //! Flags (all optional): --port N (0 = any; the bound address is printed first), --host
 //! 127.x.y.z (another loopback address, default 127.0.0.1), --listeners N (N pods in one
 //! process, named NAME-0..; for large pools), --name NAME, --model NAME (default
@@ -29,7 +34,10 @@
 //! --kv-blocks N (4096), --block-size N (16 tokens), --time-scale F (1), --loaded-adapters a,b
 //! (resident at start), --background-waiting N (queued work from elsewhere),
 //! --background-running N, --background-kv F (added to the reported KV usage),
-//! --extra-metrics TEXT (raw exposition lines appended to /metrics, `\n` separated),
+//! --stream-interval N (1: streamed tokens written N to a chunk, the first alone), --batching
+//! (the batching engine, below), --max-num-batched-tokens N (8192), --step-fixed-ms F,
+//! --step-ms-per-token F, --step-ms-per-context-token F (an 8B model on one H100, see
+//! `batching.rs`), --extra-metrics TEXT (raw exposition lines appended to /metrics, `\n` separated),
 //! --metrics-padding BYTES (filler series appended until /metrics is at least that long: an
 //! oversized page), --fault MODE (none|error|slow|hang|die), --drain-timeout-s F (30: how long
 //! a graceful stop waits).
@@ -48,6 +56,7 @@
 mod http1;
 
 mod api;
+mod batching;
 mod engine;
 mod kv_cache;
 mod lifecycle;
@@ -55,6 +64,7 @@ mod metrics;
 mod server;
 mod tokenizer;
 
+use batching::{BatchSettings, StepCost};
 use std::io::Write;
 use std::net::TcpListener;
 use std::sync::Arc;
@@ -88,6 +98,10 @@ pub struct Settings {
     pub fault: Option<String>,
     /// On SIGTERM, how long open connections may take to finish before the process exits.
     pub drain_timeout_s: f64,
+    /// Streamed tokens per chunk written (the first token always alone).
+    pub stream_interval: usize,
+    /// The batching engine (`--batching`) and its settings; `None`: the slot engine.
+    pub batching: Option<BatchSettings>,
 }
 
 impl Settings {
@@ -139,6 +153,23 @@ impl Settings {
             metrics_padding_bytes: number("--metrics-padding", 0.0) as usize,
             fault: value("--fault"),
             drain_timeout_s: number("--drain-timeout-s", 30.0),
+            stream_interval: (number("--stream-interval", 1.0) as usize).max(1),
+            batching: args.iter().any(|a| a == "--batching").then(|| {
+                let h100 = StepCost::H100_LLAMA_8B;
+                BatchSettings {
+                    max_num_batched_tokens: (number("--max-num-batched-tokens", 8192.0) as usize)
+                        .max(1),
+                    cost: StepCost {
+                        fixed_ms: number("--step-fixed-ms", h100.fixed_ms),
+                        ms_per_token: number("--step-ms-per-token", h100.ms_per_token),
+                        ms_per_context_token: number(
+                            "--step-ms-per-context-token",
+                            h100.ms_per_context_token,
+                        ),
+                    },
+                    lora_load_ms: number("--lora-load-ms", 0.0),
+                }
+            }),
         }
     }
 }
@@ -183,7 +214,12 @@ fn main() {
         .filter_map(|(listener, settings)| {
             let door = lifecycle::Door::new(listener.local_addr().ok()?);
             doors.push(Arc::clone(&door));
-            let pod = server::Pod::new(settings, Arc::clone(&door));
+            let batching = settings.batching.is_some();
+            let pod = Arc::new(server::Pod::new(settings, Arc::clone(&door)));
+            if batching {
+                let engine = Arc::clone(&pod);
+                thread::spawn(move || engine.run_batches());
+            }
             Some(thread::spawn(move || {
                 door.run(listener, move |request, out| pod.handle(request, out))
             }))

@@ -3,6 +3,7 @@
 //! through the engine.
 
 use crate::api::{self, Api, ApiRequest};
+use crate::batching::Sequence;
 use crate::engine::{Engine, Fault, Limits};
 use crate::http1::{self, Request};
 use crate::kv_cache::{self, KvCache};
@@ -11,6 +12,7 @@ use crate::metrics;
 use crate::Settings;
 use serde_json::{json, Value};
 use std::net::TcpStream;
+use std::sync::mpsc::{self, Receiver};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -22,6 +24,8 @@ pub struct Pod {
     engine: Mutex<Engine>,
     /// Signalled when the scheduler admits requests.
     admitted: Condvar,
+    /// Signalled when a request joins the batching engine's queue.
+    queued: Condvar,
     started: Instant,
     started_unix: f64,
 }
@@ -57,6 +61,7 @@ impl Pod {
             limits,
             KvCache::new(settings.kv_blocks, settings.block_size),
         );
+        engine.batch.settings = settings.batching;
         engine.loaded_adapters = settings.loaded_adapters.clone();
         engine.background_waiting = settings.background_waiting;
         engine.background_running = settings.background_running;
@@ -72,8 +77,30 @@ impl Pod {
             door,
             engine: Mutex::new(engine),
             admitted: Condvar::new(),
+            queued: Condvar::new(),
             started: Instant::now(),
             started_unix: unix_now(),
+        }
+    }
+
+    /// The batching engine's loop (`--batching`): plans a step, lets it take its time, then
+    /// hands out the tokens it produced; sleeps while nothing is queued or running.
+    pub fn run_batches(&self) {
+        loop {
+            let step_ms = {
+                let mut engine = self.lock();
+                loop {
+                    if let Some(ms) = engine.plan_step() {
+                        break ms;
+                    }
+                    engine = self
+                        .queued
+                        .wait(engine)
+                        .unwrap_or_else(|poisoned| poisoned.into_inner());
+                }
+            };
+            thread::sleep(self.scaled(step_ms));
+            self.lock().complete_step();
         }
     }
 
@@ -228,6 +255,7 @@ impl Pod {
                 "kv_blocks_cached": engine.kv.cached_blocks(),
                 "kv_evictions": engine.kv.evictions,
                 "generation_tokens": engine.generation_tokens,
+                "preemptions": engine.preemptions,
             })
         };
         self.respond_json(out, 200, &stats)
@@ -263,6 +291,15 @@ impl Pod {
         let output_tokens = parsed.output_tokens();
         let prompt_tokens = tokens.len();
         drop(tokens);
+        if self.settings.batching.is_some() {
+            let batch = Batched {
+                adapter,
+                hashes,
+                prompt_tokens,
+                output_tokens,
+            };
+            return self.inference_batched(api, request, &parsed, batch, out);
+        }
 
         let admitted = {
             let mut engine = self.lock();
@@ -290,18 +327,20 @@ impl Pod {
         }
         let uncached = prompt_tokens.saturating_sub(admitted.allocation.hit_tokens);
         thread::sleep(self.scaled(uncached as f64 * self.settings.prefill_us_per_token / 1000.0));
-        // Tests pin the id with x-sim-response-id to compare responses byte for byte.
-        let id = match request.header("x-sim-response-id") {
-            Some(id) => id.to_string(),
-            None => format!(
-                "{}-{}-{}",
-                if api == Api::Messages { "msg" } else { "cmpl" },
-                self.settings.name,
-                self.started.elapsed().as_nanos()
-            ),
-        };
+        let id = self.response_id(api, request);
         let ok = if parsed.stream && api != Api::Embeddings {
-            self.stream(&parsed, &id, prompt_tokens, output_tokens, out)
+            let mut next_token = || {
+                thread::sleep(self.decode_step());
+                true
+            };
+            self.stream(
+                &parsed,
+                &id,
+                prompt_tokens,
+                output_tokens,
+                &mut next_token,
+                out,
+            )
         } else {
             for _ in 0..output_tokens {
                 thread::sleep(self.decode_step());
@@ -317,6 +356,64 @@ impl Pod {
         ok
     }
 
+    /// A request through the batching engine: queued, then answered token by token as the
+    /// engine's steps produce them.
+    fn inference_batched(
+        &self,
+        api: Api,
+        request: &Request,
+        parsed: &ApiRequest,
+        batch: Batched<'_>,
+        out: &mut TcpStream,
+    ) -> bool {
+        let (sender, tokens) = mpsc::channel();
+        let Batched {
+            adapter,
+            hashes,
+            prompt_tokens,
+            output_tokens,
+        } = batch;
+        let sequence = Sequence::new(adapter, hashes, prompt_tokens, output_tokens, sender);
+        self.lock().enqueue_sequence(sequence);
+        self.queued.notify_all();
+        let id = self.response_id(api, request);
+        if parsed.stream && api != Api::Embeddings {
+            // The first token comes with the step that completes the prompt.
+            if tokens.recv().is_err() {
+                return false;
+            }
+            let mut first = true;
+            let mut next_token = || std::mem::take(&mut first) || tokens.recv().is_ok();
+            self.stream(
+                parsed,
+                &id,
+                prompt_tokens,
+                output_tokens,
+                &mut next_token,
+                out,
+            )
+        } else {
+            if !received_all(&tokens, output_tokens) {
+                return false;
+            }
+            let body = api::full_response(parsed, &id, prompt_tokens, output_tokens);
+            self.respond_json(out, 200, &body)
+        }
+    }
+
+    /// Tests pin the id with x-sim-response-id to compare responses byte for byte.
+    fn response_id(&self, api: Api, request: &Request) -> String {
+        match request.header("x-sim-response-id") {
+            Some(id) => id.to_string(),
+            None => format!(
+                "{}-{}-{}",
+                if api == Api::Messages { "msg" } else { "cmpl" },
+                self.settings.name,
+                self.started.elapsed().as_nanos()
+            ),
+        }
+    }
+
     /// One decode step; batching makes each step a little slower as more sequences run.
     fn decode_step(&self) -> Duration {
         let running = self.lock().running as f64;
@@ -329,6 +426,7 @@ impl Pod {
         id: &str,
         prompt_tokens: usize,
         output_tokens: usize,
+        next_token: &mut dyn FnMut() -> bool,
         out: &mut TcpStream,
     ) -> bool {
         let mut headers = vec![
@@ -344,10 +442,16 @@ impl Pod {
         if !start.is_empty() && http1::write_chunk(out, start.as_bytes()).is_err() {
             return false;
         }
+        // Events go out in chunks of `--stream-interval` tokens, the first token on its own.
+        let interval = self.settings.stream_interval;
+        let mut pending = String::new();
         for i in 0..output_tokens {
-            thread::sleep(self.decode_step());
-            let event = api::stream_event(request, id, i);
-            if http1::write_chunk(out, event.as_bytes()).is_err() {
+            if !next_token() {
+                return false;
+            }
+            pending.push_str(&api::stream_event(request, id, i));
+            let due = i == 0 || (i + 1) % interval == 0 || i + 1 == output_tokens;
+            if due && http1::write_chunk(out, std::mem::take(&mut pending).as_bytes()).is_err() {
                 return false;
             }
         }
@@ -373,4 +477,17 @@ impl Pod {
     fn closing(&self) -> Option<(&'static str, &'static str)> {
         self.door.draining().then_some(("connection", "close"))
     }
+}
+
+/// What the batching engine needs of a parsed request.
+struct Batched<'a> {
+    adapter: Option<&'a str>,
+    hashes: Vec<u64>,
+    prompt_tokens: usize,
+    output_tokens: usize,
+}
+
+/// Waits for the engine to produce all `output_tokens`; false if the sequence ended first.
+fn received_all(tokens: &Receiver<usize>, output_tokens: usize) -> bool {
+    tokens.iter().any(|count| count >= output_tokens)
 }
