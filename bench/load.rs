@@ -80,14 +80,15 @@ pub fn open_loop(addresses: &[String], requests: &[String], rate: f64, seed: u64
 }
 
 /// Poisson arrivals at `rate` per second of `count` requests, each on its own thread and
-/// connection: `send(n, client)` sends request `n`. Returns `(n, seconds after the start it
-/// was sent, what came back)`, `None` for a transport error.
-pub fn open_loop_each(
+/// connection: `send(n, client)` sends request `n` and says what came back (an [`Exchange`],
+/// or more). Returns `(n, seconds after the start it was sent, what came back)`, `None` for a
+/// transport error.
+pub fn open_loop_each<T: Send>(
     count: usize,
     rate: f64,
     seed: u64,
-    send: &(dyn Fn(usize, &mut Option<KeepAlive>) -> std::io::Result<Exchange> + Sync),
-) -> Vec<(usize, f64, Option<Exchange>)> {
+    send: &(dyn Fn(usize, &mut Option<KeepAlive>) -> std::io::Result<T> + Sync),
+) -> Vec<(usize, f64, Option<T>)> {
     let mut rng = Rng::new(seed);
     let results = Mutex::new(Vec::with_capacity(count));
     let started = Instant::now();
@@ -120,6 +121,22 @@ pub fn sorted(mut values: Vec<f64>) -> Vec<f64> {
     values
 }
 
+/// A goal judged on several figures: not met if any is not met, not measured if any was not
+/// measured (or there is none), met only if every one is.
+pub fn all_of(verdicts: impl IntoIterator<Item = Option<bool>>) -> Option<bool> {
+    let mut all = None;
+    for verdict in verdicts {
+        match verdict {
+            Some(false) => return Some(false),
+            None => all = Some(None),
+            Some(true) => {
+                all.get_or_insert(Some(true));
+            }
+        }
+    }
+    all.flatten()
+}
+
 /// p50, p90 and p99 of a sample.
 #[derive(Clone, Copy)]
 pub struct Percentiles {
@@ -135,5 +152,20 @@ impl Percentiles {
             p90: percentile(sorted, 90.0),
             p99: percentile(sorted, 99.0),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::all_of;
+
+    #[test]
+    fn all_of_is_met_only_when_every_figure_is() {
+        assert_eq!(all_of([]), None);
+        assert_eq!(all_of([Some(true), Some(true)]), Some(true));
+        assert_eq!(all_of([Some(true), None]), None);
+        assert_eq!(all_of([None, Some(true)]), None);
+        assert_eq!(all_of([None, Some(false)]), Some(false));
+        assert_eq!(all_of([Some(true), Some(false), None]), Some(false));
     }
 }

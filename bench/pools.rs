@@ -23,6 +23,8 @@ const INTRO: &str = "## 7. Many pools in one filter: 1 vs 100 pools\n\n\
 const GATEWAY_NAMES: [&str; 3] = ["(a) 1 pool", "(b) 100 pools, exact", "(c) 100 pools, globs"];
 const ROUNDS: usize = 4;
 const POOLS: usize = 100;
+/// Closed-loop clients of each cell.
+const CLIENTS: [usize; 2] = [1, 16];
 
 struct PoolsRow {
     gateway: &'static str,
@@ -193,7 +195,7 @@ pub fn run(quick: bool) -> Part {
     let body = padded_completion(1024);
     let count = if quick { 400 } else { 1600 };
     let mut rows = Vec::new();
-    for clients in [1, 16] {
+    for clients in CLIENTS {
         for envoy in &envoys {
             let _ = closed_loop(&envoy.address(), clients, clients * 8, &body);
         }
@@ -254,16 +256,27 @@ fn summary(rows: &[PoolsRow]) -> String {
             .find(|r| r.clients == clients && r.gateway == GATEWAY_NAMES[gateway])
             .map_or(f64::NAN, |r| r.added_p50_us)
     };
+    let idle = |gateway: usize| {
+        rows.iter()
+            .find(|r| r.gateway == GATEWAY_NAMES[gateway])
+            .map_or(f64::NAN, |r| r.idle_cores)
+    };
+    let cores = std::thread::available_parallelism().map_or(0, usize::from);
     format!(
-        "At one client, 100 pools measured {:+.0} µs at p50 against one pool with the model \
-         named exactly and {:+.0} µs with 99 globs tried first; at 16 clients {:+.0} µs and \
-         {:+.0} µs. The pool choice itself costs the nanoseconds below, so these differences are \
-         the machine's (see bench/README.md for their spread over runs); what 100 pools do cost \
-         is their scraping, the idle column (one scrape per pod per interval, as for one pool \
-         of as many pods), which competes with the requests for the 2 cores.\n",
-        added(1, 1),
-        added(1, 2),
-        added(16, 1),
-        added(16, 2)
+        "At {} client, {POOLS} pools measured {:+.0} µs at p50 against one pool with the model \
+         named exactly and {:+.0} µs with {} globs tried first; at {} clients {:+.0} µs and \
+         {:+.0} µs. The pool choice itself costs the nanoseconds in the table below. What \
+         {POOLS} pools cost with no request at all is their scraping (one scrape per pod per \
+         interval, as for one pool of as many pods): {:.3} cores idle against {:.3} for one \
+         pool, on this machine's {cores} cores that the requests share.\n",
+        CLIENTS[0],
+        added(CLIENTS[0], 1),
+        added(CLIENTS[0], 2),
+        POOLS - 1,
+        CLIENTS[1],
+        added(CLIENTS[1], 1),
+        added(CLIENTS[1], 2),
+        idle(1),
+        idle(0),
     )
 }

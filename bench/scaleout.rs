@@ -46,10 +46,15 @@ impl Row for ScaleoutRow {
     }
 }
 
+/// The shared-prefix workload's groups, its arrival rate (req/s), and the picker config.
+const GROUPS: usize = 16;
+const RATE: f64 = 45.0;
+const PICKER: &str = "prefix-and-load.yaml";
+
 fn intro(per_group: usize) -> String {
     format!(
         "## 5. Scale-out: two Envoy replicas\n\nThe routing-quality pods and shared-prefix \
-         workload (16 groups x {per_group}) at 45 req/s, picker `prefix-and-load`; with two \
+         workload ({GROUPS} groups x {per_group}) at {RATE} req/s, picker `{PICKER}`; with two \
          replicas each Envoy (`--concurrency 2`, its own filter, its own prefix index) takes \
          every other request, as behind a round-robin L4 balancer. Both replicas scrape the \
          same pods, so load metrics agree; what they do not share is where each sent which \
@@ -61,7 +66,7 @@ pub fn run(quick: bool) -> Part {
     println!("scale-out: one vs two Envoy replicas, each with its own filter, same pods");
     let per_group = if quick { 8 } else { 16 };
     let mut rng = Rng::new(5);
-    let requests = shared_prefix_workload(16, per_group, &mut rng);
+    let requests = shared_prefix_workload(GROUPS, per_group, &mut rng);
     let rows: Vec<ScaleoutRow> = [1usize, 2]
         .into_iter()
         .map(|replicas| measure(replicas, &requests))
@@ -81,8 +86,8 @@ pub fn run(quick: bool) -> Part {
 }
 
 fn measure(replicas: usize, requests: &[String]) -> ScaleoutRow {
-    let gateway = Gateway::Picker("prefix-and-load.yaml");
-    let run = run_on(gateway, replicas, &QUALITY_SIM, requests, 45.0);
+    let gateway = Gateway::Picker(PICKER);
+    let run = run_on(gateway, replicas, &QUALITY_SIM, requests, RATE);
     let counts = run.picks_per_pod();
     let mean = counts.iter().sum::<usize>() as f64 / counts.len().max(1) as f64;
     let busiest = counts.iter().copied().max().unwrap_or(0) as f64 / mean.max(1e-9);

@@ -1,6 +1,7 @@
 //! Part 1, scheduling cost: one full pick natively, and body parsing, per size.
 
-use crate::report::{csv_rows, csv_table, markdown_table, Cell, Column, Part, Row};
+use crate::load::all_of;
+use crate::report::{csv_rows, csv_table, goal, markdown_table, Cell, Column, Part, Row};
 use crate::workloads::{half_shared_chats, padded_completion};
 use inference_picker::config::load as load_config;
 use inference_picker::director::Director;
@@ -21,9 +22,8 @@ const INTRO: &str = "## 1. Scheduling cost (native)\n\nOne full pick with GIE's 
      repeated picks of distinct prompts that share their first half.\n\n";
 
 const BETWEEN: &str =
-    "\nThe pick is linear in endpoints (every scorer visits each candidate) and in prompt \
-     length (the prompt is hashed once per request into blocks, up to the prefix scorer's \
-     `maxPrefixBlocksToMatch`).\n\n\
+    "Every scorer visits each candidate, and the prompt is hashed once per request into \
+     blocks, up to the prefix scorer's `maxPrefixBlocksToMatch`.\n\n\
      Parsing the request body (completions, one prompt string), natively:\n\n";
 
 const CONFIGURE: &str = "\nConfiguring one VM, natively: loading and validating the YAML \
@@ -207,8 +207,9 @@ pub fn run() -> Part {
         .collect();
     Part {
         markdown: format!(
-            "{INTRO}{}{BETWEEN}{}{CONFIGURE}{}",
+            "{INTRO}{}\n{}{BETWEEN}{}{CONFIGURE}{}",
             markdown_table(&picks),
+            scaling_goal(&picks),
             markdown_table(&parses),
             markdown_table(&configures)
         ),
@@ -280,4 +281,100 @@ fn director_with_fresh_metrics(endpoints: usize) -> Director {
         .iter()
         .all(|e| e.health == Health::Fresh));
     picker
+}
+
+/// From each size to the next along one axis (the other held): `(from, to, time ratio)`.
+fn steps_along(
+    picks: &[PickRow],
+    size: impl Fn(&PickRow) -> usize,
+    held: impl Fn(&PickRow) -> bool,
+) -> Vec<(usize, usize, f64)> {
+    let mut along: Vec<&PickRow> = picks.iter().filter(|p| held(p)).collect();
+    along.sort_by_key(|p| size(p));
+    along
+        .windows(2)
+        .map(|w| (size(w[0]), size(w[1]), w[1].ns_per_pick / w[0].ns_per_pick))
+        .collect()
+}
+
+/// No faster than linear from one size to the next: the time grows by at most the size's
+/// factor. Not measured without a finite figure.
+fn linear_verdict(from: usize, to: usize, time_ratio: f64) -> Option<bool> {
+    time_ratio
+        .is_finite()
+        .then_some(time_ratio <= to as f64 / from as f64)
+}
+
+/// Issue 5's goal: "Scaling must be close to linear in endpoints and in prompt length".
+fn scaling_goal(picks: &[PickRow]) -> String {
+    let prompt = PICKS[0].1;
+    let endpoints = PICKS[3].0;
+    let axes = [
+        (
+            "endpoints",
+            steps_along(picks, |p| p.endpoints, |p| p.prompt_chars == prompt),
+        ),
+        (
+            "prompt chars",
+            steps_along(picks, |p| p.prompt_chars, |p| p.endpoints == endpoints),
+        ),
+    ];
+    let mut figures = Vec::new();
+    let mut verdicts = Vec::new();
+    for (axis, steps) in &axes {
+        if steps.is_empty() {
+            verdicts.push(None);
+            figures.push(format!("{axis}: not measured"));
+        }
+        for &(from, to, ratio) in steps {
+            verdicts.push(linear_verdict(from, to, ratio));
+            figures.push(format!(
+                "{axis} {from} -> {to} ({:.1}x): {ratio:.2}x the time",
+                to as f64 / from as f64
+            ));
+        }
+    }
+    goal(
+        "scaling must be close to linear in endpoints and in prompt length (from each size to \
+         the next, the time per pick grows no faster than the size)",
+        all_of(verdicts),
+        &figures.join("; "),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pick(endpoints: usize, prompt_chars: usize, ns_per_pick: f64) -> PickRow {
+        PickRow {
+            endpoints,
+            prompt_chars,
+            ns_per_pick,
+        }
+    }
+
+    #[test]
+    fn scaling_is_judged_on_every_step_of_both_axes() {
+        let linear = [
+            pick(8, 8000, 1000.0),
+            pick(64, 8000, 2000.0),
+            pick(256, 8000, 4000.0),
+            pick(64, 2000, 1000.0),
+            pick(64, 32000, 5000.0),
+        ];
+        assert!(scaling_goal(&linear).contains("**met**"));
+        // Quadratic from 64 to 256 endpoints: 4x the endpoints, 16x the time.
+        let quadratic = [
+            pick(8, 8000, 1000.0),
+            pick(64, 8000, 2000.0),
+            pick(256, 8000, 32000.0),
+            pick(64, 2000, 1000.0),
+            pick(64, 32000, 5000.0),
+        ];
+        assert!(scaling_goal(&quadratic).contains("**not met**"));
+        // Zero against zero is no figure.
+        let nothing = [pick(8, 8000, 0.0), pick(64, 8000, 0.0)];
+        assert!(scaling_goal(&nothing).contains("**not measured**"));
+    }
 }
