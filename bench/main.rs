@@ -51,7 +51,7 @@ mod schedule;
 mod setup;
 mod workloads;
 
-use report::{assemble, write_part, Part};
+use report::{assemble, write_part, Part, RunHeader, Stamp};
 
 /// A part: its name on the command line, its file name, how to run it (quick or not).
 struct PartSpec {
@@ -130,7 +130,12 @@ fn main() {
     };
     let results = support::repo().join(dir);
     std::fs::create_dir_all(&results).expect("results directory");
-    let machine = machine_header();
+    // Read before any part writes: a report is one run of one commit.
+    let header = RunHeader {
+        stamp: Stamp::of_checkout(),
+        run: run.clone(),
+        machine: machine_header(),
+    };
     let all = run == "all" || run == "quick";
     // A trial of some of the profile's rows (BENCH_STEPS) prints its figures and writes nothing.
     let trial = std::env::var("BENCH_STEPS").is_ok_and(|steps| !steps.is_empty());
@@ -138,12 +143,12 @@ fn main() {
         if all || run == part.name {
             let written = (part.run)(quick);
             if !trial {
-                write_part(&results, part.file, &machine, &run, written);
+                write_part(&results, part.file, &header, written);
             }
         }
     }
     if !trial {
-        assemble(&results, report);
+        assemble(&results, report, &header.stamp);
     }
 }
 

@@ -943,7 +943,7 @@ mod tests {
 
     #[test]
     fn zero_cpu_against_zero_is_not_measured() {
-        let nothing = 0.0 / 0.0;
+        let nothing = f64::NAN;
         let rows = [
             row("(l) picker, shipped Envoy", 1024, f64::NAN, nothing),
             row("(l) picker, shipped Envoy", LARGE_BODY, f64::NAN, 1.0 / 0.0),

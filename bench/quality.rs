@@ -13,7 +13,7 @@ use crate::setup::Gateway;
 use crate::support::Sim;
 use crate::workloads::{
     hot_prefix_workload, lora_workload, mixed_workload, multi_turn_workload,
-    shared_prefix_workload, LORA_SIM, OUTPUT_TOKENS, QUALITY_SIM,
+    shared_prefix_workload, BATCHING_SIM, LORA_SIM, OUTPUT_TOKENS, QUALITY_SIM,
 };
 use goodput::{goodput_rows, points, Ceiling, GoodputRow, Point, SLOS_MS};
 use inference_picker::scheduling::rng::Rng;
@@ -27,26 +27,75 @@ pub const MIXED: &str = "mixed lengths";
 pub const LORA: &str = "LoRA mix";
 pub const BURST: &str = "burst of 50";
 
+/// The pods a sweep runs on.
+pub struct Regime {
+    /// As headings name it.
+    pub name: &'static str,
+    /// In file names and the CSV.
+    pub slug: &'static str,
+    /// Every pod's flags (a workload may add its own).
+    pub sim: &'static [&'static str],
+    /// What the pods model, for the report.
+    pub description: &'static str,
+}
+
+impl Regime {
+    pub fn batching(&self) -> bool {
+        self.sim.contains(&"--batching")
+    }
+}
+
+/// Both regimes, in running order; a workload's rates and knees are indexed alike.
+const REGIMES: [Regime; 2] = [
+    Regime {
+        name: "scaled 2-slot pods",
+        slug: "slots",
+        sim: &QUALITY_SIM,
+        description: "8 simulated pods that run two sequences at a time, each request timed on \
+            its own: prefill 400 µs per uncached token, then decode steps of 10 ms slowed 2 % \
+            per running sequence, time scale 0.2; a prefix cache of 1,024 blocks of 16 tokens; \
+            64 tokens out.",
+    },
+    Regime {
+        name: "the batching engine",
+        slug: "batching",
+        sim: &BATCHING_SIM,
+        description: "8 simulated pods running the simulator's batching engine: vLLM V1's \
+            continuous batching of up to 32 sequences, each step a budget of 8,192 tokens \
+            shared by the decodes (first) and prefill chunks, a step lasting 7 ms + 0.022 ms per \
+            token in it + 0.00006 ms per context token its sequences attend to (an 8B model on \
+            one H100, from published vLLM measurements cited in \
+            `examples/model-server-sim/batching.rs`), a KV cache of 26,400 blocks of 16 tokens \
+            taken as sequences grow, the newest running sequence preempted and recomputed when \
+            none is left; time scale 3, so 8 pods saturate at rates this machine can drive with \
+            cells of a few hundred requests; 64 tokens out, streamed 16 to a chunk.",
+    },
+];
+
 /// A workload of the sweep.
 struct Workload {
     name: &'static str,
-    /// Offered rates of the full run, req/s, light load to past saturation (`INFINITY`: every
-    /// request at once).
-    rates: &'static [f64],
-    quick_rates: &'static [f64],
-    /// About where Envoy ROUND_ROBIN saturates, req/s (measured with the quick setting): past
-    /// it a cell lasts as long as the pods take to drain it. For the time estimate only.
-    knee: f64,
+    /// Offered rates of the full run per regime, req/s, light load to past saturation
+    /// (`INFINITY`: every request at once).
+    rates: [&'static [f64]; 2],
+    quick_rates: [&'static [f64]; 2],
+    /// About where Envoy ROUND_ROBIN saturates per regime, req/s: past it a cell lasts as
+    /// long as the pods take to drain it. For the time estimate only.
+    knee: [f64; 2],
     /// Pods with LoRA adapters.
     lora: bool,
-    /// The requests of one seed, in arrival order; small for the quick run.
+    /// The requests of one seed, in arrival order (64 tokens out); small for the quick run.
     requests: fn(quick: bool, rng: &mut Rng) -> Vec<String>,
 }
 
 impl Workload {
     /// Rates to run: `BENCH_RATES=30,60` replaces every finite sweep (for finding knees).
-    fn rates(&self, quick: bool) -> Vec<f64> {
-        let swept = if quick { self.quick_rates } else { self.rates };
+    fn rates(&self, regime: usize, quick: bool) -> Vec<f64> {
+        let swept = if quick {
+            self.quick_rates[regime]
+        } else {
+            self.rates[regime]
+        };
         match std::env::var("BENCH_RATES") {
             Ok(list) if swept.iter().all(|r| r.is_finite()) => list
                 .split(',')
@@ -56,146 +105,100 @@ impl Workload {
         }
     }
 
-    fn sim_args(&self) -> Vec<&'static str> {
+    fn sim_args(&self, regime: &Regime) -> Vec<&'static str> {
         let lora: &[&'static str] = if self.lora { &LORA_SIM } else { &[] };
-        QUALITY_SIM.iter().chain(lora).copied().collect()
+        regime.sim.iter().chain(lora).copied().collect()
     }
 }
 
-/// Every workload. Full cells hold at least 1,000 requests; quick ones about 150. Rates: the
-/// shared prefix from light load (35 req/s) past ROUND_ROBIN's knee (~62 req/s, where its
-/// TTFT p90 passes 500 ms) to 100 req/s, 96 % of the perfect-router ceiling (~104 req/s), so
-/// the 95 %-of-ceiling goal can be met; the others at two rates, below and past
-/// ROUND_ROBIN's knee on each (measured with the quick setting, multi-turn with its full 16
-/// turns), to fit the time budget.
+/// Every workload. Full cells hold 500 to 640 requests; quick ones about 150. The shared
+/// prefix has 16 groups of 40 chats, so each group's first (cold) request is under 3 % of
+/// them and cannot decide p90; its sweep starts at light load, where a router that keeps
+/// groups on their pods meets the tight SLOs, and passes the perfect-router ceiling's rate
+/// (the 95 %-of-ceiling goal needs a swept rate near it). The others run at two rates, below
+/// and past ROUND_ROBIN's knee, to fit the time budget.
 const WORKLOADS: [Workload; 6] = [
     Workload {
         name: SHARED_PREFIX,
-        rates: &[35.0, 50.0, 65.0, 80.0, 100.0],
-        quick_rates: &[30.0, 90.0],
-        knee: 62.0,
+        rates: [&[20.0, 50.0, 80.0, 100.0], &[20.0, 45.0, 65.0, 85.0]],
+        quick_rates: [&[30.0, 90.0], &[30.0, 70.0]],
+        knee: [62.0, 65.0],
         lora: false,
-        requests: |quick, rng| {
-            shared_prefix_workload(
-                if quick { 16 } else { 32 },
-                if quick { 10 } else { 32 },
-                rng,
-            )
-        },
+        requests: |quick, rng| shared_prefix_workload(16, if quick { 10 } else { 40 }, rng),
     },
     Workload {
         name: MULTI_TURN,
-        rates: &[45.0, 60.0],
-        quick_rates: &[60.0],
-        knee: 48.0,
+        rates: [&[45.0, 60.0], &[40.0, 60.0]],
+        quick_rates: [&[60.0], &[60.0]],
+        knee: [48.0, 55.0],
         lora: false,
         requests: |quick, rng| {
-            let (conversations, turns) = if quick { (24, 6) } else { (64, 16) };
+            let (conversations, turns) = if quick { (24, 6) } else { (32, 16) };
             multi_turn_workload(conversations, turns, rng)
         },
     },
     Workload {
         name: HOT_PREFIX,
-        rates: &[45.0, 65.0],
-        quick_rates: &[60.0],
-        knee: 62.0,
+        rates: [&[45.0, 65.0], &[40.0, 60.0]],
+        quick_rates: [&[60.0], &[60.0]],
+        knee: [62.0, 60.0],
         lora: false,
-        requests: |quick, rng| hot_prefix_workload(32, if quick { 160 } else { 1024 }, 0.3, rng),
+        requests: |quick, rng| hot_prefix_workload(16, if quick { 160 } else { 640 }, 0.3, rng),
     },
     Workload {
         name: MIXED,
-        rates: &[50.0, 75.0],
-        quick_rates: &[60.0],
-        knee: 75.0,
+        rates: [&[50.0, 75.0], &[35.0, 60.0]],
+        quick_rates: [&[60.0], &[50.0]],
+        knee: [75.0, 60.0],
         lora: false,
-        requests: |quick, rng| mixed_workload(if quick { 150 } else { 1000 }, rng),
+        requests: |quick, rng| mixed_workload(if quick { 150 } else { 600 }, rng),
     },
     Workload {
         name: LORA,
-        rates: &[40.0, 55.0],
-        quick_rates: &[45.0],
-        knee: 52.0,
+        rates: [&[40.0, 55.0], &[30.0, 50.0]],
+        quick_rates: [&[45.0], &[40.0]],
+        knee: [52.0, 50.0],
         lora: true,
-        requests: |quick, rng| lora_workload(if quick { 150 } else { 1000 }, rng),
+        requests: |quick, rng| lora_workload(if quick { 150 } else { 600 }, rng),
     },
     Workload {
         name: BURST,
-        rates: &[f64::INFINITY],
-        quick_rates: &[f64::INFINITY],
-        knee: 75.0,
+        rates: [&[f64::INFINITY], &[f64::INFINITY]],
+        quick_rates: [&[f64::INFINITY], &[f64::INFINITY]],
+        knee: [75.0, 60.0],
         lora: false,
         requests: |_, rng| mixed_workload(50, rng),
     },
 ];
 
+/// Every gateway compared, in the order each (rate, seed) runs them, so drift hits them all
+/// alike: the four the goals name on every cell of both regimes and both seeds, and
+/// vllm-router (the vLLM project's router) on the shared prefix and the first seed. Other
+/// gateways (Envoy RANDOM, other picker configs, SGLang round_robin) are not run here: the
+/// full run's time budget leaves them out.
+const CONTENDERS: &[(Gateway, Coverage)] = &[
+    (Gateway::Envoy("ROUND_ROBIN"), Coverage::Every),
+    (Gateway::Envoy("LEAST_REQUEST"), Coverage::Every),
+    (Gateway::Picker("default"), Coverage::Every),
+    (Gateway::Sglang("cache_aware"), Coverage::Every),
+    (
+        Gateway::VllmRouter("cache_aware"),
+        Coverage::SharedPrefixFirstSeed,
+    ),
+];
+
 /// Which cells a gateway runs.
 #[derive(Clone, Copy, PartialEq)]
 enum Coverage {
-    /// Every workload, rate and seed.
     Every,
-    /// The shared-prefix workload on the first seed: a gateway that adds little elsewhere,
-    /// kept within the time budget.
     SharedPrefixFirstSeed,
 }
 
-/// A gateway of the sweep and which of its cells run.
-#[derive(Clone, Copy)]
-struct Contender {
-    gateway: Gateway,
-    coverage: Coverage,
-    /// In the quick run too.
-    quick: bool,
-}
-
-impl Contender {
-    const fn new(gateway: Gateway, coverage: Coverage, quick: bool) -> Contender {
-        Contender {
-            gateway,
-            coverage,
-            quick,
-        }
-    }
-
-    fn runs(&self, workload: &str, seed: u64) -> bool {
-        self.coverage == Coverage::Every || (workload == SHARED_PREFIX && seed == SEEDS[0])
+impl Coverage {
+    fn runs(self, workload: &str, seed: u64) -> bool {
+        self == Coverage::Every || (workload == SHARED_PREFIX && seed == SEEDS[0])
     }
 }
-
-/// Every gateway compared, in the order each (rate, seed) runs them, so drift hits them all
-/// alike. The goals need `Every` for Envoy ROUND_ROBIN and LEAST_REQUEST, the default picker
-/// and SGLang cache_aware; the time budget (below) leaves the others the shared-prefix sweep
-/// on one seed.
-const CONTENDERS: &[Contender] = &[
-    Contender::new(Gateway::Envoy("ROUND_ROBIN"), Coverage::Every, true),
-    Contender::new(Gateway::Envoy("LEAST_REQUEST"), Coverage::Every, true),
-    Contender::new(
-        Gateway::Envoy("RANDOM"),
-        Coverage::SharedPrefixFirstSeed,
-        false,
-    ),
-    Contender::new(Gateway::Picker("default"), Coverage::Every, true),
-    Contender::new(
-        Gateway::Picker("prefix-and-load.yaml"),
-        Coverage::SharedPrefixFirstSeed,
-        false,
-    ),
-    Contender::new(
-        Gateway::Picker("gie-exact.yaml"),
-        Coverage::SharedPrefixFirstSeed,
-        false,
-    ),
-    Contender::new(Gateway::Sglang("cache_aware"), Coverage::Every, true),
-    Contender::new(
-        Gateway::Sglang("round_robin"),
-        Coverage::SharedPrefixFirstSeed,
-        false,
-    ),
-    Contender::new(
-        Gateway::VllmRouter("cache_aware"),
-        Coverage::SharedPrefixFirstSeed,
-        false,
-    ),
-];
 
 const SEEDS: [u64; 2] = [1, 2];
 
@@ -204,20 +207,10 @@ const SEEDS: [u64; 2] = [1, 2];
 /// plain Envoy, ~3 s for the picker).
 const CELL_OVERHEAD_S: f64 = 2.0;
 
-// The full run's time budget on 2 cores, as `estimate_seconds` works it out: a cell takes
-// CELL_OVERHEAD_S + requests / min(rate, knee) (past ROUND_ROBIN's knee the pods drain the
-// backlog at about the knee; better routers drain faster, so this errs long). Per gateway
-// and seed:
-//   shared prefix, 1,024 requests at 35/50/65/80/100 req/s: 29 + 20 + 17 + 17 + 17 + 10
-//     = 110 s
-//   multi-turn, 1,024 at 45/60: 23 + 21 + 4 = 48 s;  hot prefix, 1,024 at 45/65: 43 s
-//   mixed, 1,000 at 50/75: 37 s;  LoRA, 1,000 at 40/55: 48 s;  burst: 3 s
-//   = 289 s. The four gateways the goals need (Envoy ROUND_ROBIN and LEAST_REQUEST, picker
-//   default, SGLang cache_aware) on every cell and both seeds: 8 x 289 s = 38.5 min; the five
-//   others (RANDOM, picker prefix-and-load and gie-exact, SGLang round_robin, vllm-router) on
-//   the shared prefix and one seed: 5 x 110 s = 9.2 min; ~48 min in all. Every gateway on
-//   every cell would take 18 x 289 s = 87 min; one more gateway on every workload and one
-//   seed adds 3 min (289 - 110 s).
+// The full run's time budget on 2 cores, as `estimate_seconds` works it out (a cell takes
+// CELL_OVERHEAD_S + requests / min(rate, knee)): about 3 minutes per gateway, seed and
+// regime, so 4 gateways x 2 seeds x 2 regimes take about 50 minutes; `run` prints its own
+// estimate before it starts.
 
 /// What one run of a workload measured.
 pub struct QualityRun {
@@ -239,7 +232,7 @@ impl QualityRun {
 }
 
 /// Fresh pods started with `sim_args`, `replicas` gateways in front of them sharing the load,
-/// arrivals drawn from seed 11.
+/// arrivals drawn from seed 11; every request asks for [`OUTPUT_TOKENS`].
 pub fn run_on(
     gateway: Gateway,
     replicas: usize,
@@ -247,17 +240,24 @@ pub fn run_on(
     requests: &[String],
     rate: f64,
 ) -> QualityRun {
-    run_seeded(gateway, replicas, sim_args, requests, rate, 11)
+    let arrivals = Arrivals { rate, seed: 11 };
+    run_seeded(gateway, replicas, sim_args, requests, arrivals)
 }
 
-/// [`run_on`] with Poisson arrivals drawn from `seed`.
+/// Poisson arrivals at `rate` drawn from `seed`.
+#[derive(Clone, Copy)]
+struct Arrivals {
+    rate: f64,
+    seed: u64,
+}
+
+/// [`run_on`] with these arrivals.
 fn run_seeded(
     gateway: Gateway,
     replicas: usize,
     sim_args: &[&str],
     requests: &[String],
-    rate: f64,
-    seed: u64,
+    arrivals: Arrivals,
 ) -> QualityRun {
     let sims: Vec<Sim> = (1..=8)
         .map(|i| Sim::start(&format!("pod-{i}"), sim_args))
@@ -270,7 +270,7 @@ fn run_seeded(
         }
     }
     let addresses: Vec<String> = gateways.iter().map(|g| g.address()).collect();
-    let load = open_loop(&addresses, requests, rate, seed);
+    let load = open_loop(&addresses, requests, arrivals.rate, arrivals.seed);
     let mut picks = BTreeMap::new();
     for e in &load.ok {
         *picks.entry(e.pod.clone()).or_insert(0) += 1;
@@ -341,6 +341,7 @@ pub fn busiest_over_mean(picks_per_pod: &[usize]) -> f64 {
 
 /// One cell: a workload at one rate and seed on one gateway (the CSV's rows).
 pub struct CellRow {
+    pub regime: &'static str,
     pub workload: &'static str,
     pub rate: f64,
     pub seed: u64,
@@ -356,6 +357,7 @@ pub struct CellRow {
 
 impl Row for CellRow {
     const COLUMNS: &'static [Column] = &[
+        Column::csv("regime"),
         Column::csv("workload"),
         Column::csv("rate_per_s"),
         Column::csv("seed"),
@@ -374,6 +376,7 @@ impl Row for CellRow {
 
     fn cells(&self) -> Vec<Cell> {
         vec![
+            Cell::Text(self.regime.into()),
             Cell::Text(self.workload.into()),
             Cell::Text(rate_label(self.rate)),
             Cell::Count(self.seed as usize),
@@ -396,88 +399,98 @@ fn intro(quick: bool) -> String {
     let size = if quick {
         "this quick run: ~150 requests per cell, one seed"
     } else {
-        "at least 1,000 requests per cell, two seeds"
+        "500 to 640 requests per cell, two seeds"
     };
     format!(
-        "## 3. Routing quality\n\n8 simulated pods (`max-num-seqs 2`, prefill 400 µs per \
-         uncached token, decode 10 ms per token slowed 2 % per running sequence, time scale 0.2, \
-         prefix cache of 1,024 blocks of 16 tokens); every cell starts fresh pods and gateway. \
-         Open-loop Poisson arrivals swept from light load to past saturation ({size}; a \
-         seed draws its own arrival times and request order); for each rate and seed every \
-         gateway runs in turn. Streaming; TTFT = time to the first token chunk; \
-         TPOT = (last byte - first token) / 63 (64 tokens out); hit rate = prompt tokens \
-         served from the pods' prefix caches (their own counters) / prompt tokens.\n\n\
+        "## 3. Routing quality\n\nTwo regimes of pods, each swept on every workload ({}); \
+         every cell starts fresh pods and gateway. Open-loop Poisson arrivals from light load \
+         to past saturation ({size}; a seed draws its own arrival times and request order); \
+         for each rate and seed every gateway runs in turn. Streaming; TTFT = time to the \
+         first token chunk; TPOT = (last byte - first token) / (tokens out - 1); hit rate = \
+         prompt tokens served from the pods' prefix caches (their own counters) / prompt \
+         tokens.\n\n\
          Workloads: **shared prefix** (groups of chats sharing a ~2,048-token system prompt, \
-         ~128-token question each; 32 x 32 in the full run, shuffled); **multi-turn chat** (64 \
+         ~128-token question each; 16 x 40 in the full run, shuffled); **multi-turn chat** (32 \
          conversations x 16 turns, each turn re-sending the whole history: one of 4 ~512-token \
          system prompts, ~64-token user and assistant messages; round by round, every \
-         conversation in the same order, so a conversation's turns arrive 64 arrivals apart, \
-         ~1 s at 60 req/s, well after the previous turn finished below saturation); **hot \
-         prefix** (the shared-prefix chats over 32 groups, Zipf-sized so one group carries 30 \
-         %: affinity alone overloads its pod); **mixed lengths** (unique prompts of \
-         64..3,072 tokens); **LoRA mix** (the same, each for one of 12 adapters, pods with \
-         `--max-lora 2` and 40 ms scaled to load one); **burst** (50 mixed prompts at once).\n\n\
+         conversation in the same order); **hot prefix** (the shared-prefix chats over 16 \
+         groups, Zipf-sized so one group carries 30 %: affinity alone overloads its pod); \
+         **mixed lengths** (unique prompts of 64..3,072 tokens); **LoRA mix** (the same, each \
+         for one of 12 adapters, pods with `--max-lora 2` and 200 ms (scaled) to load one); \
+         **burst** (50 mixed prompts at once).\n\n\
          The tables show each (rate, gateway) over its seeds as the worse seed saw it (higher \
          TTFT and TPOT, lower throughput and hit rate, the more uneven picks); errors are over \
-         every seed's requests; `bench/results/3-quality.csv` has every cell.\n\n"
+         every seed's requests; `bench/results/3-quality.csv` has every cell.\n\n",
+        REGIMES.map(|r| r.name).join(" and ")
     )
 }
 
 pub fn run(quick: bool) -> Part {
     let seeds: &[u64] = if quick { &SEEDS[..1] } else { &SEEDS };
-    let contenders: Vec<Contender> = CONTENDERS
-        .iter()
-        .copied()
-        .filter(|c| c.quick || !quick)
-        .collect();
-    // `BENCH_ONLY=substring` runs the cells whose "workload gateway" holds it (for tuning).
+    // `BENCH_ONLY=substring` runs the cells whose "regime workload gateway" holds it (tuning).
     let only = std::env::var("BENCH_ONLY").unwrap_or_default();
-    let plan = plan(&contenders, seeds, quick, &only);
-    let whole = estimate_seconds(&self::plan(&contenders, seeds, quick, ""), quick);
+    let plan = plan(seeds, quick, &only);
+    let whole = estimate_seconds(&self::plan(seeds, quick, ""), quick);
     println!(
-        "quality: 8 pods, open-loop rate sweeps, {} cells of {} gateways on {} seed(s); about {:.0} minutes (the whole part: {:.0})",
+        "quality: 8 pods, open-loop rate sweeps, {} cells of {} gateways on {} seed(s) and {} regimes; about {:.0} minutes (the whole part: {:.0})",
         plan.len(),
-        contenders.len(),
+        CONTENDERS.len(),
         seeds.len(),
+        REGIMES.len(),
         estimate_seconds(&plan, quick).max(0.0) / 60.0,
         whole / 60.0
     );
     let cells = sweep(&plan, quick);
-    let points = points(&cells);
-    let ceiling = shared_prefix_ceiling(quick);
-    let goodput = goodput_rows(&points, &ceiling);
+    let mut markdown = intro(quick);
+    let mut charts = Vec::new();
+    for (index, regime) in REGIMES.iter().enumerate() {
+        let mine: Vec<&CellRow> = cells.iter().filter(|c| c.regime == regime.slug).collect();
+        if mine.is_empty() {
+            continue;
+        }
+        let points = points(&mine);
+        let ceiling = shared_prefix_ceiling(regime, quick);
+        let goodput = goodput_rows(&points, &ceiling);
+        markdown += &report(index, regime, &points, &goodput, &ceiling);
+        charts.extend(regime_charts(regime, &points, &goodput, &ceiling));
+    }
+    markdown += PEERS;
     Part {
-        markdown: report(&points, &goodput, &ceiling, quick),
+        markdown,
         csv: csv_table(&cells),
-        charts: charts(&points, &goodput, &ceiling),
+        charts,
     }
 }
 
-/// One cell to run: a workload at a rate and seed on a gateway.
+/// One cell to run: a workload at a rate and seed on a gateway, on one regime's pods.
 struct Planned<'w> {
+    regime: &'w Regime,
     workload: &'w Workload,
     rate: f64,
     seed: u64,
     gateway: Gateway,
 }
 
-/// The sweep's cells in running order: for each workload, rate and seed, every gateway in
-/// turn; those whose "workload gateway" holds `only`.
-fn plan(contenders: &[Contender], seeds: &[u64], quick: bool, only: &str) -> Vec<Planned<'static>> {
+/// The sweep's cells in running order: for each regime, workload, rate and seed, every
+/// gateway in turn; those whose "regime workload gateway" holds `only`.
+fn plan(seeds: &[u64], quick: bool, only: &str) -> Vec<Planned<'static>> {
     let mut cells = Vec::new();
-    for workload in &WORKLOADS {
-        for rate in workload.rates(quick) {
-            for &seed in seeds {
-                for contender in contenders {
-                    let chosen = format!("{} {}", workload.name, contender.gateway.name());
-                    if contender.runs(workload.name, seed) && chosen.contains(only) {
-                        let gateway = contender.gateway;
-                        cells.push(Planned {
-                            workload,
-                            rate,
-                            seed,
-                            gateway,
-                        });
+    for (index, regime) in REGIMES.iter().enumerate() {
+        for workload in &WORKLOADS {
+            for rate in workload.rates(index, quick) {
+                for &seed in seeds {
+                    for &(gateway, coverage) in CONTENDERS {
+                        let chosen =
+                            format!("{} {} {}", regime.slug, workload.name, gateway.name());
+                        if coverage.runs(workload.name, seed) && chosen.contains(only) {
+                            cells.push(Planned {
+                                regime,
+                                workload,
+                                rate,
+                                seed,
+                                gateway,
+                            });
+                        }
                     }
                 }
             }
@@ -486,43 +499,35 @@ fn plan(contenders: &[Contender], seeds: &[u64], quick: bool, only: &str) -> Vec
     cells
 }
 
-/// Runs the planned cells, the requests of each (workload, seed) built once.
+/// Runs the planned cells, the requests of each (regime, workload, seed) built once.
 fn sweep(plan: &[Planned<'_>], quick: bool) -> Vec<CellRow> {
-    let mut requests: BTreeMap<(&str, u64), Vec<String>> = BTreeMap::new();
+    let mut requests: BTreeMap<(&str, &str, u64), Vec<String>> = BTreeMap::new();
     plan.iter()
         .map(|cell| {
             let requests = requests
-                .entry((cell.workload.name, cell.seed))
+                .entry((cell.regime.slug, cell.workload.name, cell.seed))
                 .or_insert_with(|| (cell.workload.requests)(quick, &mut Rng::new(cell.seed)));
             let started = Instant::now();
-            let sim_args = cell.workload.sim_args();
-            let run = run_seeded(
-                cell.gateway,
-                1,
-                &sim_args,
-                requests,
-                cell.rate,
-                10 + cell.seed,
-            );
-            let row = cell_row(cell.workload.name, cell.rate, cell.seed, cell.gateway, &run);
+            let sim_args = cell.workload.sim_args(cell.regime);
+            let arrivals = Arrivals {
+                rate: cell.rate,
+                seed: 10 + cell.seed,
+            };
+            let run = run_seeded(cell.gateway, 1, &sim_args, requests, arrivals);
+            let row = cell_row(cell, &run);
             print_cell(&row, started.elapsed().as_secs_f64());
             row
         })
         .collect()
 }
 
-fn cell_row(
-    workload: &'static str,
-    rate: f64,
-    seed: u64,
-    gateway: Gateway,
-    run: &QualityRun,
-) -> CellRow {
+fn cell_row(cell: &Planned<'_>, run: &QualityRun) -> CellRow {
     CellRow {
-        workload,
-        rate,
-        seed,
-        gateway: gateway.name(),
+        regime: cell.regime.slug,
+        workload: cell.workload.name,
+        rate: cell.rate,
+        seed: cell.seed,
+        gateway: cell.gateway.name(),
         sent: run.ttft.len() + run.errors,
         ttft: Percentiles::of(&run.ttft),
         tpot: Percentiles::of(&run.tpot),
@@ -536,7 +541,8 @@ fn cell_row(
 /// One line per cell as it finishes, with the seconds it took.
 fn print_cell(row: &CellRow, seconds: f64) {
     println!(
-        "  {:<16} {:>7} seed {} {:<24} TTFT p50 {:>6.0} p90 {:>6.0} p99 {:>6.0} ms  TPOT p50 {:>4.1} ms  {:>5.1} req/s  err {:>3}  hit {:>5.1} %  busiest/mean {:.2}  {seconds:.0} s",
+        "  {:<8} {:<16} {:>7} seed {} {:<20} TTFT p50 {:>6.0} p90 {:>6.0} p99 {:>6.0} ms  TPOT p50 {:>4.1} ms  {:>5.1} req/s  err {:>3}  hit {:>5.1} %  busiest/mean {:.2}  {seconds:.0} s",
+        row.regime,
         row.workload,
         rate_label(row.rate),
         row.seed,
@@ -559,22 +565,36 @@ fn estimate_seconds(plan: &[Planned<'_>], quick: bool) -> f64 {
     plan.iter()
         .map(|cell| {
             let workload = cell.workload;
+            let regime = REGIMES.iter().position(|r| r.slug == cell.regime.slug);
+            let knee = workload.knee[regime.unwrap_or(0)];
             let requests = *sizes
                 .entry(workload.name)
                 .or_insert_with(|| (workload.requests)(quick, &mut Rng::new(1)).len());
-            CELL_OVERHEAD_S + requests as f64 / cell.rate.min(workload.knee)
+            CELL_OVERHEAD_S + requests as f64 / cell.rate.min(knee)
         })
         .sum()
 }
 
-/// What a perfect router could serve on the shared-prefix workload (the first seed's order).
-fn shared_prefix_ceiling(quick: bool) -> Ceiling {
+/// What a perfect router could serve on the shared-prefix workload (the first seed's order)
+/// on `regime`'s pods.
+fn shared_prefix_ceiling(regime: &Regime, quick: bool) -> Ceiling {
     let requests = (WORKLOADS[0].requests)(quick, &mut Rng::new(SEEDS[0]));
-    Ceiling::of(&Sim::start("oracle", &QUALITY_SIM), &requests)
+    Ceiling::of(&Sim::start("oracle", regime.sim), &requests, regime)
 }
 
-fn report(points: &[Point], goodput: &[GoodputRow], ceiling: &Ceiling, quick: bool) -> String {
-    let mut out = intro(quick);
+/// One regime's section: its pods, a table per workload, goodput, the goals.
+fn report(
+    index: usize,
+    regime: &Regime,
+    points: &[Point],
+    goodput: &[GoodputRow],
+    ceiling: &Ceiling,
+) -> String {
+    let letter = ['a', 'b'].get(index).copied().unwrap_or('x');
+    let mut out = format!(
+        "### 3{letter}. On {}\n\n{}\n\n",
+        regime.name, regime.description
+    );
     for workload in &WORKLOADS {
         let rows: Vec<Point> = points
             .iter()
@@ -582,24 +602,33 @@ fn report(points: &[Point], goodput: &[GoodputRow], ceiling: &Ceiling, quick: bo
             .cloned()
             .collect();
         if !rows.is_empty() {
-            out += &format!("### {}\n\n{}\n", workload.name, markdown_table(&rows));
+            out += &format!(
+                "#### {}, {}\n\n{}\n",
+                workload.name,
+                regime.slug,
+                markdown_table(&rows)
+            );
             if has_rate_chart(points, workload.name) {
                 out += &format!(
-                    "![TTFT p90 against rate, {0}](results/3-quality-p90-{1}.svg)\n\n",
+                    "![TTFT p90 against rate, {0}, {2}](results/3-quality-{3}-p90-{1}.svg)\n\n",
                     workload.name,
-                    slug(workload.name)
+                    slug(workload.name),
+                    regime.name,
+                    regime.slug
                 );
             }
         }
     }
     out += &format!(
-        "### Goodput\n\nGoodput: the highest swept rate at which the gateway kept TTFT p90 under \
-         the SLO with errors under 1 %, at that rate and every lower one; per rate the worse \
-         of the seeds' p90 counts. 0: not even the lowest rate.\n\n{}\n{}\n\n{}\n\
-         ![Goodput, shared prefix](results/3-quality-goodput.svg)\n\n### Goals\n\n{}\n{PEERS}",
-        ceiling.explanation(),
+        "#### Goodput, {0}\n\nGoodput: the highest swept rate at which the gateway kept TTFT p90 \
+         under the SLO with errors under 1 %, at that rate and every lower one; per rate the \
+         worse of the seeds' p90 counts. 0: not even the lowest rate.\n\n{1}\n{2}\n\n{3}\n\
+         ![Goodput, shared prefix, {4}](results/3-quality-{0}-goodput.svg)\n\n#### Goals, {0}\n\n{5}\n",
+        regime.slug,
+        ceiling.explanation,
         goodput::ceiling_note(),
         markdown_table(goodput),
+        regime.name,
         goals::all(points, goodput, ceiling)
     );
     out
@@ -611,23 +640,16 @@ const PEERS: &str = "### What the peers do differently\n\n\
     worker was sent and route to the longest match above 30 % of the text, otherwise to the \
     worker with the fewest requests in flight, counted exactly by the router itself; they read \
     no engine metrics. Their balance rule switches to the least-loaded worker only when \
-    `max - min > 64` requests and `max > 1.5 x min`: thresholds sized for engines that run \
-    hundreds of sequences, which 2-slot pods never reach, so here a hot group or the shared \
-    system prompts of multi-turn chats stay on one pod however long its queue (they ran with \
-    their documented defaults; a run with thresholds scaled to these pods is not in this \
-    table). On unique prompts their exact per-request counts balance a slot-bound pod at \
-    least as well as our scores, which weigh KV tokens as well as requests. The picker reads \
-    each pod's queue, running count, KV usage and adapters from its metrics, corrected \
-    between scrapes by what every Envoy worker placed and saw end (`pool.loadSignals: \
-    live`), keeps a prefix index of block hashes learned from its own picks, and lets a \
-    prefix go when its pod queues well beyond the shortest candidate \
-    (`affinityQueueLimit`), so a hot prefix spills and gets cached on a second pod; it runs \
-    inside Envoy, with no hop, one picker per Envoy across workers. It has no KV-event \
-    feed (vllm-router's `kv_aware` needs vLLM's ZMQ events and the model's tokenizer) and \
-    no session-hash policy. Past saturation the spill costs hit rate (about 70 % against \
-    88 % at 80-100 req/s), so `picker gie-exact`, which never lets go, sustains more there; \
-    gateways other than the four the goals need ran the shared prefix on one seed only, \
-    which spares them the worse-seed rule.\n";
+    `max - min > 64` requests and `max > 1.5 x min` (their documented defaults, which they ran \
+    with here): thresholds sized for engines that run hundreds of sequences, which the \
+    batching pods do and the 2-slot pods never reach. The picker reads each pod's queue, \
+    running count, KV usage and adapters from its metrics, corrected between scrapes by what \
+    every Envoy worker placed and saw end (`pool.loadSignals: live`), keeps a prefix index of \
+    block hashes learned from its own picks, and lets a prefix go when its pod queues well \
+    beyond the shortest candidate (`affinityQueueLimit`), so a hot prefix spills and gets \
+    cached on a second pod; it runs inside Envoy, with no hop, one picker per Envoy across \
+    workers. It has no KV-event feed (vllm-router's `kv_aware` needs vLLM's ZMQ events and \
+    the model's tokenizer) and no session-hash policy.\n";
 
 fn slug(name: &str) -> String {
     name.chars()
@@ -641,8 +663,14 @@ fn slug(name: &str) -> String {
         .collect()
 }
 
-/// The goodput bars of the shared-prefix workload, and TTFT p90 against rate per workload.
-fn charts(points: &[Point], goodput: &[GoodputRow], ceiling: &Ceiling) -> Vec<Chart> {
+/// One regime's charts: the goodput bars of the shared-prefix workload, and TTFT p90 against
+/// rate per workload.
+fn regime_charts(
+    regime: &Regime,
+    points: &[Point],
+    goodput: &[GoodputRow],
+    ceiling: &Ceiling,
+) -> Vec<Chart> {
     let shared: Vec<&GoodputRow> = goodput
         .iter()
         .filter(|g| g.workload == SHARED_PREFIX)
@@ -659,21 +687,29 @@ fn charts(points: &[Point], goodput: &[GoodputRow], ceiling: &Ceiling) -> Vec<Ch
         })
         .collect();
     let title = format!(
-        "Goodput (req/s), shared prefix, by TTFT p90 SLO; perfect-router ceiling {:.0} req/s",
-        ceiling.rate
+        "Goodput (req/s), shared prefix, {}, by TTFT p90 SLO; perfect-router ceiling {:.0} req/s",
+        regime.name, ceiling.rate
     );
-    let mut charts = vec![Chart::named("-goodput", bar_chart(&title, &names, &groups))];
+    let goodput_chart = bar_chart(&title, &names, &groups);
+    let mut charts = vec![Chart::named(
+        &format!("-{}-goodput", regime.slug),
+        goodput_chart,
+    )];
     for workload in &WORKLOADS {
         if has_rate_chart(points, workload.name) {
             let series = p90_by_gateway(points, workload.name);
-            let title = format!("TTFT p90 against offered rate, {}", workload.name);
+            let title = format!(
+                "TTFT p90 against offered rate, {}, {}",
+                workload.name, regime.name
+            );
             let svg = line_chart(
                 &title,
                 "offered rate (req/s)",
                 "TTFT p90 (ms, log scale)",
                 &series,
             );
-            charts.push(Chart::named(&format!("-p90-{}", slug(workload.name)), svg));
+            let suffix = format!("-{}-p90-{}", regime.slug, slug(workload.name));
+            charts.push(Chart::named(&suffix, svg));
         }
     }
     charts

@@ -216,10 +216,77 @@ pub fn goal(text: &str, met: Option<bool>, measured: &str) -> String {
     format!("- Goal: {text}: {verdict} ({measured})\n")
 }
 
-/// `<name>.md`, `.csv` and its charts' `.svg` in `dir`; the markdown opens with the command and machine.
-pub fn write_part(dir: &Path, name: &str, machine: &str, run: &str, part: Part) {
-    let command = format!("cargo run --release --example bench -- {run}");
-    let markdown = format!("_Command: `{command}`; {machine}._\n\n{}", part.markdown);
+/// The code a run measured: the checkout's commit, and whether its tree had changes beyond
+/// the benchmark's own results.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Stamp {
+    pub commit: String,
+    pub dirty: bool,
+}
+
+/// Where a part file records its stamp (first line, for [`assemble`] to read).
+const STAMP_MARK: &str = "<!-- bench-stamp: ";
+
+impl Stamp {
+    /// The checkout's stamp, read once before any part writes its results.
+    pub fn of_checkout() -> Stamp {
+        let git = |args: &[&str]| {
+            std::process::Command::new("git")
+                .args(args)
+                .current_dir(repo())
+                .output()
+                .ok()
+                .filter(|o| o.status.success())
+                .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        };
+        let commit = git(&["rev-parse", "HEAD"]).unwrap_or_else(|| "unknown".into());
+        let outputs = [
+            ":!bench/results",
+            ":!bench/results-quick",
+            ":!bench/RESULTS.md",
+            ":!bench/RESULTS-quick.md",
+        ];
+        let status = git(&[&["status", "--porcelain", "--", "."][..], &outputs].concat());
+        Stamp {
+            commit,
+            dirty: status.is_none_or(|changes| !changes.is_empty()),
+        }
+    }
+
+    fn mark(&self) -> String {
+        let state = if self.dirty { "dirty" } else { "clean" };
+        format!("{STAMP_MARK}{} {state} -->", self.commit)
+    }
+
+    fn read(markdown: &str) -> Option<Stamp> {
+        let line = markdown.lines().next()?.strip_prefix(STAMP_MARK)?;
+        let mut words = line.trim_end_matches("-->").split_whitespace();
+        let commit = words.next()?.to_string();
+        let dirty = words.next()? == "dirty";
+        Some(Stamp { commit, dirty })
+    }
+
+    fn describe(&self) -> String {
+        let short: String = self.commit.chars().take(12).collect();
+        if self.dirty {
+            format!("commit `{short}` with uncommitted changes")
+        } else {
+            format!("commit `{short}`")
+        }
+    }
+}
+
+/// `<name>.md`, `.csv` and its charts' `.svg` in `dir`; the markdown opens with the stamp,
+/// the command and the machine.
+pub fn write_part(dir: &Path, name: &str, header: &RunHeader, part: Part) {
+    let command = format!("cargo run --release --example bench -- {}", header.run);
+    let markdown = format!(
+        "{}\n_{}; command: `{command}`; {}._\n\n{}",
+        header.stamp.mark(),
+        capitalised(&header.stamp.describe()),
+        header.machine,
+        part.markdown
+    );
     std::fs::write(dir.join(format!("{name}.md")), markdown).expect("write md");
     std::fs::write(dir.join(format!("{name}.csv")), part.csv).expect("write csv");
     for chart in part.charts {
@@ -228,32 +295,89 @@ pub fn write_part(dir: &Path, name: &str, machine: &str, run: &str, part: Part) 
     }
 }
 
+/// What every part of one run is stamped with.
+pub struct RunHeader {
+    pub stamp: Stamp,
+    pub run: String,
+    pub machine: String,
+}
+
+fn capitalised(text: &str) -> String {
+    let mut chars = text.chars();
+    chars
+        .next()
+        .map(|first| first.to_uppercase().chain(chars).collect())
+        .unwrap_or_default()
+}
+
 /// `report` (relative to the repository): an introduction, then every part file in `dir` in
 /// name order, with links pointing into `dir`.
-pub fn assemble(dir: &Path, report: &str) {
+pub fn assemble(dir: &Path, report: &str, stamp: &Stamp) {
     let folder = dir
         .file_name()
         .and_then(|n| n.to_str())
         .unwrap_or("results");
-    let mut out = format!(
-        "# Benchmark results\n\nProduced by `make bench` (parts: `make bench-schedule`, `make bench-hop`, \
-         `make bench-quality`, `make bench-memory`, `make bench-scaleout`, `make bench-overload`, `make bench-pools`, `make bench-profile`; a small run: `make bench-quick`). Raw numbers are in `bench/{folder}/*.csv`, \
-         charts in `bench/{folder}/*.svg`. How to read them: `bench/README.md`.\n\n"
-    );
-    for name in part_files(dir) {
-        out.push_str(&std::fs::read_to_string(dir.join(&name)).unwrap_or_default());
-        out.push('\n');
-    }
-    let out = out.replace("](results/", &format!("]({folder}/"));
+    let parts: Vec<String> = part_files(dir)
+        .iter()
+        .map(|name| std::fs::read_to_string(dir.join(name)).unwrap_or_default())
+        .collect();
+    let out = assembled(&parts, folder, stamp);
     std::fs::write(repo().join(report), out).expect("report");
     println!("wrote {report}");
+}
+
+/// The report from its parts' files: parts of another commit than `stamp` (or none) keep
+/// their place, marked stale in their heading, so no reader takes them for this run's.
+fn assembled(parts: &[String], folder: &str, stamp: &Stamp) -> String {
+    let stale: Vec<bool> = parts
+        .iter()
+        .map(|part| Stamp::read(part).as_ref() != Some(stamp))
+        .collect();
+    let state = if stale.contains(&true) {
+        "Parts marked **stale** were measured on other code and are not part of this run."
+    } else {
+        "Every part below is from this one run."
+    };
+    let mut out = format!(
+        "# Benchmark results\n\nOne run of {}: {state} Produced by `make bench` (parts: \
+         `make bench-schedule`, `make bench-hop`, `make bench-quality`, `make bench-memory`, \
+         `make bench-scaleout`, `make bench-overload`, `make bench-pools`, `make bench-profile`; \
+         a small run: `make bench-quick`). Raw numbers are in `bench/{folder}/*.csv`, charts in \
+         `bench/{folder}/*.svg`. How to read them: `bench/README.md`.\n\n",
+        stamp.describe()
+    );
+    for (part, stale) in parts.iter().zip(stale) {
+        out.push_str(&if stale {
+            marked_stale(part)
+        } else {
+            part.clone()
+        });
+        out.push('\n');
+    }
+    out.replace("](results/", &format!("]({folder}/"))
+}
+
+/// `part` with "(stale: ...)" after its first `## ` heading.
+fn marked_stale(part: &str) -> String {
+    let from = Stamp::read(part).map_or("no recorded commit".into(), |s| s.describe());
+    let mut marked = false;
+    part.lines()
+        .map(|line| {
+            if !marked && line.starts_with("## ") {
+                marked = true;
+                format!("{line} (stale: {from}, not this run's)\n")
+            } else {
+                format!("{line}\n")
+            }
+        })
+        .collect()
 }
 
 fn part_files(dir: &Path) -> Vec<String> {
     let mut names: Vec<String> = std::fs::read_dir(dir)
         .expect("results")
         .filter_map(|e| e.ok()?.file_name().into_string().ok())
-        .filter(|n| n.ends_with(".md"))
+        .filter(|n| n.ends_with(".md") && n.starts_with(|c: char| c.is_ascii_digit()))
         .collect();
     names.sort();
     names
@@ -306,5 +430,43 @@ mod tests {
             csv_table(&ROWS),
             "workload,hit_rate,raw_ms\n\"shared prefix, 45 req/s\",0.8772,0.3419\n"
         );
+    }
+
+    fn part(stamp: &Stamp, heading: &str) -> String {
+        format!("{}\n_x._\n\n## {heading}\n\ntext\n", stamp.mark())
+    }
+
+    #[test]
+    fn a_part_of_another_commit_is_marked_stale_in_its_heading() {
+        let run = Stamp {
+            commit: "a".repeat(40),
+            dirty: false,
+        };
+        let old = Stamp {
+            commit: "b".repeat(40),
+            dirty: false,
+        };
+        let dirty = Stamp {
+            dirty: true,
+            ..run.clone()
+        };
+        let parts = [
+            part(&run, "1. One"),
+            part(&old, "2. Two"),
+            part(&dirty, "3. Three"),
+            "## 4. Unstamped\n".to_string(),
+        ];
+        let report = assembled(&parts, "results", &run);
+        assert!(report.contains("## 1. One\n"), "{report}");
+        assert!(report.contains("## 2. Two (stale: commit `bbbbbbbbbbbb`, not this run's)"));
+        assert!(report.contains("## 3. Three (stale: commit `aaaaaaaaaaaa` with uncommitted"));
+        assert!(report.contains("## 4. Unstamped (stale: no recorded commit"));
+        assert!(report.contains("are not part of this run"));
+        let whole = assembled(&parts[..1], "results", &run);
+        assert!(
+            whole.contains("Every part below is from this one run."),
+            "{whole}"
+        );
+        assert!(!whole.contains("stale"));
     }
 }

@@ -21,6 +21,33 @@ pub const QUALITY_SIM: [&str; 10] = [
     "1024",
 ];
 
+/// Routing-quality pods as the batching engine: vLLM V1's continuous batching of up to 32
+/// sequences within 8,192 tokens a step, an 8B model's step costs on one H100 (the
+/// simulator's defaults, cited in `examples/model-server-sim/batching.rs`, spelled out here
+/// for the ceiling) and its KV cache (~423k tokens: 26,400 blocks of 16), time-scaled by 3;
+/// tokens streamed 16 to a chunk. The batch and the scale are what a 2-core machine can
+/// drive past saturation in cells of a few hundred requests: 8 pods x 32 sequences in flight,
+/// each request ~64 steps long.
+pub const BATCHING_SIM: [&str; 17] = [
+    "--batching",
+    "--max-num-seqs",
+    "32",
+    "--max-num-batched-tokens",
+    "8192",
+    "--kv-blocks",
+    "26400",
+    "--time-scale",
+    "3",
+    "--stream-interval",
+    "16",
+    "--step-fixed-ms",
+    "7",
+    "--step-ms-per-token",
+    "0.022",
+    "--step-ms-per-context-token",
+    "0.00006",
+];
+
 /// The value of `flag` in pod flags such as [`QUALITY_SIM`]; NaN if absent.
 pub fn flag_value(flags: &[&str], flag: &str) -> f64 {
     flags

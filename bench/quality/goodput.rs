@@ -2,14 +2,13 @@
 //! goodput under each TTFT SLO, and the ceiling a perfect router would reach.
 
 use super::{
-    busiest_over_mean, rate_label, ttft_cells, CellRow, SHARED_PREFIX, TTFT_P50, TTFT_P90, TTFT_P99,
+    busiest_over_mean, rate_label, ttft_cells, CellRow, Regime, SHARED_PREFIX, TTFT_P50, TTFT_P90,
+    TTFT_P99,
 };
 use crate::load::Percentiles;
 use crate::report::{Cell, Column, Row};
 use crate::support::Sim;
-use crate::workloads::{
-    best_hit_rate_of, block_size, flag_value, prompt_tokens, OUTPUT_TOKENS, QUALITY_SIM,
-};
+use crate::workloads::{best_hit_rate_of, block_size, flag_value, prompt_tokens, OUTPUT_TOKENS};
 
 /// TTFT p90 SLOs, ms, for goodput.
 pub const SLOS_MS: [f64; 6] = [50.0, 100.0, 200.0, 300.0, 500.0, 1000.0];
@@ -55,7 +54,7 @@ impl Point {
 }
 
 /// The cells grouped by (workload, gateway, rate), in the order they first ran.
-pub fn points(cells: &[CellRow]) -> Vec<Point> {
+pub fn points(cells: &[&CellRow]) -> Vec<Point> {
     let mut points: Vec<Point> = Vec::new();
     for cell in cells {
         let same = |p: &&mut Point| {
@@ -242,59 +241,82 @@ const BATCH_SLOWDOWN: f64 = 0.02;
 /// Pods behind every gateway.
 const PODS: f64 = 8.0;
 
-/// The rate the pods could serve on a workload under a perfect router: every pod's every
-/// sequence slot busy, each request prefilling only what the best achievable hit rate leaves
-/// uncached, from the simulator's timing model and [`QUALITY_SIM`]'s flags.
+/// The rate the pods could serve on a workload under a perfect router, from the simulator's
+/// timing model and the regime's pod flags: every request prefills only what the best
+/// achievable hit rate leaves uncached, and every pod runs as many sequences as it can.
 pub struct Ceiling {
     pub rate: f64,
     pub best_hit: f64,
-    pub mean_prompt_tokens: f64,
-    pub prefill_ms: f64,
-    /// One decode step with every slot busy.
-    pub step_ms: f64,
-    pub decode_ms: f64,
+    /// How the rate was worked out, with this run's figures.
+    pub explanation: String,
 }
 
 impl Ceiling {
-    /// The ceiling on `requests`, tokenized by `sim` (a pod like the sweep's).
-    pub fn of(sim: &Sim, requests: &[String]) -> Ceiling {
+    /// The ceiling on `requests`, tokenized by `sim` (a pod like the regime's).
+    pub fn of(sim: &Sim, requests: &[String], regime: &Regime) -> Ceiling {
         let prompts = prompt_tokens(sim, requests);
         let best_hit = best_hit_rate_of(&prompts, block_size(sim));
         let total: usize = prompts.iter().map(Vec::len).sum();
-        let mean_prompt_tokens = total as f64 / prompts.len().max(1) as f64;
-        let flag = |name| flag_value(&QUALITY_SIM, name);
-        let (scale, slots) = (flag("--time-scale"), flag("--max-num-seqs"));
-        let uncached = mean_prompt_tokens * (1.0 - best_hit);
-        let prefill_ms = uncached * flag("--prefill-us-per-token") / 1000.0 * scale;
-        let step_ms = flag("--decode-ms-per-token") * (1.0 + BATCH_SLOWDOWN * slots) * scale;
-        let decode_ms = OUTPUT_TOKENS as f64 * step_ms;
-        Ceiling {
-            rate: PODS * slots * 1000.0 / (prefill_ms + decode_ms),
-            best_hit,
-            mean_prompt_tokens,
-            prefill_ms,
-            step_ms,
-            decode_ms,
-        }
-    }
-
-    pub fn explanation(&self) -> String {
-        format!(
+        let prompt = total as f64 / prompts.len().max(1) as f64;
+        let uncached = prompt * (1.0 - best_hit);
+        let (rate, working) = if regime.batching() {
+            batching_rate(regime.sim, prompt, uncached, OUTPUT_TOKENS as f64)
+        } else {
+            slots_rate(regime.sim, uncached, OUTPUT_TOKENS as f64)
+        };
+        let explanation = format!(
             "**Ceiling** (shared prefix): a perfect router serves {:.1} % of prompt tokens from \
              cache (the best achievable: each group's first request misses), so a request of \
-             {:.0} prompt tokens on average prefills {:.0} of them, {:.1} ms, then decodes \
-             {OUTPUT_TOKENS} tokens at {:.2} ms each (with every slot busy, time-scaled), {:.1} \
-             ms: {:.1} ms a request, 8 pods x 2 slots / that = **{:.1} req/s**.\n",
-            self.best_hit * 100.0,
-            self.mean_prompt_tokens,
-            self.mean_prompt_tokens * (1.0 - self.best_hit),
-            self.prefill_ms,
-            self.step_ms,
-            self.decode_ms,
-            self.prefill_ms + self.decode_ms,
-            self.rate
-        )
+             {prompt:.0} prompt tokens on average prefills {uncached:.0} of them; {working} = \
+             **{rate:.1} req/s**.\n",
+            best_hit * 100.0,
+        );
+        Ceiling {
+            rate,
+            best_hit,
+            explanation,
+        }
     }
+}
+
+/// Slot pods: every slot busy, a request's uncached prefill then its decode steps, each as
+/// slow as with every slot busy.
+fn slots_rate(flags: &[&str], uncached: f64, output: f64) -> (f64, String) {
+    let flag = |name| flag_value(flags, name);
+    let (scale, slots) = (flag("--time-scale"), flag("--max-num-seqs"));
+    let prefill_ms = uncached * flag("--prefill-us-per-token") / 1000.0 * scale;
+    let step_ms = flag("--decode-ms-per-token") * (1.0 + BATCH_SLOWDOWN * slots) * scale;
+    let request_ms = prefill_ms + output * step_ms;
+    let rate = PODS * slots * 1000.0 / request_ms;
+    let working = format!(
+        "prefill {prefill_ms:.1} ms, then {output:.0} tokens at {step_ms:.2} ms each (every slot \
+         busy, time-scaled): {request_ms:.1} ms a request, {PODS:.0} pods x {slots:.0} slots / that"
+    );
+    (rate, working)
+}
+
+/// Batching pods: a full batch of B sequences (`--max-num-seqs`, or fewer if their
+/// unshared KV does not fit) where each step samples one token for every sequence and
+/// also prefills the uncached prompt tokens of the requests that replace finished ones,
+/// so a step lasts `fixed + per token x B (1 + uncached / output) + per context token x B x
+/// mean context` (context: the prompt and half the output).
+fn batching_rate(flags: &[&str], prompt: f64, uncached: f64, output: f64) -> (f64, String) {
+    let flag = |name| flag_value(flags, name);
+    let kv_tokens = flag("--kv-blocks") * 16.0;
+    let batch = flag("--max-num-seqs").min((kv_tokens / (uncached + output)).floor());
+    let context = prompt + output / 2.0;
+    let step_ms = flag("--step-fixed-ms")
+        + batch
+            * (flag("--step-ms-per-token") * (1.0 + uncached / output)
+                + flag("--step-ms-per-context-token") * context);
+    let scaled_ms = step_ms * flag("--time-scale");
+    let rate = PODS * batch * 1000.0 / (output * scaled_ms);
+    let working = format!(
+        "batches of {batch:.0} sequences, steps of {scaled_ms:.1} ms (time-scaled) each sampling \
+         a token for every sequence, {output:.0} steps a request: {PODS:.0} pods x {batch:.0} / \
+         ({output:.0} x {scaled_ms:.1} ms)"
+    );
+    (rate, working)
 }
 
 /// What the ceiling leaves out.
