@@ -12,7 +12,7 @@ use crate::report::{csv_table, markdown_table, Cell, Chart, Column, Part, Row};
 use crate::setup::Gateway;
 use crate::support::Sim;
 use crate::workloads::{
-    hot_prefix_workload, lora_workload, mixed_workload, multi_turn_workload,
+    flag_value, hot_prefix_workload, lora_workload, mixed_workload, multi_turn_workload,
     shared_prefix_workload, BATCHING_SIM, LORA_SIM, OUTPUT_TOKENS, QUALITY_SIM,
 };
 use goodput::{goodput_rows, points, Ceiling, GoodputRow, Point, SLOS_MS};
@@ -35,8 +35,8 @@ pub struct Regime {
     pub slug: &'static str,
     /// Every pod's flags (a workload may add its own).
     pub sim: &'static [&'static str],
-    /// What the pods model, for the report.
-    pub description: &'static str,
+    /// What the pods model, for the report, from their flags.
+    pub description: fn(&[&str]) -> String,
 }
 
 impl Regime {
@@ -51,26 +51,52 @@ const REGIMES: [Regime; 2] = [
         name: "scaled 2-slot pods",
         slug: "slots",
         sim: &QUALITY_SIM,
-        description: "8 simulated pods that run two sequences at a time, each request timed on \
-            its own: prefill 400 µs per uncached token, then decode steps of 10 ms slowed 2 % \
-            per running sequence, time scale 0.2; a prefix cache of 1,024 blocks of 16 tokens; \
-            64 tokens out.",
+        description: slots_description,
     },
     Regime {
         name: "the batching engine",
         slug: "batching",
         sim: &BATCHING_SIM,
-        description: "8 simulated pods running the simulator's batching engine: vLLM V1's \
-            continuous batching of up to 32 sequences, each step a budget of 8,192 tokens \
-            shared by the decodes (first) and prefill chunks, a step lasting 7 ms + 0.022 ms per \
-            token in it + 0.00006 ms per context token its sequences attend to (an 8B model on \
-            one H100, from published vLLM measurements cited in \
-            `examples/model-server-sim/batching.rs`), a KV cache of 26,400 blocks of 16 tokens \
-            taken as sequences grow, the newest running sequence preempted and recomputed when \
-            none is left; time scale 3, so 8 pods saturate at rates this machine can drive with \
-            cells of a few hundred requests; 64 tokens out, streamed 16 to a chunk.",
+        description: batching_description,
     },
 ];
+
+fn slots_description(sim: &[&str]) -> String {
+    let flag = |name| flag_value(sim, name);
+    format!(
+        "8 simulated pods that run {} sequences at a time, each request timed on its own: \
+         prefill {} µs per uncached token, then decode steps of {} ms slowed 2 % per running \
+         sequence, time scale {}; a prefix cache of {} blocks of 16 tokens; {OUTPUT_TOKENS} \
+         tokens out.",
+        flag("--max-num-seqs"),
+        flag("--prefill-us-per-token"),
+        flag("--decode-ms-per-token"),
+        flag("--time-scale"),
+        flag("--kv-blocks"),
+    )
+}
+
+fn batching_description(sim: &[&str]) -> String {
+    let flag = |name| flag_value(sim, name);
+    format!(
+        "8 simulated pods running the simulator's batching engine: vLLM V1's continuous \
+         batching of up to {} sequences, each step a budget of {} tokens shared by the decodes \
+         (first) and prefill chunks, a step lasting {} ms + {} ms per token in it + {} ms per \
+         context token its sequences attend to (an 8B model on one H100, from published vLLM \
+         measurements cited in `examples/model-server-sim/batching.rs`), a KV cache of {} \
+         blocks of 16 tokens taken as sequences grow, the newest running sequence preempted \
+         and recomputed when none is left; time scale {}; {OUTPUT_TOKENS} tokens out, streamed \
+         {} to a chunk.",
+        flag("--max-num-seqs"),
+        flag("--max-num-batched-tokens"),
+        flag("--step-fixed-ms"),
+        flag("--step-ms-per-token"),
+        flag("--step-ms-per-context-token"),
+        flag("--kv-blocks"),
+        flag("--time-scale"),
+        flag("--stream-interval"),
+    )
+}
 
 /// A workload of the sweep.
 struct Workload {
@@ -593,7 +619,8 @@ fn report(
     let letter = ['a', 'b'].get(index).copied().unwrap_or('x');
     let mut out = format!(
         "### 3{letter}. On {}\n\n{}\n\n",
-        regime.name, regime.description
+        regime.name,
+        (regime.description)(regime.sim)
     );
     for workload in &WORKLOADS {
         let rows: Vec<Point> = points
