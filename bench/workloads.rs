@@ -61,14 +61,12 @@ pub fn flag_value(flags: &[&str], flag: &str) -> f64 {
 /// many.
 pub const OUTPUT_TOKENS: usize = 64;
 
-/// Pod flags for the LoRA workload: 12 adapters, room for 2, loading one takes 200 ms.
-pub const LORA_SIM: [&str; 6] = [
+/// Pod flags for the LoRA workload: 12 adapters, room for 2 (the load time is the regime's).
+pub const LORA_SIM: [&str; 4] = [
     "--adapters",
     "lora-0,lora-1,lora-2,lora-3,lora-4,lora-5,lora-6,lora-7,lora-8,lora-9,lora-10,lora-11",
     "--max-lora",
     "2",
-    "--lora-load-ms",
-    "200",
 ];
 
 /// `groups` groups of `per_group` chats sharing a ~2048-token system prompt, each with its own
