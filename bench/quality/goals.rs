@@ -4,6 +4,7 @@
 
 use super::goodput::{Ceiling, GoodputRow, Point, CEILING_SLO_MS, SLOS_MS};
 use super::{BURST, HOT_PREFIX, LORA, MIXED, MULTI_TURN, SHARED_PREFIX};
+use crate::load::all_of;
 use crate::report::goal;
 
 const OURS: &str = "picker default";
@@ -86,7 +87,7 @@ fn goodput_at_least(rows: &[GoodputRow], other: &str, factor: f64, slos: &[f64])
     let verdicts = slos
         .iter()
         .map(|&slo| at_least(ours.at(slo), factor, theirs.at(slo)));
-    goal(&text, every(verdicts), &figures.join("; "))
+    goal(&text, all_of(verdicts), &figures.join("; "))
 }
 
 /// `ours >= factor x theirs`, or `None` (not measured) when neither reached a swept rate:
@@ -96,18 +97,6 @@ fn at_least(ours: f64, factor: f64, theirs: f64) -> Option<bool> {
         None
     } else {
         Some(ours >= factor * theirs)
-    }
-}
-
-/// Every check holds: not met if one fails, else not measured if one could not be decided.
-fn every(verdicts: impl Iterator<Item = Option<bool>>) -> Option<bool> {
-    let verdicts: Vec<Option<bool>> = verdicts.collect();
-    if verdicts.contains(&Some(false)) {
-        Some(false)
-    } else if verdicts.is_empty() || verdicts.contains(&None) {
-        None
-    } else {
-        Some(true)
     }
 }
 

@@ -233,13 +233,7 @@ impl KvCache {
             blocks.push(id);
         }
         for index in hit..total {
-            let id = self.take_free_block();
-            let block = &mut self.blocks[id as usize];
-            if let Some(old) = block.hash.take() {
-                self.cached.remove(&old);
-                self.evictions += 1;
-            }
-            block.refs = 1;
+            let id = self.take_block_to_hold();
             // A full prompt block joins the prefix cache, unless another block (computed at
             // the same time by another request) already holds that content.
             if let Some(&hash) = hashes.get(index) {
@@ -262,6 +256,12 @@ impl KvCache {
         if self.free() == 0 {
             return false;
         }
+        blocks.push(self.take_block_to_hold());
+        true
+    }
+
+    /// The next free block, held once: whatever it cached leaves the prefix cache (eviction).
+    fn take_block_to_hold(&mut self) -> u32 {
         let id = self.take_free_block();
         let block = &mut self.blocks[id as usize];
         if let Some(old) = block.hash.take() {
@@ -269,8 +269,7 @@ impl KvCache {
             self.evictions += 1;
         }
         block.refs = 1;
-        blocks.push(id);
-        true
+        id
     }
 
     /// A request finished: its blocks are released, tail first, and the ones nobody holds go
