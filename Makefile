@@ -25,7 +25,7 @@ WBG_RUNNER := $(TOOLS)/bin/wasm-bindgen-test-runner
 FUZZ_SECONDS ?= 60
 FUZZ_TARGETS := body_parser prometheus_parser config_loader
 
-.PHONY: all build sim envoy toolchain wasm-bindgen-runner lint unit wasm-unit integration test demo e2e-vllm vllm-scrape-cost soak bench extproc bench-quick bench-schedule bench-hop bench-quality bench-memory bench-scaleout bench-overload bench-pools bench-profile profile-filter wasm-micro wasm-exports peers fuzz check compose-up compose-down image clean
+.PHONY: all build sim envoy toolchain wasm-bindgen-runner lint unit wasm-unit integration test demo e2e-vllm engine-shape vllm-scrape-cost soak bench extproc bench-quick bench-schedule bench-hop bench-quality bench-memory bench-scaleout bench-overload bench-pools bench-profile profile-filter wasm-micro wasm-exports peers fuzz check compose-up compose-down image clean
 
 all: build
 
@@ -119,6 +119,15 @@ e2e-vllm: build envoy
 	    echo; } > $(E2E_VLLM_OUT); \
 	  $(CARGO) run --quiet --example e2e-vllm -- --venv $(VLLM_VENV) --model-dir $(VLLM_MODEL) 2>&1 \
 	    | tee -a $(E2E_VLLM_OUT)
+
+## engine-shape: the simulator's batching engine (the routing-quality pods' flags) against a real
+## vLLM 0.32.0 CPU server, same client, same requests, no Envoy: TTFT against uncached prompt
+## tokens, TPOT against the batch; tables normalised per engine and fitted shapes, stamped with the
+## commit, in bench/results/engine-shape.md. Not part of `make test` (installs vLLM like e2e-vllm).
+engine-shape: sim
+	@bash tests/vllm/install.sh $(VLLM_VENV)
+	@$(VLLM_VENV)/bin/python tests/vllm/make_model.py $(VLLM_MODEL)
+	$(CARGO) run --release --quiet --example engine-shape -- --venv $(VLLM_VENV) --model-dir $(VLLM_MODEL)
 
 ## vllm-scrape-cost: an idle real vLLM's CPU with no scrapes and with one every 1000/200/100/50 ms
 vllm-scrape-cost:

@@ -253,7 +253,7 @@ impl Stamp {
         }
     }
 
-    fn mark(&self) -> String {
+    pub fn mark(&self) -> String {
         let state = if self.dirty { "dirty" } else { "clean" };
         format!("{STAMP_MARK}{} {state} -->", self.commit)
     }
@@ -266,7 +266,7 @@ impl Stamp {
         Some(Stamp { commit, dirty })
     }
 
-    fn describe(&self) -> String {
+    pub fn describe(&self) -> String {
         let short: String = self.commit.chars().take(12).collect();
         if self.dirty {
             format!("commit `{short}` with uncommitted changes")

@@ -13,6 +13,12 @@ pub const MODEL: &str = "tiny-llama";
 pub const ADAPTER: &str = "sql-lora";
 /// vLLM's KV block on CPU, in tokens (the prefix cache counts whole blocks).
 pub const BLOCK_TOKENS: u64 = 128;
+/// The KV blocks a server has (`--num-gpu-blocks-override`).
+pub const KV_BLOCKS: u64 = 48;
+/// The longest prompt plus output a server takes, in tokens (`--max-model-len`).
+pub const MAX_MODEL_LEN: usize = 2048;
+/// The sequences a server runs at once (`--max-num-seqs`).
+pub const MAX_NUM_SEQS: usize = 4;
 
 /// Where the venv and the model are, shared by every server.
 pub struct Setup {
@@ -33,8 +39,8 @@ pub struct Vllm {
 
 impl Vllm {
     /// Starts a server on `port` with its OpenMP threads on `core`; returns at once (see
-    /// [`Vllm::wait_healthy`]). Small footprint: 48 KV blocks of 128 tokens, 4 sequences,
-    /// LoRA with up to 2 adapters, `sql-lora` loaded.
+    /// [`Vllm::wait_healthy`]). Small footprint: [`KV_BLOCKS`] KV blocks of [`BLOCK_TOKENS`]
+    /// tokens, [`MAX_NUM_SEQS`] sequences, LoRA with up to 2 adapters, `sql-lora` loaded.
     pub fn spawn(setup: &Setup, name: &str, port: u16, core: u32) -> Vllm {
         let log = setup.log_dir.join(format!("{name}.log"));
         let mut server = Vllm {
@@ -65,9 +71,11 @@ impl Vllm {
             .arg("--model")
             .arg(&model)
             .args(["--served-model-name", MODEL])
-            .args(["--max-model-len", "2048", "--max-num-seqs", "4"])
+            .args(["--max-model-len", &MAX_MODEL_LEN.to_string()])
+            .args(["--max-num-seqs", &MAX_NUM_SEQS.to_string()])
             .args(["--enforce-eager", "--gpu-memory-utilization", "0.2"])
-            .args(["--num-gpu-blocks-override", "48", "--seed", "0"])
+            .args(["--num-gpu-blocks-override", &KV_BLOCKS.to_string()])
+            .args(["--seed", "0"])
             .args(["--enable-lora", "--max-loras", "2", "--max-lora-rank", "8"])
             .arg("--lora-modules")
             .arg(format!("{ADAPTER}={}", adapter.display()))
