@@ -141,9 +141,10 @@ fn main() {
     let trial = std::env::var("BENCH_STEPS").is_ok_and(|steps| !steps.is_empty());
     for part in PARTS {
         if all || run == part.name {
+            let started = std::time::Instant::now();
             let written = (part.run)(quick);
             if !trial {
-                write_part(&results, part.file, &header, written);
+                write_part(&results, part.file, &header, written, started.elapsed());
             }
         }
     }

@@ -4,6 +4,7 @@
 
 use crate::support::repo;
 use std::path::Path;
+use std::time::Duration;
 
 /// What a part hands back: its section of the report, its raw rows, its charts.
 pub struct Part {
@@ -277,14 +278,15 @@ impl Stamp {
 }
 
 /// `<name>.md`, `.csv` and its charts' `.svg` in `dir`; the markdown opens with the stamp,
-/// the command and the machine.
-pub fn write_part(dir: &Path, name: &str, header: &RunHeader, part: Part) {
+/// the command, the machine and how long the part ran.
+pub fn write_part(dir: &Path, name: &str, header: &RunHeader, part: Part, took: Duration) {
     let command = format!("cargo run --release --example bench -- {}", header.run);
     let markdown = format!(
-        "{}\n_{}; command: `{command}`; {}._\n\n{}",
+        "{}\n_{}; command: `{command}`; {}; this part ran {:.1} minutes._\n\n{}",
         header.stamp.mark(),
         capitalised(&header.stamp.describe()),
         header.machine,
+        took.as_secs_f64() / 60.0,
         part.markdown
     );
     std::fs::write(dir.join(format!("{name}.md")), markdown).expect("write md");
