@@ -280,10 +280,11 @@ fn filters_example_keeps_the_selected_pods_and_returns_a_fallback() {
 }
 
 #[test]
-fn readme_plugin_table_lists_every_registered_type() {
-    let readme = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md"))
-        .expect("README.md");
-    let table: Vec<&str> = readme
+fn plugin_table_lists_every_registered_type() {
+    let doc =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/plugins.md"))
+            .expect("docs/plugins.md");
+    let table: Vec<&str> = doc
         .lines()
         .skip_while(|line| !line.starts_with("### Plugins"))
         .skip(1)
@@ -296,14 +297,14 @@ fn readme_plugin_table_lists_every_registered_type() {
             table
                 .iter()
                 .any(|row| row.split('|').nth(1).is_some_and(|c| c.contains(&named))),
-            "README plugin table has no row for {type_name}"
+            "docs/plugins.md plugin table has no row for {type_name}"
         );
     }
     for row in &table {
         let first = row.split('`').nth(1).unwrap_or("");
         assert!(
             inference_picker::scheduling::plugins::known_type(first).is_some(),
-            "README lists {first}, which is not registered"
+            "docs/plugins.md lists {first}, which is not registered"
         );
     }
 }

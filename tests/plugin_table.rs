@@ -1,15 +1,15 @@
-//! The README's plugin table says what each plugin's own `SPEC` declares: its names, its kind,
-//! the *prefix* mark exactly on the plugins that read prefix matches, and the request headers
-//! it reads. A plugin added without a row, or a row left behind, fails here.
+//! The plugin table of `docs/plugins.md` says what each plugin's own `SPEC` declares: its names,
+//! its kind, the *prefix* mark exactly on the plugins that read prefix matches, and the request
+//! headers it reads. A plugin added without a row, or a row left behind, fails here.
 
 use inference_picker::scheduling::plugins::{self, Data};
 
 /// `(first cell, kind cell, whole row)` of every row of the table under `### Plugins`.
-fn table_rows(readme: &str) -> Vec<(String, String, String)> {
-    let section = readme
+fn table_rows(doc: &str) -> Vec<(String, String, String)> {
+    let section = doc
         .split("### Plugins")
         .nth(1)
-        .expect("README has a ### Plugins section");
+        .expect("docs/plugins.md has a ### Plugins section");
     section
         .lines()
         .skip_while(|line| !line.starts_with("| type |"))
@@ -32,15 +32,15 @@ fn named(cell: &str, type_name: &str) -> bool {
 
 #[test]
 fn every_spec_has_a_row_that_matches_its_declaration() {
-    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md"))
-        .expect("README.md");
-    let rows = table_rows(&readme);
+    let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/plugins.md"))
+        .expect("docs/plugins.md");
+    let rows = table_rows(&doc);
     assert!(rows.len() >= 30, "found only {} rows", rows.len());
     for spec in plugins::specs() {
         let (first, kind, row) = rows
             .iter()
             .find(|(first, _, _)| first.starts_with(&format!("`{}`", spec.type_name)))
-            .unwrap_or_else(|| panic!("no README row for {}", spec.type_name));
+            .unwrap_or_else(|| panic!("no docs/plugins.md row for {}", spec.type_name));
         for alias in spec.aliases {
             assert!(
                 named(first, alias),
@@ -74,17 +74,16 @@ fn every_spec_has_a_row_that_matches_its_declaration() {
         let type_name = first.split('`').nth(1).unwrap_or_default();
         assert!(
             plugins::spec(type_name).is_some_and(|spec| spec.type_name == type_name),
-            "README row {first:?} names no registered plugin"
+            "docs/plugins.md row {first:?} names no registered plugin"
         );
     }
 }
 
 /// `(type, status, notes)` of every row of the llm-d-router table.
-fn llm_d_router_rows(readme: &str) -> Vec<(String, String, String)> {
-    readme
-        .split("### llm-d-router plugin types")
+fn llm_d_router_rows(doc: &str) -> Vec<(String, String, String)> {
+    doc.split("### llm-d-router plugin types")
         .nth(1)
-        .expect("README has a ### llm-d-router plugin types section")
+        .expect("docs/plugins.md has a ### llm-d-router plugin types section")
         .lines()
         .skip_while(|line| !line.starts_with("| llm-d-router type |"))
         .skip(2)
@@ -110,9 +109,9 @@ fn llm_d_router_rows(readme: &str) -> Vec<(String, String, String)> {
 /// the warning text the row quotes), or refused with the reason the row quotes.
 #[test]
 fn every_llm_d_router_type_is_registered_aliased_accepted_or_refused_as_documented() {
-    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md"))
-        .expect("README.md");
-    let rows = llm_d_router_rows(&readme);
+    let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/plugins.md"))
+        .expect("docs/plugins.md");
+    let rows = llm_d_router_rows(&doc);
     assert_eq!(rows.len(), 97, "llm-d-router registers 97 plugin types");
     let mut names: Vec<&str> = rows.iter().map(|(name, _, _)| name.as_str()).collect();
     names.sort_unstable();
@@ -165,7 +164,7 @@ fn every_llm_d_router_type_is_registered_aliased_accepted_or_refused_as_document
     for (refused, _) in plugins::refused_types() {
         assert!(
             rows.iter().any(|(name, _, _)| name == refused),
-            "{refused} is refused but not in the README's llm-d-router table"
+            "{refused} is refused but not in the llm-d-router table of docs/plugins.md"
         );
     }
 }

@@ -1,6 +1,6 @@
 //! llm-d-router plugin types the filter knows of but does not implement, and why, with what to
-//! use instead: loading one is an error that says so instead of "unknown type". The README's
-//! llm-d-router table quotes each reason, and a test keeps the two equal.
+//! use instead: loading one is an error that says so instead of "unknown type". The
+//! llm-d-router table of `docs/plugins.md` quotes each reason, and a test keeps the two equal.
 
 /// `(type, why it is refused and what to use instead)`.
 pub(super) const NOT_SUPPORTED: &[(&str, &str)] = &[

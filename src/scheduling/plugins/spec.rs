@@ -1,6 +1,7 @@
 //! What a plugin is and what it needs, declared beside it: the registry builds from these, the
 //! loader warns from them (a prefix reader without a prefix producer), the director reads only
-//! the request headers they name, and a test checks the README's plugin table against them.
+//! the request headers they name, and a test checks the plugin table of `docs/plugins.md`
+//! against them.
 
 use crate::scheduling::Plugin;
 use serde::de::DeserializeOwned;
@@ -26,7 +27,7 @@ pub enum Kind {
 }
 
 impl Kind {
-    /// As the README's plugin table names it.
+    /// As the plugin table of `docs/plugins.md` names it.
     pub fn label(self) -> &'static str {
         match self {
             Kind::Filter => "filter",
