@@ -684,8 +684,9 @@ const PEERS: &str = "### What the peers do differently\n\n\
     every Envoy worker placed and saw end (`pool.loadSignals: live`), keeps a prefix index of \
     block hashes learned from its own picks, and lets a prefix go when its pod queues well \
     beyond the shortest candidate (`affinityQueueLimit`), so a hot prefix spills and gets \
-    cached on a second pod; it runs inside Envoy, with no hop, one picker per Envoy across \
-    workers. It has no KV-event feed (vllm-router's `kv_aware` needs vLLM's ZMQ events and \
+    cached on a second pod; a prompt no pod holds any prefix of goes where such a prompt went \
+    least recently (`no-hit-lru-scorer` in the shipped configuration); it runs inside Envoy, \
+    with no hop, one picker per Envoy across workers. It has no KV-event feed (vllm-router's `kv_aware` needs vLLM's ZMQ events and \
     the model's tokenizer) and no session-hash policy.\n";
 
 fn slug(name: &str) -> String {

@@ -130,6 +130,20 @@ pub struct Batch {
     /// In admission order: the last is preempted first.
     running: Vec<Sequence>,
     pub(crate) settings: Option<BatchSettings>,
+    /// What `/metrics` shows: vLLM V1 sets its gauges from the scheduler's stats at the end
+    /// of each step, so a request that arrives mid-step is never seen waiting unless the next
+    /// step cannot admit it.
+    pub(crate) last_step: StepStats,
+}
+
+/// The queues as the last step left them.
+#[derive(Debug, Default, Clone)]
+pub struct StepStats {
+    pub running: usize,
+    /// The adapter of each sequence the last scheduling pass left waiting (`None`: the base
+    /// model).
+    pub waiting: Vec<Option<String>>,
+    pub kv_usage: f64,
 }
 
 impl Batch {
@@ -175,6 +189,11 @@ impl Engine {
             budget -= sequence.scheduled;
         }
         self.peak_waiting = self.peak_waiting.max(self.waiting());
+        self.batch.last_step.waiting = self
+            .batch
+            .waiting_adapters()
+            .map(|a| a.map(String::from))
+            .collect();
         let (tokens, context) = self
             .batch
             .running
@@ -271,6 +290,8 @@ impl Engine {
         for index in ended.into_iter().rev() {
             self.end(index);
         }
+        self.batch.last_step.running = self.batch.running.len();
+        self.batch.last_step.kv_usage = self.kv.usage();
     }
 
     /// Running sequence `index` is over (finished, or its client left).
@@ -374,6 +395,34 @@ mod tests {
         step(&mut e);
         assert_eq!((e.running, e.waiting()), (2, 1));
         assert!(receivers[2].try_recv().is_err());
+    }
+
+    #[test]
+    fn metrics_show_the_queues_as_the_last_step_left_them() {
+        let mut e = engine(2, 64, 100);
+        let _first = request(&mut e, 4, 3);
+        let snapshot = |e: &mut Engine| {
+            let s = e.snapshot("m", 0.0, 0.0);
+            (s.running, s.waiting_capacity)
+        };
+        assert_eq!(
+            snapshot(&mut e),
+            (0, 0),
+            "arrived mid-step: not seen waiting"
+        );
+        step(&mut e);
+        let _more: Vec<_> = (0..2).map(|_| request(&mut e, 4, 3)).collect();
+        assert_eq!(
+            snapshot(&mut e),
+            (1, 0),
+            "the last step ran one; two arrived since"
+        );
+        step(&mut e);
+        assert_eq!(
+            snapshot(&mut e),
+            (2, 1),
+            "the next step admitted one; the slots hold the other back"
+        );
     }
 
     #[test]

@@ -224,13 +224,19 @@ impl Engine {
         slots.chain(self.batch.waiting_adapters())
     }
 
-    /// Waiting requests as (capacity, deferred): deferred ones wait for a LoRA slot.
-    fn waiting_by_reason(&self) -> (usize, usize) {
-        let deferred = self
-            .waiting_adapters()
-            .filter(|a| a.is_some_and(|a| !self.lora_ready(a)))
-            .count();
-        (self.waiting() - deferred, deferred)
+    /// What `/metrics` shows of the queues: (running, the waiting requests' adapters, KV
+    /// usage); the batching engine's as of its last step (see [`Batch::last_step`]).
+    fn reported_queues(&self) -> (usize, Vec<Option<&str>>, f64) {
+        if self.batch.settings.is_some() {
+            let last = &self.batch.last_step;
+            let waiting = last.waiting.iter().map(Option::as_deref).collect();
+            return (last.running, waiting, last.kv_usage);
+        }
+        (
+            self.running,
+            self.waiting_adapters().collect(),
+            self.kv.usage(),
+        )
     }
 
     /// An adapter can run now: resident, or a slot is free or holds an idle adapter.
@@ -267,20 +273,22 @@ impl Engine {
     /// What `/metrics` shows now (counts `metrics_scrapes`).
     pub fn snapshot(&mut self, model: &str, started: f64, now: f64) -> Snapshot {
         self.metrics_scrapes += 1;
-        let (capacity, deferred) = self.waiting_by_reason();
-        let mut waiting_adapters: Vec<String> = self
-            .waiting_adapters()
-            .flatten()
-            .map(String::from)
-            .collect();
+        let (running, waiting, kv_usage) = self.reported_queues();
+        // Deferred: waiting for a LoRA slot.
+        let deferred = waiting
+            .iter()
+            .filter(|a| a.is_some_and(|a| !self.lora_ready(a)))
+            .count();
+        let mut waiting_adapters: Vec<String> =
+            waiting.iter().flatten().map(|a| a.to_string()).collect();
         waiting_adapters.sort();
         waiting_adapters.dedup();
         Snapshot {
             model: model.to_string(),
-            running: self.running + self.background_running,
-            waiting_capacity: capacity + self.background_waiting,
+            running: running + self.background_running,
+            waiting_capacity: waiting.len() - deferred + self.background_waiting,
             waiting_deferred: deferred,
-            kv_usage: (self.kv.usage() + self.background_kv).min(1.0),
+            kv_usage: (kv_usage + self.background_kv).min(1.0),
             prefix_queries: self.prefix_queries,
             prefix_hits: self.prefix_hits,
             generation_tokens: self.generation_tokens,
