@@ -137,8 +137,11 @@ fn main() {
         machine: machine_header(),
     };
     let all = run == "all" || run == "quick";
-    // A trial of some of the profile's rows (BENCH_STEPS) prints its figures and writes nothing.
-    let trial = std::env::var("BENCH_STEPS").is_ok_and(|steps| !steps.is_empty());
+    // A trial (some of the profile's rows, some quality cells or rates) prints its figures and
+    // writes nothing: a report holds whole parts only.
+    let trial = ["BENCH_STEPS", "BENCH_ONLY", "BENCH_RATES"]
+        .iter()
+        .any(|name| std::env::var(name).is_ok_and(|value| !value.is_empty()));
     for part in PARTS {
         if all || run == part.name {
             let started = std::time::Instant::now();
