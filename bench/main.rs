@@ -139,7 +139,7 @@ fn main() {
     let all = run == "all" || run == "quick";
     // A trial (some of the profile's rows, some quality cells or rates) prints its figures and
     // writes nothing: a report holds whole parts only.
-    let trial = ["BENCH_STEPS", "BENCH_ONLY", "BENCH_RATES"]
+    let trial = ["BENCH_STEPS", "BENCH_ONLY", "BENCH_RATES", "BENCH_POOLS"]
         .iter()
         .any(|name| std::env::var(name).is_ok_and(|value| !value.is_empty()));
     for part in PARTS {

@@ -130,16 +130,29 @@ impl Row for MemoryRow {
 pub fn run(quick: bool) -> Part {
     println!("memory: Envoy RSS and wasm VM memory with 8 / 256 / 1,024 endpoints");
     let sizes: &[usize] = if quick { &[8, 256] } else { &[8, 256, 1024] };
+    let sizes = if std::env::var("BENCH_POOLS").is_ok_and(|v| !v.is_empty()) {
+        &[]
+    } else {
+        sizes
+    };
     let rows: Vec<MemoryRow> = sizes.iter().map(|&n| measure(n)).collect();
     println!("memory: large pools");
-    let pools = if quick {
-        &LARGE_POOLS[..1]
+    // `BENCH_POOLS=4096` runs only those large pools (a trial: main writes no report).
+    let only: Vec<usize> = std::env::var("BENCH_POOLS")
+        .unwrap_or_default()
+        .split(',')
+        .filter_map(|n| n.trim().parse().ok())
+        .collect();
+    let pools: Vec<usize> = if !only.is_empty() {
+        only
+    } else if quick {
+        LARGE_POOLS[..1].to_vec()
     } else {
-        &LARGE_POOLS[..]
+        LARGE_POOLS.to_vec()
     };
     // The quick run lets the pool settle for less, so `make bench-quick` stays short.
     let settle = if quick { SETTLE / 3 } else { SETTLE };
-    let large: Vec<PoolRow> = pools.iter().map(|&n| measure_pool(n, settle)).collect();
+    let large: Vec<PoolRow> = pools.into_iter().map(|n| measure_pool(n, settle)).collect();
     Part {
         markdown: format!(
             "{}{}\n{}{}{}{}\n{}",
@@ -528,6 +541,13 @@ envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
         results
     });
     let errors = POOL_REQUESTS - results.iter().filter(|e| e.status == 200).count();
+    if errors > 0 {
+        let mut statuses = std::collections::BTreeMap::new();
+        for result in results.iter().filter(|e| e.status != 200) {
+            *statuses.entry(result.status).or_insert(0) += 1;
+        }
+        println!("  {endpoints} endpoints, failed requests by status: {statuses:?}");
+    }
     let (stats_ms, round_ms, fresh_samples) = samples.into_inner().expect("samples");
     let configure_ms = envoy
         .log()
@@ -541,11 +561,16 @@ envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
                 .ok()
         })
         .fold(f64::NAN, f64::max);
-    let warning_lines = envoy
-        .log()
+    let log = envoy.log();
+    let warnings: Vec<&str> = log
         .lines()
         .filter(|l| l.contains("[warning]") && l.contains("inference-picker"))
-        .count();
+        .collect();
+    let warning_lines = warnings.len();
+    // The first few, on the console: the table counts them, the reader wants to know what.
+    for line in warnings.iter().take(3) {
+        println!("  {endpoints} endpoints, warning: {line}");
+    }
     let overflows = ["upstream_cx_overflow", "upstream_rq_pending_overflow"]
         .iter()
         .map(|o| envoy_stat(&envoy, &format!("cluster.inference_picker_metrics.{o}")))

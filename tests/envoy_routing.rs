@@ -118,7 +118,10 @@ fn lora_requests_go_where_the_adapter_is_loaded() {
         &[&adapters[..], &["--loaded-adapters", "y,z"]].concat(),
     );
     // A free adapter slot scores below a loaded adapter, whatever the cold-prompt spread says.
-    let d = Sim::start("pod-d", &[&adapters[..], &["--loaded-adapters", "y"]].concat());
+    let d = Sim::start(
+        "pod-d",
+        &[&adapters[..], &["--loaded-adapters", "y"]].concat(),
+    );
     let envoy = gateway(&[&a, &b, &c, &d]);
     let mut served = BTreeMap::new();
     for n in 0..10 {

@@ -64,7 +64,7 @@ fn keep_alive_client_and_server_over_loopback() {
     let server = std::thread::spawn(move || {
         let (stream, _) = listener.accept().unwrap();
         let mut served = 0;
-        serve(stream, |request, out| {
+        serve(&stream, |request, out| {
             served += 1;
             if request.path() == "/stream" {
                 write_chunked_head(out, 200, &[]).unwrap();
@@ -101,7 +101,7 @@ fn keep_alive_client_and_server_over_loopback() {
     let closer = std::thread::spawn(move || {
         let (stream, _) = listener.accept().unwrap();
         let mut seen = Vec::new();
-        serve(stream, |request, out| {
+        serve(&stream, |request, out| {
             seen.push(request.header("connection").unwrap_or("").to_string());
             write_response(out, 204, &[], b"").is_ok()
         });

@@ -30,9 +30,12 @@ struct State {
 
 /// One open connection: a handle to shut it down, and whether a request is being answered.
 struct Connection {
-    stream: TcpStream,
+    stream: Arc<TcpStream>,
     busy: bool,
 }
+
+/// The pause after a failed accept.
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(20);
 
 /// One pod's listening socket and open connections.
 pub struct Door {
@@ -91,7 +94,12 @@ impl Door {
                 }
             };
             for stream in open.incoming() {
-                let Ok(stream) = stream else { continue };
+                let Ok(stream) = stream else {
+                    // Out of descriptors or memory: accept fails at once until some close,
+                    // and retrying without a pause would spin on a core.
+                    thread::sleep(ACCEPT_BACKOFF);
+                    continue;
+                };
                 if locked(&self.state).door != DoorState::Open {
                     // Possibly the wake-up connection of `close`; either way, not served.
                     drop(stream);
@@ -211,14 +219,13 @@ impl Door {
 
     fn serve(&self, stream: TcpStream, handle: &dyn Fn(&Request, &mut TcpStream) -> bool) {
         let id = self.next_connection.fetch_add(1, Ordering::Relaxed);
-        if let Ok(clone) = stream.try_clone() {
-            let connection = Connection {
-                stream: clone,
-                busy: false,
-            };
-            locked(&self.connections).insert(id, connection);
-        }
-        http1::serve(stream, |request, out| {
+        let stream = Arc::new(stream);
+        let connection = Connection {
+            stream: Arc::clone(&stream),
+            busy: false,
+        };
+        locked(&self.connections).insert(id, connection);
+        http1::serve(&stream, |request, out| {
             if let Some(connection) = locked(&self.connections).get_mut(&id) {
                 connection.busy = true;
             }

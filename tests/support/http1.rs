@@ -369,8 +369,10 @@ impl Client {
 
 /// A server's loop over one accepted connection: reads requests and hands each to `handle`
 /// with the stream to answer on, until the client closes, asks to close, sends something
-/// unreadable, or `handle` returns false.
-pub fn serve(stream: TcpStream, mut handle: impl FnMut(&Request, &mut TcpStream) -> bool) {
+/// unreadable, or `handle` returns false. Borrows the stream, so a caller that keeps it (to
+/// shut it down) costs no third descriptor: a pod process serving thousands of kept-alive
+/// connections runs into the open-files limit otherwise.
+pub fn serve(stream: &TcpStream, mut handle: impl FnMut(&Request, &mut TcpStream) -> bool) {
     let _ = stream.set_nodelay(true);
     let Ok(mut out) = stream.try_clone() else {
         return;
