@@ -9,7 +9,7 @@ mod support;
 use std::io::Write;
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
-use support::{free_port, with_endpoints, Envoy, Response, Sim, MODEL};
+use support::{eventually, free_port, with_endpoints, Envoy, Response, Sim, MODEL};
 
 const DROPPED_REASON: &str = "x-llm-d-request-dropped-reason";
 
@@ -82,14 +82,11 @@ fn flow_stat(envoy: &Envoy, what: &str) -> f64 {
 
 /// Waits until the filter holds `count` requests (its `held` counter).
 fn wait_until_held(envoy: &Envoy, count: f64) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while flow_stat(envoy, "held") < count {
-        assert!(
-            Instant::now() < deadline,
-            "{count} requests were never held"
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    eventually(
+        &format!("{count} held requests"),
+        Duration::from_secs(10),
+        || flow_stat(envoy, "held") >= count,
+    );
 }
 
 fn peak_waiting(sim: &Sim) -> u64 {
@@ -210,11 +207,9 @@ fn held_requests_leave_by_priority_then_take_turns_between_tenants() {
 
 /// Waits until the pod runs a request.
 fn wait_until_in_flight(sim: &Sim) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while sim.stats()["running"].as_u64().unwrap_or(0) == 0 {
-        assert!(Instant::now() < deadline, "the blocker never started");
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    eventually("the blocker to start", Duration::from_secs(10), || {
+        sim.stats()["running"].as_u64().unwrap_or(0) > 0
+    });
 }
 
 fn assert_refused(response: &Response, status: u16, reason: &str) {
@@ -316,14 +311,11 @@ fn a_client_that_disconnects_while_held_leaves_the_queue() {
         .expect("send");
         wait_until_held(&envoy, 1.0);
         drop(client);
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while flow_stat(&envoy, "abandoned") < 1.0 {
-            assert!(
-                Instant::now() < deadline,
-                "the held request never left the queue"
-            );
-            std::thread::sleep(Duration::from_millis(10));
-        }
+        eventually(
+            "the held request to leave the queue",
+            Duration::from_secs(5),
+            || flow_stat(&envoy, "abandoned") >= 1.0,
+        );
         assert_eq!(
             flow_stat(&envoy, "band.0.queue_size"),
             0.0,

@@ -5,9 +5,10 @@
 
 mod support;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use support::{
-    completion, shipped_picker_config, with_addresses, with_endpoints, with_pool_keys, Envoy, Sim,
+    completion, eventually, shipped_picker_config, with_addresses, with_endpoints, with_pool_keys,
+    Envoy, Sim,
 };
 
 /// The value of the Prometheus sample whose line starts with `series`.
@@ -33,15 +34,6 @@ fn scrape_failures(envoy: &Envoy, sim: &Sim) -> f64 {
     )
 }
 
-/// Waits until `condition` holds, for at most 10 s.
-fn eventually(what: &str, mut condition: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !condition() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
 /// Over `pool.maxMetricsBytes` (4 MiB by default): the pod is a failed scrape, the others keep
 /// routing, its page never reaches the VM's memory, one warning says so, and the pod returns
 /// once its page fits again.
@@ -62,9 +54,11 @@ fn an_oversized_metrics_page_fails_that_pod_only_and_is_never_read() {
     let failures = scrape_failures(&envoy, &a);
     // A failing pod is re-probed with back-off (1, 2, 4... intervals): five failures take
     // about 1.6 s at the shipped 50 ms interval.
-    eventually("pod-a's oversized scrapes to fail", || {
-        scrape_failures(&envoy, &a) >= failures + 5.0
-    });
+    eventually(
+        "pod-a's oversized scrapes to fail",
+        Duration::from_secs(10),
+        || scrape_failures(&envoy, &a) >= failures + 5.0,
+    );
     for n in 1..10 {
         let response = envoy.post("/v1/completions", &completion(n));
         assert_eq!(response.status, 200, "{}", response.text());
@@ -98,7 +92,7 @@ fn an_oversized_metrics_page_fails_that_pod_only_and_is_never_read() {
     );
 
     a.admin("load", r#"{"metrics_padding_bytes": 0}"#);
-    eventually("pod-a to return", || {
+    eventually("pod-a to return", Duration::from_secs(10), || {
         envoy.post("/v1/completions", &completion(99)).pod() == "pod-a"
     });
 }

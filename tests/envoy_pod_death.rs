@@ -8,7 +8,8 @@ mod support;
 
 use std::time::{Duration, Instant};
 use support::{
-    shipped_picker_config, with_endpoints, with_pool_keys, BackgroundLoad, Envoy, Served, Sim,
+    eventually, shipped_picker_config, with_endpoints, with_pool_keys, BackgroundLoad, Envoy,
+    Served, Sim,
 };
 
 /// Clients in flight through the gateway.
@@ -41,15 +42,6 @@ fn picks(envoy: &Envoy, address: &str) -> u64 {
         .map_or(0, |value| value as u64)
 }
 
-/// Waits (up to `seconds`) until `done` holds.
-fn eventually(seconds: u64, what: &str, mut done: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(seconds);
-    while !done() {
-        assert!(Instant::now() < deadline, "timed out waiting: {what}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
 /// While the load runs: the pod's picks do not move for `window` (it is not picked while it
 /// is gone). Returns the count.
 fn not_picked_for(envoy: &Envoy, load: &BackgroundLoad, address: &str, window: Duration) -> u64 {
@@ -68,9 +60,11 @@ fn not_picked_for(envoy: &Envoy, load: &BackgroundLoad, address: &str, window: D
 
 /// Waits until `pod` has served a request again since `back`.
 fn served_again(load: &BackgroundLoad, pod: &str, back: Instant) {
-    eventually(10, &format!("{pod} serves again"), || {
-        load.any(|s| s.pod == pod && s.status == 200 && s.at > back)
-    });
+    eventually(
+        &format!("{pod} serves again"),
+        Duration::from_secs(10),
+        || load.any(|s| s.pod == pod && s.status == 200 && s.at > back),
+    );
 }
 
 /// Every response a 200; some served by `pod` after `since`.
@@ -143,13 +137,13 @@ fn a_pod_refusing_new_connections_costs_no_request() {
     c.admin("load", r#"{"background_waiting":6}"#);
     // Each worker picks it, cannot connect, retries on the next pick and avoids pod-a (for
     // the 3 s back-off, which outlasts the refusal).
-    eventually(5, "Envoy retried past pod-a", || {
+    eventually("Envoy retried past pod-a", Duration::from_secs(5), || {
         envoy
             .log()
             .lines()
             .any(|l| l.contains("did not take a request") && l.contains(&a.address))
     });
-    eventually(3, "pod-a is no longer picked", || {
+    eventually("pod-a is no longer picked", Duration::from_secs(3), || {
         let before = picks(&envoy, &a.address);
         std::thread::sleep(Duration::from_millis(300));
         picks(&envoy, &a.address) == before

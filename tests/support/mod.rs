@@ -7,7 +7,8 @@
 //!   temporary directories;
 //! - [`envoy_config`]: Envoy configs through typed accessors, picker configs with the test's
 //!   pods;
-//! - [`load`]: request bodies and a timed keep-alive client.
+//! - [`load`]: request bodies and a timed keep-alive client;
+//! - [`wait`]: waiting for a condition, with a deadline.
 //!
 //! Everything is re-exported here, so users write `support::Sim`, `support::request`, ...
 #![allow(dead_code, unused_imports)]
@@ -17,6 +18,7 @@ pub mod http;
 pub mod http1;
 pub mod load;
 pub mod processes;
+pub mod wait;
 
 pub use envoy_config::{
     cluster_members, example_config, is_pool_cluster, lb_endpoint, picker_config_of,
@@ -29,3 +31,4 @@ pub use processes::{
     envoy_binary, example_envoy, free_port, repo, retry_bind, sim_binary, stop, wait_ready,
     wasm_path, Envoy, Sim, SimPool, TempDir,
 };
+pub use wait::{eventually, eventually_some};

@@ -39,11 +39,38 @@ pub fn wasm_path() -> PathBuf {
     )
 }
 
+/// A loopback port nothing listens on now, for a process the test starts next.
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
+    // Below the kernel's ephemeral range: there, an outgoing connection (a large pool's
+    // scrapes open thousands a second) or a listener on port 0 can take the port between
+    // choosing it and Envoy binding it.
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    let low = ephemeral_range_start().max(FIXED_PORTS_FROM + 1);
+    let span = usize::from(low - FIXED_PORTS_FROM);
+    let start = std::process::id() as usize * 7919 + NEXT.fetch_add(1, Ordering::Relaxed) * 104_729;
+    (0..span)
+        .map(|step| FIXED_PORTS_FROM + ((start + step) % span) as u16)
+        .find(|&port| TcpListener::bind(("127.0.0.1", port)).is_ok())
+        .or_else(|| {
+            TcpListener::bind("127.0.0.1:0")
+                .and_then(|l| l.local_addr())
+                .map(|a| a.port())
+                .ok()
+        })
         .expect("a free loopback port")
+}
+
+/// Where [`free_port`] starts looking: above the well-known and registered ports most
+/// services listen on.
+const FIXED_PORTS_FROM: u16 = 10_000;
+
+/// The first port the kernel hands out for outgoing connections and port-0 binds (Linux:
+/// `ip_local_port_range`; 32768 where it cannot be read).
+fn ephemeral_range_start() -> u16 {
+    std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|range| range.split_whitespace().next()?.parse().ok())
+        .unwrap_or(32_768)
 }
 
 /// A directory removed on drop.
@@ -79,13 +106,20 @@ pub fn retry_bind<T>(
     what: &str,
     mut try_start: impl FnMut() -> Result<T, String>,
 ) -> Result<T, String> {
+    let mut in_use = String::new();
     for _ in 0..3 {
         match try_start() {
-            Err(log) if log.contains("ddress already in use") => continue,
+            Err(log) if log.contains("ddress already in use") => {
+                in_use = log
+                    .lines()
+                    .find(|line| line.contains("ddress already in use"))
+                    .unwrap_or_default()
+                    .to_string();
+            }
             result => return result,
         }
     }
-    panic!("{what} could not bind its ports three times");
+    panic!("{what} could not bind its ports three times; the last time: {in_use}");
 }
 
 /// Polls `ready` every `every` until it holds. If the child exits first, its exit status and
