@@ -6,7 +6,8 @@ mod support;
 use std::collections::BTreeMap;
 use std::time::Duration;
 use support::{
-    completion, shipped_picker_config, with_endpoints, with_pool_keys, Envoy, Sim, MODEL,
+    completion, eventually, shipped_picker_config, with_endpoints, with_pool_keys, Envoy, Sim,
+    MODEL,
 };
 
 fn gateway(sims: &[&Sim]) -> Envoy {
@@ -66,8 +67,12 @@ fn a_burst_between_two_scrapes_spreads_by_what_was_placed() {
     for sim in &refs {
         sim.wait_for_scrapes(1);
     }
-    // The pods counted the scrape; let its answer reach the filter before the burst.
-    std::thread::sleep(Duration::from_millis(300));
+    // The pods counted the scrape; its answers reach the filter before the burst.
+    eventually(
+        "every pod's metrics to reach the filter",
+        Duration::from_secs(5),
+        || envoy.stat("wasmcustom.inference_picker.endpoints_fresh") == Some(4.0),
+    );
     let scrapes_before: u64 = refs.iter().map(|sim| sim.metrics_scrapes()).sum();
     let body =
         |n: usize| format!(r#"{{"model":"{MODEL}","prompt":"burst request {n}","max_tokens":50}}"#);
