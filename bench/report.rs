@@ -282,11 +282,11 @@ impl Stamp {
 pub fn write_part(dir: &Path, name: &str, header: &RunHeader, part: Part, took: Duration) {
     let command = format!("cargo run --release --example bench -- {}", header.run);
     let markdown = format!(
-        "{}\n_{}; command: `{command}`; {}; this part ran {:.1} minutes._\n\n{}",
+        "{}\n_{}; command: `{command}`; {}; this part ran {}._\n\n{}",
         header.stamp.mark(),
         capitalised(&header.stamp.describe()),
         header.machine,
-        took.as_secs_f64() / 60.0,
+        run_time(took),
         part.markdown
     );
     std::fs::write(dir.join(format!("{name}.md")), markdown).expect("write md");
@@ -294,6 +294,16 @@ pub fn write_part(dir: &Path, name: &str, header: &RunHeader, part: Part, took: 
     for chart in part.charts {
         let file = format!("{name}{}.svg", chart.suffix);
         std::fs::write(dir.join(file), chart.svg).expect("write svg");
+    }
+}
+
+/// "12 s" under a minute, "3.2 minutes" from there.
+fn run_time(took: Duration) -> String {
+    let seconds = took.as_secs_f64();
+    if seconds < 60.0 {
+        format!("{seconds:.0} s")
+    } else {
+        format!("{:.1} minutes", seconds / 60.0)
     }
 }
 
@@ -388,6 +398,12 @@ fn part_files(dir: &Path) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_part_under_a_minute_reads_in_seconds() {
+        assert_eq!(run_time(Duration::from_secs(18)), "18 s");
+        assert_eq!(run_time(Duration::from_secs(192)), "3.2 minutes");
+    }
 
     struct Sample {
         name: &'static str,
