@@ -129,20 +129,19 @@ impl Row for MemoryRow {
 
 pub fn run(quick: bool) -> Part {
     println!("memory: Envoy RSS and wasm VM memory with 8 / 256 / 1,024 endpoints");
-    let sizes: &[usize] = if quick { &[8, 256] } else { &[8, 256, 1024] };
-    let sizes = if std::env::var("BENCH_POOLS").is_ok_and(|v| !v.is_empty()) {
-        &[]
-    } else {
-        sizes
-    };
-    let rows: Vec<MemoryRow> = sizes.iter().map(|&n| measure(n)).collect();
-    println!("memory: large pools");
     // `BENCH_POOLS=4096` runs only those large pools (a trial: main writes no report).
     let only: Vec<usize> = std::env::var("BENCH_POOLS")
         .unwrap_or_default()
         .split(',')
         .filter_map(|n| n.trim().parse().ok())
         .collect();
+    let sizes: &[usize] = match (only.is_empty(), quick) {
+        (false, _) => &[],
+        (true, true) => &[8, 256],
+        (true, false) => &[8, 256, 1024],
+    };
+    let rows: Vec<MemoryRow> = sizes.iter().map(|&n| measure(n)).collect();
+    println!("memory: large pools");
     let pools: Vec<usize> = if !only.is_empty() {
         only
     } else if quick {

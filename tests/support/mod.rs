@@ -31,4 +31,4 @@ pub use processes::{
     envoy_binary, example_envoy, free_port, repo, retry_bind, sim_binary, stop, wait_ready,
     wasm_path, Envoy, Sim, SimPool, TempDir,
 };
-pub use wait::{eventually, eventually_some};
+pub use wait::eventually;
