@@ -29,6 +29,7 @@ pub mod scheduling;
 pub mod shared_state;
 pub mod stats;
 pub mod tick_flow;
+pub mod vm;
 
 // The proxy-wasm host side, built for the filter's target only (wasm32-unknown-unknown is where the
 // unit tests run under wasm-bindgen-test, see [`harness`]).

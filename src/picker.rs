@@ -215,6 +215,15 @@ impl Picker {
         self.router.set_learned(pools);
     }
 
+    /// The pool a request for `model` goes to (`None`: a request without one, such as
+    /// `GET /v1/models`); `None` when no pool serves the model.
+    pub fn pool_for(&self, model: Option<&str>) -> Option<usize> {
+        match model {
+            Some(model) => self.router.route(model),
+            None => Some(self.router.without_model()),
+        }
+    }
+
     pub fn new_request_id(&mut self) -> String {
         match self.pools.first_mut() {
             Some(slot) => slot.director.new_request_id(),

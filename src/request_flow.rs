@@ -138,6 +138,11 @@ impl RequestFlow {
         Flow::Pause
     }
 
+    /// The host's context id of the request's stream.
+    pub fn id(&self) -> u32 {
+        self.id
+    }
+
     /// The pool the request was prepared for.
     pub fn pool(&self) -> usize {
         self.pool

@@ -2,7 +2,8 @@
 //! shared data (process-wide, compare-and-swap) they agree that one of them, the lease holder,
 //! scrapes the pods and publishes the metrics snapshot, and each publishes its own in-flight
 //! counts so every VM schedules with the whole Envoy's load. All of it happens on ticks: the
-//! request path makes no shared-data calls.
+//! request path makes no shared-data calls of this module's (with flow control on, admitting
+//! and releasing a held request read and write its Envoy-wide ledger, `flow_control::ledger`).
 
 use crate::endpoint::Pool;
 use crate::host::{HostError, SharedData};

@@ -9,7 +9,7 @@ use std::net::TcpListener;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use support::{completion, free_port, picker_config_of, static_cluster, Envoy, Sim};
+use support::{completion, eventually, free_port, picker_config_of, static_cluster, Envoy, Sim};
 
 /// Pods the picker finds itself are not members Envoy knows: requests take the ORIGINAL_DST
 /// alternative, which routes to the address the picker writes.
@@ -127,8 +127,17 @@ fn until_served_by(envoy: &Envoy, pod: &str, seconds: u64) {
             response.text()
         );
         n += 1;
+        // The polling interval of a wait for `pod`.
         std::thread::sleep(Duration::from_millis(50));
     }
+}
+
+/// Sends ten requests (`completion(first..)`); whether `pod` served every one.
+fn all_served_by(envoy: &Envoy, pod: &str, first: usize) -> bool {
+    (first..first + 10).all(|n| {
+        let response = envoy.post("/v1/completions", &completion(n));
+        response.status == 200 && response.pod() == pod
+    })
 }
 
 /// An EndpointSliceList of one slice of the `vllm` service with the given endpoints.
@@ -222,7 +231,11 @@ fn discovery_flow(
         "{}",
         envoy.log()
     );
-    std::thread::sleep(Duration::from_millis(300));
+    // The VM that asked the API shares the new pool; each worker applies it on its next tick
+    // and may send to pod-a until then.
+    eventually("every worker to drop pod-a", Duration::from_secs(5), || {
+        all_served_by(&envoy, "pod-b", 300)
+    });
     let before = a.requests_total();
     for n in 0..10 {
         let response = envoy.post("/v1/completions", &completion(100 + n));

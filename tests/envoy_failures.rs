@@ -3,9 +3,10 @@
 
 mod support;
 
+use std::time::Duration;
 use support::{
-    completion, request, shipped_picker_config, with_endpoints, with_pool_keys, Envoy, Listener,
-    Sim, MODEL,
+    completion, eventually, request, shipped_picker_config, with_endpoints, with_pool_keys, Envoy,
+    Listener, Sim, MODEL,
 };
 
 /// The shipped picker config for these pods, with `pool` keys adjusted.
@@ -243,7 +244,8 @@ fn when_every_pick_fails_the_client_gets_503_and_no_other_pod_is_tried() {
     for n in 0..4 {
         let response = envoy.post("/v1/completions", &completion(n));
         assert_eq!(response.status, 503, "{}", response.text());
-        // Past the back-off (the pool's clock moves on the 50 ms tick).
+        // A time window, not a wait: the 1 ms back-off must expire (the pool's clock moves on
+        // the 50 ms tick), so that every request tries both picks again.
         std::thread::sleep(std::time::Duration::from_millis(120));
     }
     assert_eq!(c.requests_total(), 0, "pod-c is not among the picks");
@@ -265,11 +267,13 @@ fn a_pod_that_hangs_its_metrics_does_not_delay_the_others() {
     let envoy = gateway(&[&a, &b], "metricsTimeout: 300ms");
     a.admin("fault", r#"{"mode":"hang"}"#);
     let before = b.metrics_scrapes();
+    // A measuring window: pod-b's scrapes while pod-a's hang.
     std::thread::sleep(std::time::Duration::from_millis(1600));
     let scraped = b.metrics_scrapes() - before;
     assert!(scraped >= 20, "pod-b scraped only {scraped} times in 1.6 s");
     // pod-a's scrapes timed out three times in a row (one slow answer only ages its metrics):
     // it is out of rotation, and requests go to pod-b.
+    envoy.wait_for_fresh_endpoints(1);
     for n in 0..5 {
         let response = envoy.post("/v1/completions", &completion(n));
         assert_eq!(response.status, 200, "{}", response.text());
@@ -294,6 +298,13 @@ fn write_lds(listener: &serde_yaml::Value, path: &str) {
     std::fs::rename(&staging, path).unwrap();
 }
 
+/// Listeners (first ones and updates) Envoy's workers have taken: one per worker each time.
+fn listeners_taken(envoy: &Envoy) -> f64 {
+    envoy
+        .stat("listener_manager.listener_create_success")
+        .unwrap_or(0.0)
+}
+
 #[test]
 fn a_config_update_keeps_serving_throughout() {
     use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -305,7 +316,8 @@ fn a_config_update_keeps_serving_throughout() {
     let lds_path = lds.display().to_string();
     let listener = Arc::new(std::sync::Mutex::new(serde_yaml::Value::Null));
     let kept = listener.clone();
-    let envoy = Envoy::start_with(&config(&[&a, &b], ""), 2, |config| {
+    let workers: u32 = 2;
+    let envoy = Envoy::start_with(&config(&[&a, &b], ""), workers, |config| {
         let listener = config.take_listeners().remove(0);
         write_lds(&listener, &lds_path);
         *kept.lock().unwrap() = listener;
@@ -341,7 +353,11 @@ fn a_config_update_keeps_serving_throughout() {
             }
         })
     };
-    std::thread::sleep(std::time::Duration::from_millis(500));
+    eventually(
+        "requests to flow before the update",
+        Duration::from_secs(10),
+        || sent.load(Ordering::Relaxed) >= 20,
+    );
     // A new picker configuration (another scrape interval), applied while requests flow.
     let mut listener = Listener(listener.lock().unwrap().clone());
     let updated = listener.picker_config().replace(
@@ -349,21 +365,27 @@ fn a_config_update_keeps_serving_throughout() {
         "refreshMetricsInterval: 40ms",
     );
     listener.set_picker_config(&updated);
-    let before = sent.load(Ordering::Relaxed);
+    let taken_before = listeners_taken(&envoy);
     write_lds(listener.value(), &lds.display().to_string());
     assert!(
         envoy.wait_for_log_line("scraping every 40ms").is_some(),
         "the new configuration was applied:\n{}",
         envoy.log()
     );
-    std::thread::sleep(std::time::Duration::from_millis(800));
+    eventually(
+        "every worker to take the updated listener",
+        Duration::from_secs(10),
+        || listeners_taken(&envoy) >= taken_before + f64::from(workers),
+    );
+    let updated_at = sent.load(Ordering::Relaxed);
+    eventually(
+        "requests to keep flowing after the update",
+        Duration::from_secs(10),
+        || sent.load(Ordering::Relaxed) > updated_at + 20,
+    );
     stop.store(true, Ordering::Relaxed);
     load.join().unwrap();
     let (sent, failed) = (sent.load(Ordering::Relaxed), failed.load(Ordering::Relaxed));
-    assert!(
-        sent > before + 20,
-        "requests kept flowing after the update: {before} -> {sent}"
-    );
     assert_eq!(
         failed, 0,
         "{failed} of {sent} requests failed across the update"

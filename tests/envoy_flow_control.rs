@@ -330,7 +330,12 @@ fn a_client_that_disconnects_while_held_leaves_the_queue() {
     });
     // The blocker's slot frees when Envoy logs its stream, just after its client has the
     // response: on a loaded machine the next request could otherwise still find it taken.
-    std::thread::sleep(Duration::from_millis(100));
+    // Envoy counts the stream out and logs it in one step on its one worker.
+    eventually(
+        "Envoy to close the blocker's stream",
+        Duration::from_secs(5),
+        || envoy.stat("http.inference_gateway.downstream_rq_active") == Some(0.0),
+    );
     let after = post(&envoy, "after", 3, &[]);
     assert_eq!(after.status, 200, "{}", after.text());
     assert_eq!(
@@ -353,7 +358,9 @@ fn with_four_workers_the_queue_and_its_limit_are_envoy_wide() {
     let statuses = std::thread::scope(|scope| {
         let blocker = scope.spawn(|| post(envoy, "blocker", 100, &[]));
         wait_until_in_flight(&sim);
-        // Workers see each other's in-flight counts as of their last tick (50 ms).
+        // Workers see each other's in-flight counts as of their last tick (50 ms). A time
+        // window, not a wait: no stat tells what each worker has seen, and that bound is part
+        // of what is checked.
         std::thread::sleep(Duration::from_millis(150));
         let sent: Vec<_> = (0..8)
             .map(|n| scope.spawn(move || post(envoy, &format!("w{n}"), 3, &[]).status))

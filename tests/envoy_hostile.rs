@@ -20,7 +20,6 @@ fn sample(text: &str, series: &str) -> Option<f64> {
 }
 
 fn stat(envoy: &Envoy, series: &str) -> f64 {
-    envoy.settle_counters();
     sample(&envoy.admin_get("/stats/prometheus").text(), series).unwrap_or(0.0)
 }
 

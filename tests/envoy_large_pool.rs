@@ -27,6 +27,7 @@ fn every_endpoint_of_a_pool_beyond_the_default_breakers_is_scraped() {
         if fresh as usize == ENDPOINTS || Instant::now() > deadline {
             break fresh;
         }
+        // The polling interval of a wait for every endpoint, sparing the admin thread.
         std::thread::sleep(Duration::from_millis(250));
     };
     assert_eq!(fresh as usize, ENDPOINTS, "endpoints with fresh metrics");

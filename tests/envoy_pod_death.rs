@@ -28,10 +28,10 @@ fn gateway(sims: &[&Sim], backoff: &str) -> Envoy {
     envoy
 }
 
-/// The filter's pick counter for `address`, summed over Envoy's workers.
+/// The filter's pick counter for `address`, summed over Envoy's workers. Each worker adds its
+/// picks to it on its tick, not per request.
 fn picks(envoy: &Envoy, address: &str) -> u64 {
     let series = format!("inference_picker_endpoint_picks{{endpoint=\"{address}\"}}");
-    envoy.settle_counters();
     envoy
         .admin_get("/stats/prometheus")
         .text()
@@ -42,20 +42,51 @@ fn picks(envoy: &Envoy, address: &str) -> u64 {
         .map_or(0, |value| value as u64)
 }
 
-/// While the load runs: the pod's picks do not move for `window` (it is not picked while it
-/// is gone). Returns the count.
+/// Several ticks (50 ms): a span in which every worker adds the picks it made to the counter.
+const TICKS: Duration = Duration::from_millis(200);
+
+/// Waits until no worker picks `address` any more and every pick made is counted: its counter
+/// holds still for [`TICKS`]. Returns the count.
+fn settled_picks(envoy: &Envoy, address: &str) -> u64 {
+    let mut settled = 0;
+    eventually(
+        &format!("{address} to be no longer picked"),
+        Duration::from_secs(3),
+        || {
+            let before = picks(envoy, address);
+            // A window, not a wait: the counter must not move during it.
+            std::thread::sleep(TICKS);
+            settled = picks(envoy, address);
+            settled == before
+        },
+    );
+    settled
+}
+
+/// While the load runs, once the pod is no longer picked: its picks do not move for `window`
+/// (it is not picked while it is gone). Returns the count.
 fn not_picked_for(envoy: &Envoy, load: &BackgroundLoad, address: &str, window: Duration) -> u64 {
-    let before = picks(envoy, address);
+    let before = settled_picks(envoy, address);
     let answered = load.answered();
+    // A time window, not a wait: the pod must stay unpicked all through it.
     std::thread::sleep(window);
     assert!(
         load.answered() > answered + 20,
         "requests kept flowing: {answered} -> {}",
         load.answered()
     );
-    let after = picks(envoy, address);
+    let after = settled_picks(envoy, address);
     assert_eq!(before, after, "{address} was picked while it was gone");
     after
+}
+
+/// Waits until the counter shows `address` picked again after `gone` picks.
+fn picked_again(envoy: &Envoy, address: &str, gone: u64) {
+    eventually(
+        &format!("{address}'s picks to count again"),
+        Duration::from_secs(5),
+        || picks(envoy, address) > gone,
+    );
 }
 
 /// Waits until `pod` has served a request again since `back`.
@@ -93,18 +124,20 @@ fn dies_under_load(stop: impl FnOnce(&mut Sim)) {
     let envoy = gateway(&[&a, &b, &c], "2s");
     let load = BackgroundLoad::start(&envoy.address(), CLIENTS);
     load.wait_for(100);
+    // Every request answered so far is in the counters.
+    envoy.wait_for_decisions(load.answered() as u64);
     assert!(picks(&envoy, &a.address) > 50, "pod-a is preferred");
 
     let (address, port) = (a.address.clone(), a.port());
     stop(&mut a);
     // Its next scrape (50 ms) fails and takes it out of rotation.
-    std::thread::sleep(Duration::from_millis(500));
+    envoy.wait_for_fresh_endpoints(2);
     let gone = not_picked_for(&envoy, &load, &address, Duration::from_millis(700));
 
     let back = Instant::now();
     let _a = Sim::start_at("pod-a", port, &[]);
     served_again(&load, "pod-a", back);
-    assert!(picks(&envoy, &address) > gone);
+    picked_again(&envoy, &address, gone);
     check(&load.finish(), "pod-a", back, &envoy);
 }
 
@@ -143,11 +176,6 @@ fn a_pod_refusing_new_connections_costs_no_request() {
             .lines()
             .any(|l| l.contains("did not take a request") && l.contains(&a.address))
     });
-    eventually("pod-a is no longer picked", Duration::from_secs(3), || {
-        let before = picks(&envoy, &a.address);
-        std::thread::sleep(Duration::from_millis(300));
-        picks(&envoy, &a.address) == before
-    });
     let gone = not_picked_for(&envoy, &load, &a.address, Duration::from_millis(700));
     assert!(
         refused_at.elapsed() < Duration::from_secs(3),
@@ -157,6 +185,6 @@ fn a_pod_refusing_new_connections_costs_no_request() {
     // It listens again; once the back-off ends it is the best pod again.
     let back = refused_at + Duration::from_secs(3);
     served_again(&load, "pod-a", back);
-    assert!(picks(&envoy, &a.address) > gone);
+    picked_again(&envoy, &a.address, gone);
     check(&load.finish(), "pod-a", back, &envoy);
 }

@@ -71,7 +71,7 @@ fn each_model_reaches_only_its_own_pools_pods() {
         );
     }
     // The pool header chose the cluster: the stats count each pool's own decisions.
-    envoy.settle_counters();
+    envoy.wait_for_decisions(32);
     let routed = |pool: &str| {
         envoy
             .stat(&format!(
@@ -156,6 +156,7 @@ fn every_pool_is_scraped_once_per_envoy() {
     let envoy = gateway(&pods);
     let sims = [&pods.llama[0], &pods.llama[1], &pods.qwen, &pods.mistral];
     let before: Vec<u64> = sims.iter().map(|sim| sim.metrics_scrapes()).collect();
+    // A measuring window: the scrapes each pod gets in one second.
     std::thread::sleep(std::time::Duration::from_millis(1000));
     let after: Vec<u64> = sims.iter().map(|sim| sim.metrics_scrapes()).collect();
     for ((sim, before), after) in sims.iter().zip(&before).zip(&after) {
@@ -201,6 +202,7 @@ fn a_pool_serves_the_models_its_pods_report() {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
     let mut response = envoy.post("/v1/chat/completions", &chat("support-lora", 0));
     while response.status == 404 && std::time::Instant::now() < deadline {
+        // The polling interval of a wait for the adapter to be learned.
         std::thread::sleep(std::time::Duration::from_millis(100));
         response = envoy.post("/v1/chat/completions", &chat("support-lora", 0));
     }

@@ -16,6 +16,7 @@ fn each_pod_is_scraped_about_once_per_interval_with_four_workers() {
     let window = Duration::from_secs(2);
     let (start_a, start_b) = (a.metrics_scrapes(), b.metrics_scrapes());
     let started = Instant::now();
+    // A measuring window: the scrapes each pod gets in it.
     std::thread::sleep(window);
     let elapsed = started.elapsed().as_secs_f64();
     let one_scraper = elapsed / 0.050; // refreshMetricsInterval: 50ms
@@ -67,6 +68,7 @@ fn every_worker_sees_the_requests_the_others_placed() {
                 assert_eq!(response.status, 200, "{}", response.text());
                 picks.lock().unwrap().push(response.pod());
             }));
+            // Pacing, not a wait: one request every 150 ms (three ticks), as said above.
             std::thread::sleep(Duration::from_millis(150));
         }
         for request in requests {
@@ -97,7 +99,9 @@ fn shared_system_prompt_sticks_with_four_workers() {
         )
     };
     let home = envoy.post("/v1/chat/completions", &body(0)).pod();
-    // One tick for the other workers to replay the pick.
+    // The other workers replay the pick on their next tick (50 ms). A time window, not a
+    // wait: no stat tells what each worker has replayed, and that bound is part of what is
+    // checked.
     std::thread::sleep(Duration::from_millis(150));
     for n in 1..16 {
         let response = envoy.post("/v1/chat/completions", &body(n));
@@ -124,6 +128,7 @@ fn wait_for_in_flight(envoy: &Envoy, wanted: u64) -> u64 {
         if now == wanted || Instant::now() > deadline {
             return now;
         }
+        // The polling interval of a wait for `wanted`.
         std::thread::sleep(Duration::from_millis(25));
     }
 }

@@ -23,7 +23,7 @@ fn picks_decisions_and_scrapes_are_envoy_stats() {
         assert_eq!(envoy.post("/v1/completions", &completion(n)).status, 200);
     }
     assert_eq!(envoy.post("/v1/completions", "{oops").status, 400);
-    envoy.settle_counters();
+    envoy.wait_for_decisions(8);
     let text = envoy.admin_get("/stats/prometheus").text();
     let picks_a = format!(
         "inference_picker_endpoint_picks{{endpoint=\"{}\"}}",

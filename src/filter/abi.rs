@@ -1,8 +1,15 @@
-//! The proxy-wasm host calls the filter makes, declared here so that every status the host
-//! returns is handled: the SDK's wrappers panic on statuses they do not expect, and a panic
-//! kills the VM. Statuses come back as raw `u32`, never as an enum the host could overflow.
+//! Envoy as the core sees it: the host traits implemented with the proxy-wasm host calls,
+//! declared here so that every status the host returns is handled (the SDK's wrappers panic on
+//! statuses they do not expect, and a panic kills the VM). Statuses come back as raw `u32`,
+//! never as an enum the host could overflow.
 
-use crate::host::{encode_header_map, level_filter, HostCall, HostError, HostLogger, MetricKind};
+use crate::error_response::{ErrorShape, RequestError};
+use crate::host::{
+    encode_header_map, level_filter, Clock, HeaderPairs, HostCall, HostError, HostLogger,
+    HttpCallouts, HttpHost, MetricKind, Metrics, SharedData,
+};
+use crate::protocol::{DROPPED_REASON_HEADER, SUBSET_HINT_KEY, SUBSET_HINT_NAMESPACE};
+use crate::vm::VmHost;
 use proxy_wasm::types::{BufferType, MapType};
 use std::ptr::null_mut;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -18,7 +25,7 @@ fn count(call: HostCall) {
 }
 
 /// The calls counted since the last take, by kind in [`HostCall::ALL`] order.
-pub fn take_call_counts() -> [u64; HostCall::ALL.len()] {
+fn take_call_counts() -> [u64; HostCall::ALL.len()] {
     let mut counts = [0; HostCall::ALL.len()];
     for (count, counter) in counts.iter_mut().zip(&CALLS) {
         *count = counter.swap(0, Ordering::Relaxed);
@@ -109,30 +116,256 @@ extern "C" {
         headers_size: usize,
         grpc_status: i32,
     ) -> u32;
-}
-
-#[allow(clashing_extern_declarations)]
-extern "C" {
     fn proxy_set_effective_context(context_id: u32) -> u32;
     fn proxy_continue_stream(stream_type: u32) -> u32;
 }
 
-/// Makes `context_id` the context later host calls act on (a held stream, from another
-/// context's callback). Fails when that context is gone.
-pub fn set_effective_context(context_id: u32) -> Result<(), HostError> {
-    count(HostCall::Stream);
-    check("proxy_set_effective_context", unsafe {
-        proxy_set_effective_context(context_id)
-    })
+/// The VM's side of Envoy: shared data, callouts, stats, the clock, the timer and streams.
+#[derive(Clone, Copy)]
+pub struct EnvoyHost;
+
+/// The current stream's side of Envoy: its headers, body and local reply.
+pub struct EnvoyStream;
+
+impl SharedData for EnvoyHost {
+    fn get(&self, key: &str) -> Result<Option<(Vec<u8>, u32)>, HostError> {
+        let mut cas = 0u32;
+        let value = host_bytes(
+            "proxy_get_shared_data",
+            HostCall::SharedData,
+            |data, size| unsafe {
+                proxy_get_shared_data(key.as_ptr(), key.len(), data, size, &mut cas)
+            },
+        )?;
+        Ok(value.map(|value| (value, cas)))
+    }
+
+    /// Stores the value if its CAS is still `cas` (`None`: unconditionally); false on a CAS
+    /// mismatch.
+    fn set(&self, key: &str, value: &[u8], cas: Option<u32>) -> Result<bool, HostError> {
+        count(HostCall::SharedData);
+        let (data, size, cas) = (value.as_ptr(), value.len(), cas.unwrap_or(0));
+        match unsafe { proxy_set_shared_data(key.as_ptr(), key.len(), data, size, cas) } {
+            OK => Ok(true),
+            CAS_MISMATCH => Ok(false),
+            status => Err(HostError {
+                call: "proxy_set_shared_data",
+                status,
+            }),
+        }
+    }
 }
 
-/// Resumes the effective context's paused request.
-pub fn resume_request() -> Result<(), HostError> {
-    count(HostCall::Stream);
-    const HTTP_REQUEST: u32 = 0;
-    check("proxy_continue_stream", unsafe {
-        proxy_continue_stream(HTTP_REQUEST)
-    })
+impl HttpCallouts for EnvoyHost {
+    /// Goes through the SDK: its dispatcher must learn the token or it rejects the answer.
+    /// Envoy returns only Ok, BadArgument or InternalFailure here, all of which the SDK maps
+    /// to a `Result`.
+    fn dispatch(
+        &self,
+        cluster: &str,
+        headers: &[(&str, &str)],
+        timeout_ms: u32,
+    ) -> Result<u32, HostError> {
+        count(HostCall::HttpCall);
+        let timeout = std::time::Duration::from_millis(u64::from(timeout_ms));
+        proxy_wasm::hostcalls::dispatch_http_call(
+            cluster,
+            headers.to_vec(),
+            None,
+            Vec::new(),
+            timeout,
+        )
+        .map_err(|status| HostError {
+            call: "proxy_http_call",
+            status: status as u32,
+        })
+    }
+
+    fn response_status(&self) -> Option<Vec<u8>> {
+        header(MapType::HttpCallResponseHeaders, ":status")
+            .ok()
+            .flatten()
+    }
+
+    fn response_body(&self, size: usize) -> Result<Vec<u8>, HostError> {
+        buffer(BufferType::HttpCallResponseBody, size)
+    }
+}
+
+impl Metrics for EnvoyHost {
+    /// Defines (or finds) an Envoy stat; Envoy prefixes its name with `wasmcustom.`.
+    fn define(&self, kind: MetricKind, name: &str) -> Result<u32, HostError> {
+        count(HostCall::Metric);
+        let mut id = 0u32;
+        let status =
+            unsafe { proxy_define_metric(kind as u32, name.as_ptr(), name.len(), &mut id) };
+        check("proxy_define_metric", status).map(|()| id)
+    }
+
+    fn increment(&self, id: u32, offset: i64) -> Result<(), HostError> {
+        count(HostCall::Metric);
+        check("proxy_increment_metric", unsafe {
+            proxy_increment_metric(id, offset)
+        })
+    }
+
+    fn record(&self, id: u32, value: u64) -> Result<(), HostError> {
+        count(HostCall::Metric);
+        check("proxy_record_metric", unsafe {
+            proxy_record_metric(id, value)
+        })
+    }
+}
+
+impl Clock for EnvoyHost {
+    fn now_ms(&self) -> Result<u64, HostError> {
+        self.now_ns().map(|nanos| nanos / 1_000_000)
+    }
+}
+
+impl VmHost for EnvoyHost {
+    type Stream = EnvoyStream;
+
+    fn stream(&self) -> EnvoyStream {
+        EnvoyStream
+    }
+
+    /// Fails when that context is gone.
+    fn switch_to_stream(&self, id: u32) -> Result<(), HostError> {
+        count(HostCall::Stream);
+        check("proxy_set_effective_context", unsafe {
+            proxy_set_effective_context(id)
+        })
+    }
+
+    fn resume_stream(&self) -> Result<(), HostError> {
+        count(HostCall::Stream);
+        const HTTP_REQUEST: u32 = 0;
+        check("proxy_continue_stream", unsafe {
+            proxy_continue_stream(HTTP_REQUEST)
+        })
+    }
+
+    fn set_tick_period_ms(&self, period_ms: u32) -> Result<(), HostError> {
+        let status = unsafe { proxy_set_tick_period_milliseconds(period_ms) };
+        check("proxy_set_tick_period_milliseconds", status)
+    }
+
+    fn now_ns(&self) -> Result<u64, HostError> {
+        count(HostCall::Clock);
+        let mut nanos = 0u64;
+        let status = unsafe { proxy_get_current_time_nanoseconds(&mut nanos) };
+        check("proxy_get_current_time_nanoseconds", status).map(|()| nanos)
+    }
+
+    /// Linear memory never shrinks.
+    fn memory_bytes(&self) -> u64 {
+        let pages = u64::try_from(core::arch::wasm32::memory_size(0)).unwrap_or(0);
+        pages.saturating_mul(65536)
+    }
+
+    fn take_host_calls(&self) -> [u64; HostCall::ALL.len()] {
+        take_call_counts()
+    }
+
+    fn sync_log_level(&self) {
+        sync_log_level();
+    }
+}
+
+impl HttpHost for EnvoyStream {
+    fn request_header(&self, name: &str) -> Option<Vec<u8>> {
+        header(MapType::HttpRequestHeaders, name).ok().flatten()
+    }
+
+    /// The whole map in one call.
+    fn request_headers(&self) -> Option<HeaderPairs> {
+        let map = MapType::HttpRequestHeaders as u32;
+        let bytes = host_bytes(
+            "proxy_get_header_map_pairs",
+            HostCall::HeaderRead,
+            |data, size| unsafe { proxy_get_header_map_pairs(map, data, size) },
+        );
+        HeaderPairs::decode(bytes.ok()?.unwrap_or_default())
+    }
+
+    fn set_request_header(&self, name: &str, value: &str) -> Result<(), HostError> {
+        replace_header(MapType::HttpRequestHeaders, name, value)
+    }
+
+    fn remove_request_header(&self, name: &str) -> Result<(), HostError> {
+        count(HostCall::HeaderRemove);
+        let map = MapType::HttpRequestHeaders as u32;
+        let status = unsafe { proxy_remove_header_map_value(map, name.as_ptr(), name.len()) };
+        check("proxy_remove_header_map_value", status)
+    }
+
+    fn request_body(&self, size: usize) -> Result<Vec<u8>, HostError> {
+        buffer(BufferType::HttpRequestBody, size)
+    }
+
+    fn replace_request_body(&self, size: usize, body: &[u8]) -> Result<(), HostError> {
+        count(HostCall::BodyWrite);
+        let kind = BufferType::HttpRequestBody as u32;
+        let status = unsafe { proxy_set_buffer_bytes(kind, 0, size, body.as_ptr(), body.len()) };
+        check("proxy_set_buffer_bytes", status)
+    }
+
+    fn response_header(&self, name: &str) -> Option<Vec<u8>> {
+        header(MapType::HttpResponseHeaders, name).ok().flatten()
+    }
+
+    fn set_response_header(&self, name: &str, value: &str) -> Result<(), HostError> {
+        replace_header(MapType::HttpResponseHeaders, name, value)
+    }
+
+    fn upstream_address(&self) -> Option<String> {
+        let bytes = property(&["upstream", "address"]).ok().flatten()?;
+        String::from_utf8(bytes)
+            .ok()
+            .filter(|address| !address.is_empty())
+    }
+
+    fn subset_hint(&self) -> Option<Vec<u8>> {
+        let path = [
+            "metadata",
+            "filter_metadata",
+            SUBSET_HINT_NAMESPACE,
+            SUBSET_HINT_KEY,
+        ];
+        property(&path).ok().flatten()
+    }
+
+    fn now_ms(&self) -> u64 {
+        Clock::now_ms(&EnvoyHost).unwrap_or(0)
+    }
+
+    fn shared_data(&self) -> &dyn SharedData {
+        &EnvoyHost
+    }
+
+    fn send_error(&self, error: &RequestError, shape: ErrorShape) -> Result<(), HostError> {
+        count(HostCall::LocalReply);
+        let content_type = ("content-type", "application/json");
+        let headers = match error.dropped_reason() {
+            Some(reason) => encode_header_map(&[content_type, (DROPPED_REASON_HEADER, reason)]),
+            None => encode_header_map(&[content_type]),
+        };
+        let (body, details) = (error.to_json_for(shape), "inference_picker");
+        let status = unsafe {
+            proxy_send_local_response(
+                u32::from(error.status()),
+                details.as_ptr(),
+                details.len(),
+                body.as_ptr(),
+                body.len(),
+                headers.as_ptr(),
+                headers.len(),
+                -1,
+            )
+        };
+        check("proxy_send_local_response", status)
+    }
 }
 
 fn check(call: &'static str, status: u32) -> Result<(), HostError> {
@@ -154,268 +387,76 @@ unsafe fn take_host_buffer(data: *mut u8, size: usize) -> Vec<u8> {
     Vec::from_raw_parts(data, size, size)
 }
 
+/// A host call that hands back a buffer the host allocated: its bytes, or `None` when the
+/// host has none (`NotFound`, `Empty`).
+fn host_bytes(
+    call: &'static str,
+    kind: HostCall,
+    read: impl FnOnce(*mut *mut u8, *mut usize) -> u32,
+) -> Result<Option<Vec<u8>>, HostError> {
+    count(kind);
+    let mut data = null_mut();
+    let mut size = 0usize;
+    match read(&mut data, &mut size) {
+        OK => Ok(Some(unsafe { take_host_buffer(data, size) })),
+        NOT_FOUND | EMPTY => Ok(None),
+        status => Err(HostError { call, status }),
+    }
+}
+
+/// The first `max_size` bytes of a buffer; an absent or empty buffer is empty.
+pub fn buffer(kind: BufferType, max_size: usize) -> Result<Vec<u8>, HostError> {
+    let bytes = host_bytes(
+        "proxy_get_buffer_bytes",
+        HostCall::BodyRead,
+        |data, size| unsafe { proxy_get_buffer_bytes(kind as u32, 0, max_size, data, size) },
+    );
+    bytes.map(Option::unwrap_or_default)
+}
+
+fn header(map: MapType, name: &str) -> Result<Option<Vec<u8>>, HostError> {
+    host_bytes(
+        "proxy_get_header_map_value",
+        HostCall::HeaderRead,
+        |data, size| unsafe {
+            proxy_get_header_map_value(map as u32, name.as_ptr(), name.len(), data, size)
+        },
+    )
+}
+
+/// A host property by its path (`["upstream", "address"]`); `None` when the host has none.
+fn property(path: &[&str]) -> Result<Option<Vec<u8>>, HostError> {
+    // The ABI's encoding: the path's parts joined by NUL.
+    let encoded = path.join("\0");
+    host_bytes(
+        "proxy_get_property",
+        HostCall::Property,
+        |data, size| unsafe { proxy_get_property(encoded.as_ptr(), encoded.len(), data, size) },
+    )
+}
+
+fn replace_header(map: MapType, name: &str, value: &str) -> Result<(), HostError> {
+    count(HostCall::HeaderWrite);
+    let (key, value) = ((name.as_ptr(), name.len()), (value.as_ptr(), value.len()));
+    let status =
+        unsafe { proxy_replace_header_map_value(map as u32, key.0, key.1, value.0, value.1) };
+    check("proxy_replace_header_map_value", status)
+}
+
 pub fn log(level: u32, message: &str) {
     count(HostCall::Log);
     // Nothing sensible to do if logging itself fails.
     let _ = unsafe { proxy_log(level, message.as_ptr(), message.len()) };
 }
 
-/// The host's log level (0 trace .. 5 critical).
-pub fn log_level() -> Result<u32, HostError> {
-    count(HostCall::Log);
-    let mut level = 0u32;
-    check("proxy_get_log_level", unsafe {
-        proxy_get_log_level(&mut level)
-    })?;
-    Ok(level)
-}
-
-pub fn current_time_ns() -> Result<u64, HostError> {
-    count(HostCall::Clock);
-    let mut nanos = 0u64;
-    check("proxy_get_current_time_nanoseconds", unsafe {
-        proxy_get_current_time_nanoseconds(&mut nanos)
-    })?;
-    Ok(nanos)
-}
-
-pub fn current_time_ms() -> Result<u64, HostError> {
-    current_time_ns().map(|nanos| nanos / 1_000_000)
-}
-
-/// This VM's linear memory in bytes (it never shrinks).
-pub fn memory_bytes() -> u64 {
-    let pages = u64::try_from(core::arch::wasm32::memory_size(0)).unwrap_or(0);
-    pages.saturating_mul(65536)
-}
-
-pub fn set_tick_period_ms(period: u32) -> Result<(), HostError> {
-    check("proxy_set_tick_period_milliseconds", unsafe {
-        proxy_set_tick_period_milliseconds(period)
-    })
-}
-
-/// Bytes `[start, start + max_size)` of a buffer; an absent or empty buffer is empty.
-pub fn buffer(
-    buffer_type: BufferType,
-    start: usize,
-    max_size: usize,
-) -> Result<Vec<u8>, HostError> {
-    count(HostCall::BodyRead);
-    let mut data = null_mut();
-    let mut size = 0usize;
-    let status = unsafe {
-        proxy_get_buffer_bytes(buffer_type as u32, start, max_size, &mut data, &mut size)
-    };
-    match status {
-        OK => Ok(unsafe { take_host_buffer(data, size) }),
-        NOT_FOUND | EMPTY => Ok(Vec::new()),
-        status => Err(HostError {
-            call: "proxy_get_buffer_bytes",
-            status,
-        }),
-    }
-}
-
-pub fn header(map_type: MapType, name: &str) -> Result<Option<Vec<u8>>, HostError> {
-    count(HostCall::HeaderRead);
-    let mut data = null_mut();
-    let mut size = 0usize;
-    let status = unsafe {
-        proxy_get_header_map_value(
-            map_type as u32,
-            name.as_ptr(),
-            name.len(),
-            &mut data,
-            &mut size,
-        )
-    };
-    match status {
-        OK => Ok(Some(unsafe { take_host_buffer(data, size) })),
-        NOT_FOUND => Ok(None),
-        status => Err(HostError {
-            call: "proxy_get_header_map_value",
-            status,
-        }),
-    }
-}
-
-/// A whole header map in one call, as proxy-wasm pairs.
-pub fn header_pairs(map_type: MapType) -> Result<Vec<u8>, HostError> {
-    count(HostCall::HeaderRead);
-    let mut data = null_mut();
-    let mut size = 0usize;
-    let status = unsafe { proxy_get_header_map_pairs(map_type as u32, &mut data, &mut size) };
-    match status {
-        OK => Ok(unsafe { take_host_buffer(data, size) }),
-        NOT_FOUND | EMPTY => Ok(Vec::new()),
-        status => Err(HostError {
-            call: "proxy_get_header_map_pairs",
-            status,
-        }),
-    }
-}
-
-/// A host property by its path (`["upstream", "address"]`); `None` when the host has none.
-pub fn property(path: &[&str]) -> Result<Option<Vec<u8>>, HostError> {
-    count(HostCall::Property);
-    // The ABI's encoding: the path's parts joined by NUL.
-    let encoded = path.join("\0");
-    let mut data = null_mut();
-    let mut size = 0usize;
-    let status =
-        unsafe { proxy_get_property(encoded.as_ptr(), encoded.len(), &mut data, &mut size) };
-    match status {
-        OK => Ok(Some(unsafe { take_host_buffer(data, size) })),
-        NOT_FOUND | EMPTY => Ok(None),
-        status => Err(HostError {
-            call: "proxy_get_property",
-            status,
-        }),
-    }
-}
-
-pub fn replace_header(map_type: MapType, name: &str, value: &str) -> Result<(), HostError> {
-    count(HostCall::HeaderWrite);
-    check("proxy_replace_header_map_value", unsafe {
-        proxy_replace_header_map_value(
-            map_type as u32,
-            name.as_ptr(),
-            name.len(),
-            value.as_ptr(),
-            value.len(),
-        )
-    })
-}
-
-/// Defines (or finds) an Envoy stat; Envoy prefixes its name with `wasmcustom.`.
-pub fn define_metric(kind: MetricKind, name: &str) -> Result<u32, HostError> {
-    count(HostCall::Metric);
-    let mut id = 0u32;
-    check("proxy_define_metric", unsafe {
-        proxy_define_metric(kind as u32, name.as_ptr(), name.len(), &mut id)
-    })?;
-    Ok(id)
-}
-
-pub fn increment_metric(id: u32, offset: i64) -> Result<(), HostError> {
-    count(HostCall::Metric);
-    check("proxy_increment_metric", unsafe {
-        proxy_increment_metric(id, offset)
-    })
-}
-
-/// Sets a gauge or records a histogram sample.
-pub fn record_metric(id: u32, value: u64) -> Result<(), HostError> {
-    count(HostCall::Metric);
-    check("proxy_record_metric", unsafe {
-        proxy_record_metric(id, value)
-    })
-}
-
-/// A shared-data value and its CAS token; `None` when the key was never set.
-pub fn shared_data(key: &str) -> Result<Option<(Vec<u8>, u32)>, HostError> {
-    count(HostCall::SharedData);
-    let mut data = null_mut();
-    let mut size = 0usize;
-    let mut cas = 0u32;
-    let status =
-        unsafe { proxy_get_shared_data(key.as_ptr(), key.len(), &mut data, &mut size, &mut cas) };
-    match status {
-        OK => Ok(Some((unsafe { take_host_buffer(data, size) }, cas))),
-        NOT_FOUND => Ok(None),
-        status => Err(HostError {
-            call: "proxy_get_shared_data",
-            status,
-        }),
-    }
-}
-
-/// Stores a shared-data value if its CAS is still `cas` (0: unconditionally); false on a
-/// CAS mismatch.
-pub fn set_shared_data(key: &str, value: &[u8], cas: u32) -> Result<bool, HostError> {
-    count(HostCall::SharedData);
-    let status =
-        unsafe { proxy_set_shared_data(key.as_ptr(), key.len(), value.as_ptr(), value.len(), cas) };
-    match status {
-        OK => Ok(true),
-        CAS_MISMATCH => Ok(false),
-        status => Err(HostError {
-            call: "proxy_set_shared_data",
-            status,
-        }),
-    }
-}
-
-pub fn remove_header(map_type: MapType, name: &str) -> Result<(), HostError> {
-    count(HostCall::HeaderRemove);
-    check("proxy_remove_header_map_value", unsafe {
-        proxy_remove_header_map_value(map_type as u32, name.as_ptr(), name.len())
-    })
-}
-
-/// Replaces `size` bytes at `start` of a buffer with `data`.
-pub fn set_buffer(
-    buffer_type: BufferType,
-    start: usize,
-    size: usize,
-    data: &[u8],
-) -> Result<(), HostError> {
-    count(HostCall::BodyWrite);
-    check("proxy_set_buffer_bytes", unsafe {
-        proxy_set_buffer_bytes(buffer_type as u32, start, size, data.as_ptr(), data.len())
-    })
-}
-
-pub fn send_local_response(
-    status: u16,
-    headers: &[(&str, &str)],
-    body: &[u8],
-) -> Result<(), HostError> {
-    count(HostCall::LocalReply);
-    let headers = encode_header_map(headers);
-    let details = "inference_picker";
-    check("proxy_send_local_response", unsafe {
-        proxy_send_local_response(
-            u32::from(status),
-            details.as_ptr(),
-            details.len(),
-            body.as_ptr(),
-            body.len(),
-            headers.as_ptr(),
-            headers.len(),
-            -1,
-        )
-    })
-}
-
-/// Starts an HTTP callout; the answer arrives in `on_http_call_response` with the token.
-///
-/// This one goes through the SDK: its dispatcher must learn the token or it rejects the
-/// answer. Envoy returns only Ok, BadArgument or InternalFailure here, all of which the SDK
-/// maps to a `Result`.
-pub fn http_call(
-    cluster: &str,
-    headers: &[(&str, &str)],
-    timeout_ms: u32,
-) -> Result<u32, HostError> {
-    count(HostCall::HttpCall);
-    proxy_wasm::hostcalls::dispatch_http_call(
-        cluster,
-        headers.to_vec(),
-        None,
-        Vec::new(),
-        std::time::Duration::from_millis(u64::from(timeout_ms)),
-    )
-    .map_err(|status| HostError {
-        call: "proxy_http_call",
-        status: status as u32,
-    })
-}
-
 pub static LOGGER: HostLogger = HostLogger { sink: log };
 
-/// Mirrors the host's log level into `log`'s filter.
+/// Mirrors the host's log level (0 trace .. 5 critical) into `log`'s filter.
 pub fn sync_log_level() {
-    log::set_max_level(level_filter(log_level()));
+    count(HostCall::Log);
+    let mut level = 0u32;
+    let status = unsafe { proxy_get_log_level(&mut level) };
+    log::set_max_level(level_filter(
+        check("proxy_get_log_level", status).map(|()| level),
+    ));
 }

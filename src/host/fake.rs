@@ -1,9 +1,11 @@
 //! In-memory hosts for native tests: HTTP headers and bodies, shared data with Envoy's CAS
 //! semantics, HTTP callouts whose answers the test delivers, and a settable clock.
 
-use super::{Clock, HostError, HttpCallouts, HttpHost, SharedData};
+use super::{Clock, HostCall, HostError, HttpCallouts, HttpHost, MetricKind, Metrics, SharedData};
+use crate::vm::VmHost;
 use std::cell::{Cell, RefCell};
 use std::collections::{HashMap, HashSet};
+use std::rc::Rc;
 
 /// One request's headers and body; records the headers read and the local reply sent.
 #[derive(Default)]
@@ -56,10 +58,15 @@ impl HttpHost for FakeHost {
     }
     fn request_body(&self, size: usize) -> Result<Vec<u8>, HostError> {
         let body = self.body.borrow();
-        Ok(body[..size.min(body.len())].to_vec())
+        Ok(body
+            .get(..size.min(body.len()))
+            .unwrap_or_default()
+            .to_vec())
     }
     fn replace_request_body(&self, size: usize, body: &[u8]) -> Result<(), HostError> {
-        self.body.borrow_mut().splice(..size, body.iter().copied());
+        let mut buffered = self.body.borrow_mut();
+        let size = size.min(buffered.len());
+        buffered.splice(..size, body.iter().copied());
         Ok(())
     }
     fn upstream_address(&self) -> Option<String> {
@@ -113,6 +120,19 @@ impl SharedData for FakeShared {
             return Ok(false);
         }
         data.insert(key.into(), (value.to_vec(), current + 1));
+        Ok(true)
+    }
+}
+
+/// Shared data that keeps nothing: a process with one VM and no flow control, where no
+/// other VM reads what this one writes.
+pub struct NoSharedData;
+
+impl SharedData for NoSharedData {
+    fn get(&self, _key: &str) -> Result<Option<(Vec<u8>, u32)>, HostError> {
+        Ok(None)
+    }
+    fn set(&self, _key: &str, _value: &[u8], _cas: Option<u32>) -> Result<bool, HostError> {
         Ok(true)
     }
 }
@@ -247,6 +267,308 @@ impl FakeClock {
 impl Clock for FakeClock {
     fn now_ms(&self) -> Result<u64, HostError> {
         Ok(self.0.get())
+    }
+}
+
+/// Envoy stats in memory, by the name they were defined with: counters add up, gauges keep the
+/// last value, histograms keep every sample.
+#[derive(Default)]
+pub struct FakeMetrics {
+    defined: RefCell<Vec<(MetricKind, String)>>,
+    values: RefCell<HashMap<u32, i64>>,
+    samples: RefCell<HashMap<u32, Vec<u64>>>,
+}
+
+impl FakeMetrics {
+    fn id(&self, name: &str) -> Option<u32> {
+        let position = self.defined.borrow().iter().position(|(_, n)| n == name)?;
+        u32::try_from(position + 1).ok()
+    }
+
+    fn kind(&self, id: u32) -> Option<MetricKind> {
+        let index = usize::try_from(id).ok()?.checked_sub(1)?;
+        self.defined.borrow().get(index).map(|(kind, _)| *kind)
+    }
+
+    /// A counter's total or a gauge's value; `None` when never defined or never set.
+    pub fn value(&self, name: &str) -> Option<i64> {
+        self.values.borrow().get(&self.id(name)?).copied()
+    }
+
+    /// A histogram's samples, in order.
+    pub fn samples(&self, name: &str) -> Vec<u64> {
+        self.id(name)
+            .and_then(|id| self.samples.borrow().get(&id).cloned())
+            .unwrap_or_default()
+    }
+}
+
+impl Metrics for FakeMetrics {
+    fn define(&self, kind: MetricKind, name: &str) -> Result<u32, HostError> {
+        if let Some(id) = self.id(name) {
+            return Ok(id);
+        }
+        self.defined.borrow_mut().push((kind, name.to_owned()));
+        Ok(u32::try_from(self.defined.borrow().len()).unwrap_or(u32::MAX))
+    }
+
+    fn increment(&self, id: u32, offset: i64) -> Result<(), HostError> {
+        *self.values.borrow_mut().entry(id).or_default() += offset;
+        Ok(())
+    }
+
+    fn record(&self, id: u32, value: u64) -> Result<(), HostError> {
+        if self.kind(id) == Some(MetricKind::Histogram) {
+            self.samples.borrow_mut().entry(id).or_default().push(value);
+        } else {
+            let value = i64::try_from(value).unwrap_or(i64::MAX);
+            self.values.borrow_mut().insert(id, value);
+        }
+        Ok(())
+    }
+}
+
+/// A worker VM's whole host in memory: the process's shared data, this VM's callouts, stats
+/// and tick period, a clock the test moves, and the VM's streams by context id with the one
+/// the current callback acts on (as Envoy's effective context). Clones are the same host.
+#[derive(Clone, Default)]
+pub struct FakeVm(Rc<FakeVmState>);
+
+#[derive(Default)]
+pub struct FakeVmState {
+    /// The process's shared data, shared with [`FakeVm::beside`]s.
+    pub shared: Rc<FakeShared>,
+    pub callouts: FakeCallouts,
+    /// The process's clock, shared with [`FakeVm::beside`]s.
+    pub clock: Rc<FakeClock>,
+    pub metrics: FakeMetrics,
+    /// The period the VM last set for its tick.
+    pub tick_period_ms: Cell<Option<u32>>,
+    pub memory_bytes: Cell<u64>,
+    streams: RefCell<HashMap<u32, Rc<FakeHost>>>,
+    /// Streams whose end ran: switching to one fails.
+    closed: RefCell<HashSet<u32>>,
+    current: Cell<u32>,
+    /// Streams resumed, in order.
+    pub resumed: RefCell<Vec<u32>>,
+}
+
+impl std::ops::Deref for FakeVm {
+    type Target = FakeVmState;
+    fn deref(&self) -> &FakeVmState {
+        &self.0
+    }
+}
+
+/// What a stream call on a gone stream answers (proxy-wasm's `NotFound`).
+const STREAM_GONE: HostError = HostError {
+    call: "stream",
+    status: 1,
+};
+
+impl FakeVm {
+    /// A VM in a process with this shared data and clock.
+    pub fn in_process(shared: Rc<FakeShared>, clock: Rc<FakeClock>) -> Self {
+        FakeVm(Rc::new(FakeVmState {
+            shared,
+            clock,
+            ..FakeVmState::default()
+        }))
+    }
+
+    /// Another worker VM of the same process: the same shared data and clock, its own
+    /// callouts, stats and streams.
+    pub fn beside(&self) -> Self {
+        FakeVm::in_process(Rc::clone(&self.shared), Rc::clone(&self.clock))
+    }
+
+    /// Opens stream `id` with these request headers and body, and makes it current (as
+    /// Envoy does before each of its callbacks).
+    pub fn open_stream(&self, id: u32, headers: &[(&str, &str)], body: &str) -> Rc<FakeHost> {
+        let stream = Rc::new(FakeHost::default());
+        for (name, value) in headers {
+            stream
+                .headers
+                .borrow_mut()
+                .insert((*name).to_owned(), (*value).to_owned());
+        }
+        *stream.body.borrow_mut() = body.as_bytes().to_vec();
+        self.streams.borrow_mut().insert(id, Rc::clone(&stream));
+        self.current.set(id);
+        stream
+    }
+
+    /// Makes stream (or root context) `id` current, as Envoy does before its callback.
+    pub fn enter(&self, id: u32) {
+        self.current.set(id);
+    }
+
+    /// The stream (or root context) the host acts on now.
+    pub fn current(&self) -> u32 {
+        self.current.get()
+    }
+
+    /// The status of the local reply sent on stream `id`, if one was.
+    pub fn stream_reply(&self, id: u32) -> Option<u16> {
+        let stream = self.streams.borrow().get(&id).cloned()?;
+        let reply = stream.reply.borrow();
+        reply.as_ref().map(|(status, _)| *status)
+    }
+
+    /// Stream `id` is gone: its end ran (or its client reset it) and it cannot be switched to.
+    pub fn close_stream(&self, id: u32) {
+        self.closed.borrow_mut().insert(id);
+    }
+}
+
+impl SharedData for FakeVm {
+    fn get(&self, key: &str) -> Result<Option<(Vec<u8>, u32)>, HostError> {
+        self.shared.get(key)
+    }
+    fn set(&self, key: &str, value: &[u8], cas: Option<u32>) -> Result<bool, HostError> {
+        self.shared.set(key, value, cas)
+    }
+}
+
+impl HttpCallouts for FakeVm {
+    fn dispatch(
+        &self,
+        cluster: &str,
+        headers: &[(&str, &str)],
+        timeout_ms: u32,
+    ) -> Result<u32, HostError> {
+        self.callouts.dispatch(cluster, headers, timeout_ms)
+    }
+    fn response_status(&self) -> Option<Vec<u8>> {
+        self.callouts.response_status()
+    }
+    fn response_body(&self, size: usize) -> Result<Vec<u8>, HostError> {
+        self.callouts.response_body(size)
+    }
+}
+
+impl Metrics for FakeVm {
+    fn define(&self, kind: MetricKind, name: &str) -> Result<u32, HostError> {
+        self.metrics.define(kind, name)
+    }
+    fn increment(&self, id: u32, offset: i64) -> Result<(), HostError> {
+        self.metrics.increment(id, offset)
+    }
+    fn record(&self, id: u32, value: u64) -> Result<(), HostError> {
+        self.metrics.record(id, value)
+    }
+}
+
+impl Clock for FakeVm {
+    fn now_ms(&self) -> Result<u64, HostError> {
+        self.clock.now_ms()
+    }
+}
+
+impl VmHost for FakeVm {
+    type Stream = FakeStream;
+
+    fn stream(&self) -> FakeStream {
+        FakeStream(self.clone())
+    }
+
+    fn switch_to_stream(&self, id: u32) -> Result<(), HostError> {
+        if self.closed.borrow().contains(&id) {
+            return Err(STREAM_GONE);
+        }
+        self.current.set(id);
+        Ok(())
+    }
+
+    fn resume_stream(&self) -> Result<(), HostError> {
+        self.resumed.borrow_mut().push(self.current.get());
+        Ok(())
+    }
+
+    fn set_tick_period_ms(&self, period_ms: u32) -> Result<(), HostError> {
+        self.tick_period_ms.set(Some(period_ms));
+        Ok(())
+    }
+
+    fn now_ns(&self) -> Result<u64, HostError> {
+        Ok(self.clock.0.get().saturating_mul(1_000_000))
+    }
+
+    fn memory_bytes(&self) -> u64 {
+        self.memory_bytes.get()
+    }
+
+    fn take_host_calls(&self) -> [u64; HostCall::ALL.len()] {
+        [0; HostCall::ALL.len()]
+    }
+
+    fn sync_log_level(&self) {}
+}
+
+/// The current stream of a [`FakeVm`]: every call goes to the stream the VM acts on now, and
+/// fails (or finds nothing) when that is no open stream.
+pub struct FakeStream(FakeVm);
+
+impl FakeStream {
+    fn current(&self) -> Option<Rc<FakeHost>> {
+        let vm = &self.0;
+        if vm.closed.borrow().contains(&vm.current.get()) {
+            return None;
+        }
+        vm.streams.borrow().get(&vm.current.get()).cloned()
+    }
+
+    fn with<T>(&self, gone: T, call: impl FnOnce(&FakeHost) -> T) -> T {
+        match self.current() {
+            Some(stream) => call(&stream),
+            None => gone,
+        }
+    }
+}
+
+impl HttpHost for FakeStream {
+    fn request_header(&self, name: &str) -> Option<Vec<u8>> {
+        self.with(None, |s| s.request_header(name))
+    }
+    fn request_headers(&self) -> Option<super::HeaderPairs> {
+        self.with(None, HttpHost::request_headers)
+    }
+    fn set_request_header(&self, name: &str, value: &str) -> Result<(), HostError> {
+        self.with(Err(STREAM_GONE), |s| s.set_request_header(name, value))
+    }
+    fn remove_request_header(&self, name: &str) -> Result<(), HostError> {
+        self.with(Err(STREAM_GONE), |s| s.remove_request_header(name))
+    }
+    fn request_body(&self, size: usize) -> Result<Vec<u8>, HostError> {
+        self.with(Err(STREAM_GONE), |s| s.request_body(size))
+    }
+    fn replace_request_body(&self, size: usize, body: &[u8]) -> Result<(), HostError> {
+        self.with(Err(STREAM_GONE), |s| s.replace_request_body(size, body))
+    }
+    fn response_header(&self, name: &str) -> Option<Vec<u8>> {
+        self.with(None, |s| s.response_header(name))
+    }
+    fn set_response_header(&self, name: &str, value: &str) -> Result<(), HostError> {
+        self.with(Err(STREAM_GONE), |s| s.set_response_header(name, value))
+    }
+    fn upstream_address(&self) -> Option<String> {
+        self.with(None, HttpHost::upstream_address)
+    }
+    fn subset_hint(&self) -> Option<Vec<u8>> {
+        self.with(None, HttpHost::subset_hint)
+    }
+    fn send_error(
+        &self,
+        error: &crate::error_response::RequestError,
+        shape: crate::error_response::ErrorShape,
+    ) -> Result<(), HostError> {
+        self.with(Err(STREAM_GONE), |s| s.send_error(error, shape))
+    }
+    fn now_ms(&self) -> u64 {
+        self.0.clock.0.get()
+    }
+    fn shared_data(&self) -> &dyn SharedData {
+        &*self.0.shared
     }
 }
 

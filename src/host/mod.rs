@@ -216,8 +216,9 @@ impl HeaderPairs {
     }
 }
 
-/// In-memory hosts for native tests.
-#[cfg(test)]
+/// In-memory hosts for native tests, here and (with the `testing` feature) in the CLI, the
+/// benches and the integration tests.
+#[cfg(any(test, feature = "testing"))]
 pub mod fake;
 
 #[cfg(test)]

@@ -2,47 +2,8 @@ use super::*;
 use crate::config::load;
 use crate::endpoint::Health;
 use crate::harness::test;
-use crate::host::fake::{capture_warnings, FakeCallouts, FakeClock, FakeShared};
-
-/// One worker VM's view of the host: shared data and the clock are the process's, callouts are
-/// the VM's own.
-struct VmHost<'a> {
-    shared: &'a FakeShared,
-    clock: &'a FakeClock,
-    callouts: FakeCallouts,
-}
-
-impl SharedData for VmHost<'_> {
-    fn get(&self, key: &str) -> Result<Option<(Vec<u8>, u32)>, HostError> {
-        self.shared.get(key)
-    }
-    fn set(&self, key: &str, value: &[u8], cas: Option<u32>) -> Result<bool, HostError> {
-        self.shared.set(key, value, cas)
-    }
-}
-
-impl HttpCallouts for VmHost<'_> {
-    fn dispatch(
-        &self,
-        cluster: &str,
-        headers: &[(&str, &str)],
-        timeout: u32,
-    ) -> Result<u32, HostError> {
-        self.callouts.dispatch(cluster, headers, timeout)
-    }
-    fn response_status(&self) -> Option<Vec<u8>> {
-        self.callouts.response_status()
-    }
-    fn response_body(&self, size: usize) -> Result<Vec<u8>, HostError> {
-        self.callouts.response_body(size)
-    }
-}
-
-impl Clock for VmHost<'_> {
-    fn now_ms(&self) -> Result<u64, HostError> {
-        self.clock.now_ms()
-    }
-}
+use crate::host::fake::{capture_warnings, FakeClock, FakeShared, FakeVm};
+use std::rc::Rc;
 
 const INTERVAL_MS: u64 = 50;
 const POOL: &str = "pool:
@@ -50,20 +11,16 @@ const POOL: &str = "pool:
   endpoints: [{address: '10.0.0.1:8000'}, {address: '10.0.0.2:8000'}, {address: '10.0.0.3:8000'}]
 ";
 
-struct Vm<'a> {
-    host: VmHost<'a>,
+struct Vm {
+    host: FakeVm,
     flow: TickFlow,
     director: Director,
 }
 
-impl<'a> Vm<'a> {
-    fn new(config: &str, id: u64, shared: &'a FakeShared, clock: &'a FakeClock) -> Self {
+impl Vm {
+    fn new(config: &str, id: u64, shared: &Rc<FakeShared>, clock: &Rc<FakeClock>) -> Self {
         Vm {
-            host: VmHost {
-                shared,
-                clock,
-                callouts: FakeCallouts::default(),
-            },
+            host: FakeVm::in_process(Rc::clone(shared), Rc::clone(clock)),
             flow: TickFlow::new(Some(Coordinator::new("test", id, INTERVAL_MS))),
             director: Director::new(load(config, id).unwrap()),
         }
@@ -119,7 +76,7 @@ fn snapshot_cas(shared: &FakeShared) -> Option<u32> {
 
 #[test]
 fn one_scraper_and_a_handover_when_it_stops_ticking() {
-    let (shared, clock) = (FakeShared::default(), FakeClock::default());
+    let (shared, clock) = (Rc::<FakeShared>::default(), Rc::<FakeClock>::default());
     let mut a = Vm::new(POOL, 1, &shared, &clock);
     let mut b = Vm::new(POOL, 2, &shared, &clock);
     assert_eq!(a.tick().role, Role::Scraper);
@@ -144,7 +101,7 @@ fn one_scraper_and_a_handover_when_it_stops_ticking() {
 
 #[test]
 fn a_round_with_a_failing_and_a_hanging_pod_is_published_once_when_it_completes() {
-    let (shared, clock) = (FakeShared::default(), FakeClock::default());
+    let (shared, clock) = (Rc::<FakeShared>::default(), Rc::<FakeClock>::default());
     let mut scraper = Vm::new(POOL, 1, &shared, &clock);
     let mut follower = Vm::new(POOL, 2, &shared, &clock);
     scraper.tick();
@@ -214,7 +171,7 @@ fn a_round_with_a_failing_and_a_hanging_pod_is_published_once_when_it_completes(
 
 #[test]
 fn a_slow_pod_ages_a_refusing_one_leaves_and_a_dead_one_is_probed_with_back_off() {
-    let (shared, clock) = (FakeShared::default(), FakeClock::default());
+    let (shared, clock) = (Rc::<FakeShared>::default(), Rc::<FakeClock>::default());
     let mut vm = Vm::new(POOL, 1, &shared, &clock);
     let round = |vm: &mut Vm, answers: &[(&str, Option<&str>)]| {
         vm.host.callouts.take_sent();
@@ -282,7 +239,7 @@ fn a_slow_pod_ages_a_refusing_one_leaves_and_a_dead_one_is_probed_with_back_off(
 
 #[test]
 fn a_follower_decodes_the_snapshot_only_when_it_changed() {
-    let (shared, clock) = (FakeShared::default(), FakeClock::default());
+    let (shared, clock) = (Rc::<FakeShared>::default(), Rc::<FakeClock>::default());
     let mut scraper = Vm::new(POOL, 1, &shared, &clock);
     let mut follower = Vm::new(POOL, 2, &shared, &clock);
     scraper.tick();
@@ -306,7 +263,7 @@ fn a_follower_decodes_the_snapshot_only_when_it_changed() {
 
 #[test]
 fn a_host_that_refuses_every_call_fails_every_scrape() {
-    let (shared, clock) = (FakeShared::default(), FakeClock::default());
+    let (shared, clock) = (Rc::<FakeShared>::default(), Rc::<FakeClock>::default());
     let mut vm = Vm::new(POOL, 1, &shared, &clock);
     // With none of ours in flight, a refusal means the call cannot be made at all (e.g. the
     // metrics cluster does not exist): the scrape failed.
@@ -332,7 +289,7 @@ fn a_host_that_refuses_every_call_fails_every_scrape() {
 
 #[test]
 fn a_full_host_delays_scrapes_instead_of_failing_them() {
-    let (shared, clock) = (FakeShared::default(), FakeClock::default());
+    let (shared, clock) = (Rc::<FakeShared>::default(), Rc::<FakeClock>::default());
     let mut vm = Vm::new(POOL, 1, &shared, &clock);
     vm.host.callouts.capacity.set(1);
     vm.tick();
@@ -373,7 +330,7 @@ const FIVE: &str = "pool:
 
 #[test]
 fn a_round_is_paced_and_one_longer_than_the_interval_is_shared_once_per_interval() {
-    let (shared, clock) = (FakeShared::default(), FakeClock::default());
+    let (shared, clock) = (Rc::<FakeShared>::default(), Rc::<FakeClock>::default());
     let mut vm = Vm::new(FIVE, 1, &shared, &clock);
     vm.tick();
     assert_eq!(vm.scraped_addresses(), ["10.0.0.1:8000", "10.0.0.2:8000"]);
@@ -436,7 +393,7 @@ fn four_thousand_endpoints_behind_a_host_that_refuses_beyond_its_limit_are_all_s
     // What the host answers per interval: a round takes ceil(4096 / 300) = 14 intervals.
     const ANSWERS_PER_INTERVAL: usize = 300;
     const TICKS: usize = 60;
-    let (shared, clock) = (FakeShared::default(), FakeClock::default());
+    let (shared, clock) = (Rc::<FakeShared>::default(), Rc::<FakeClock>::default());
     let mut vm = Vm::new(&large_pool(ENDPOINTS), 1, &shared, &clock);
     vm.host.callouts.capacity.set(HOST_LIMIT);
     let mut scrapes = vec![0usize; ENDPOINTS];
@@ -526,7 +483,7 @@ fn pod_list(ips: &[&str]) -> String {
 
 #[test]
 fn discovery_applies_the_pod_list_and_a_failure_keeps_the_last_pool() {
-    let (shared, clock) = (FakeShared::default(), FakeClock::default());
+    let (shared, clock) = (Rc::<FakeShared>::default(), Rc::<FakeClock>::default());
     let mut vm = Vm::new(DISCOVERED, 1, &shared, &clock);
     vm.tick();
     let call = vm
@@ -586,7 +543,7 @@ fn page_of(bytes: usize) -> String {
 
 #[test]
 fn a_page_over_max_metrics_bytes_is_a_failed_scrape_and_never_read() {
-    let (shared, clock) = (FakeShared::default(), FakeClock::default());
+    let (shared, clock) = (Rc::<FakeShared>::default(), Rc::<FakeClock>::default());
     let mut vm = Vm::new(CAPPED, 1, &shared, &clock);
     vm.tick();
     let at_cap = page_of(4096);
@@ -625,7 +582,7 @@ fn a_page_over_max_metrics_bytes_is_a_failed_scrape_and_never_read() {
 
 #[test]
 fn an_oversized_pod_is_warned_about_once_until_it_recovers() {
-    let (shared, clock) = (FakeShared::default(), FakeClock::default());
+    let (shared, clock) = (Rc::<FakeShared>::default(), Rc::<FakeClock>::default());
     let mut vm = Vm::new(CAPPED, 1, &shared, &clock);
     let huge = page_of(1 << 20);
     let scrape_round = |vm: &mut Vm, page_for_pod_2: &str| {
@@ -666,7 +623,7 @@ fn an_oversized_pod_is_warned_about_once_until_it_recovers() {
 
 #[test]
 fn answers_to_unknown_calls_are_ignored() {
-    let (shared, clock) = (FakeShared::default(), FakeClock::default());
+    let (shared, clock) = (Rc::<FakeShared>::default(), Rc::<FakeClock>::default());
     let mut vm = Vm::new(POOL, 1, &shared, &clock);
     assert_eq!(vm.deliver(999, Some("200"), "x"), CalloutOutcome::Unknown);
 }
@@ -746,7 +703,7 @@ fn model_calls(vm: &Vm) -> Vec<(u32, String)> {
 
 #[test]
 fn the_scraper_learns_each_pods_models_and_the_others_read_them() {
-    let (shared, clock) = (FakeShared::default(), FakeClock::default());
+    let (shared, clock) = (Rc::<FakeShared>::default(), Rc::<FakeClock>::default());
     let mut a = Vm::new(LEARNING_POOL, 1, &shared, &clock);
     let mut b = Vm::new(LEARNING_POOL, 2, &shared, &clock);
     a.tick();
@@ -790,7 +747,7 @@ fn the_scraper_learns_each_pods_models_and_the_others_read_them() {
 
 #[test]
 fn every_pods_list_reaches_the_other_vms_even_when_the_pool_serves_the_same_models() {
-    let (shared, clock) = (FakeShared::default(), FakeClock::default());
+    let (shared, clock) = (Rc::<FakeShared>::default(), Rc::<FakeClock>::default());
     let mut a = Vm::new(LEARNING_POOL, 1, &shared, &clock);
     let mut b = Vm::new(LEARNING_POOL, 2, &shared, &clock);
     a.tick();
@@ -825,7 +782,7 @@ fn every_pods_list_reaches_the_other_vms_even_when_the_pool_serves_the_same_mode
 
 #[test]
 fn a_pod_that_never_answers_its_models_cannot_hold_the_pools_list() {
-    let (shared, clock) = (FakeShared::default(), FakeClock::default());
+    let (shared, clock) = (Rc::<FakeShared>::default(), Rc::<FakeClock>::default());
     let mut a = Vm::new(LEARNING_POOL, 1, &shared, &clock);
     a.tick();
     let calls = model_calls(&a);

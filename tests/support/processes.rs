@@ -3,6 +3,7 @@
 
 use super::envoy_config::{picker_config_of, with_endpoints, EnvoyConfig};
 use super::http::{request, try_request, Response};
+use super::wait::eventually;
 use serde_json::Value;
 use std::io::{BufRead, BufReader};
 use std::net::TcpListener;
@@ -492,10 +493,38 @@ impl Envoy {
         request(&self.admin_address(), "GET", path, &[], b"")
     }
 
-    /// Waits for the filter's next ticks: it adds the per-request counts (decisions, picks) to
-    /// its stats once per tick, not per request (ticks here are 50 ms).
-    pub fn settle_counters(&self) {
-        std::thread::sleep(Duration::from_millis(200));
+    /// Waits until the filter's stats count `count` decisions: it adds the per-request counts
+    /// (decisions, picks) to them on its next tick, not per request.
+    pub fn wait_for_decisions(&self, count: u64) {
+        eventually(
+            &format!("{count} decisions in the filter's stats"),
+            Duration::from_secs(5),
+            || self.decisions() >= count,
+        );
+    }
+
+    /// The filter's decisions so far, over every pool and outcome.
+    pub fn decisions(&self) -> u64 {
+        let text = self.admin_get("/stats?filter=decisions").text();
+        let total: f64 = text
+            .lines()
+            .filter_map(|line| line.split_once(": "))
+            .filter(|(name, _)| {
+                name.starts_with("wasmcustom.inference_picker.") && name.contains(".decisions.")
+            })
+            .filter_map(|(_, value)| value.trim().parse::<f64>().ok())
+            .sum();
+        total as u64
+    }
+
+    /// Waits until `count` endpoints of the (single) pool have fresh metrics, as the VM that
+    /// scrapes sets `endpoints_fresh` on its tick.
+    pub fn wait_for_fresh_endpoints(&self, count: usize) {
+        eventually(
+            &format!("{count} endpoints with fresh metrics"),
+            Duration::from_secs(10),
+            || self.stat("wasmcustom.inference_picker.endpoints_fresh") == Some(count as f64),
+        );
     }
 
     /// A counter or gauge from the admin `/stats` by its exact name (the filter's own carry
@@ -521,6 +550,7 @@ impl Envoy {
             if Instant::now() > deadline {
                 return None;
             }
+            // The polling interval: Envoy flushes its log every 100 ms.
             std::thread::sleep(Duration::from_millis(50));
         }
     }
@@ -534,6 +564,7 @@ impl Envoy {
             if lines.len() >= min || Instant::now() > deadline {
                 return lines;
             }
+            // The polling interval: Envoy flushes the file every 100 ms.
             std::thread::sleep(Duration::from_millis(100));
         }
     }

@@ -1,0 +1,478 @@
+//! One worker VM, whole: its picker, every pool's ticks and how often they run, flow control's
+//! releases of held requests, and the stats of all of it. The host edge makes one [`WorkerVm`]
+//! per VM and forwards each proxy-wasm callback to it; what the VM decides is carried out
+//! through [`VmHost`], so every flow (request, tick, release, callout answer) runs natively in
+//! tests against the in-memory host (`host::fake::FakeVm`).
+
+use crate::director::{Director, Release};
+use crate::error_response::RequestError;
+use crate::hash::hash_bytes;
+use crate::host::{Clock, HostCall, HostError, HttpCallouts, HttpHost, Metrics, SharedData};
+use crate::picker::Picker;
+use crate::request::ApiKind;
+use crate::request_flow::{self, Carried, Flow, Outcome, RequestFlow};
+use crate::stats::{FlowExit, Stats};
+use crate::tick_flow::{self, CalloutOutcome, PoolTicks};
+
+#[cfg(test)]
+mod tests;
+
+/// What a worker VM needs from its host beyond data and callouts: its timer, the streams it
+/// acts on, and what it reports about itself. Every call may fail; none may panic.
+pub trait VmHost: SharedData + HttpCallouts + Metrics + Clock + Clone {
+    /// The current stream's calls: the stream whose callback runs, or the one last switched to.
+    type Stream: HttpHost;
+    fn stream(&self) -> Self::Stream;
+    /// Makes stream `id` the current one; an error when that stream is gone.
+    fn switch_to_stream(&self, id: u32) -> Result<(), HostError>;
+    /// Lets the current (paused) stream go on.
+    fn resume_stream(&self) -> Result<(), HostError>;
+    /// Sets the period of this VM's tick.
+    fn set_tick_period_ms(&self, period_ms: u32) -> Result<(), HostError>;
+    /// A nanosecond clock, to time decisions and the configuration.
+    fn now_ns(&self) -> Result<u64, HostError>;
+    /// This VM's linear memory, in bytes.
+    fn memory_bytes(&self) -> u64;
+    /// Host calls by kind since the last take, in [`HostCall::ALL`] order.
+    fn take_host_calls(&self) -> [u64; HostCall::ALL.len()];
+    /// Re-reads the host's log level (an operator may change it at run time).
+    fn sync_log_level(&self);
+}
+
+/// The tick period while requests wait: another VM's freed slot (seen in its in-flight
+/// counts) reaches this VM's held requests within this long.
+pub const FLOW_TICK_MS: u32 = 5;
+
+/// Which kind of callback flow control acts from: only a root context's (a tick, a callout
+/// answer) may send local replies to held streams.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Callback {
+    Root,
+    Stream,
+}
+
+/// One pool's timer side and when its next full tick is due.
+struct PoolClock {
+    ticks: PoolTicks,
+    next_full_tick_ms: u64,
+}
+
+pub struct WorkerVm<H: VmHost> {
+    host: H,
+    /// The root context's id: the context made current again after acting on held streams.
+    root_id: u32,
+    picker: Picker,
+    /// Every pool's stats, in pool order.
+    stats: Vec<Stats<H>>,
+    /// Every pool's ticks, in pool order.
+    pools: Vec<PoolClock>,
+    /// The configured period: the shortest pool interval.
+    tick_ms: u32,
+    /// Ticking every [`FLOW_TICK_MS`] because requests wait somewhere in this Envoy.
+    fast_ticking: bool,
+    /// This VM's linear memory as last added to the shared `vm_memory_bytes` gauge.
+    vm_memory_reported: u64,
+}
+
+impl<H: VmHost> WorkerVm<H> {
+    /// Loads the plugin configuration, defines the stats and starts the tick; `previous` is
+    /// the VM this one replaces on a configuration update. The error says what to fix (and
+    /// the previous VM stays).
+    pub fn configure(
+        host: H,
+        root_id: u32,
+        text: &[u8],
+        previous: Option<&Self>,
+    ) -> Result<Self, String> {
+        let started_ns = host.now_ns().unwrap_or(0);
+        // Each VM needs its own tie-breaking sequence, or all workers pick alike.
+        let seed = hash_bytes(started_ns, &root_id.to_le_bytes());
+        let configured = tick_flow::configure(text, seed)?;
+        host.set_tick_period_ms(configured.tick_ms)
+            .map_err(|error| format!("cannot start the metrics tick: {error}"))?;
+        let loaded_ns = host.now_ns().unwrap_or(started_ns);
+        let picker = configured.picker;
+        let stats: Vec<Stats<H>> = picker
+            .slots()
+            .iter()
+            .zip(&configured.ticks)
+            .map(|(slot, ticks)| Stats::define(host.clone(), &slot.director, &ticks.stats_prefix))
+            .collect();
+        let defined_ns = host.now_ns().unwrap_or(loaded_ns);
+        let endpoints: usize = picker.slots().iter().map(|s| s.director.pool().len()).sum();
+        log::info!(
+            "inference-picker: configured with {endpoints} endpoints in {}ms (stats {}ms), scraping every {}ms, {} pool(s)",
+            defined_ns.saturating_sub(started_ns) / 1_000_000,
+            defined_ns.saturating_sub(loaded_ns) / 1_000_000,
+            configured.tick_ms,
+            picker.len(),
+        );
+        let pools = configured
+            .ticks
+            .into_iter()
+            .map(|ticks| PoolClock {
+                ticks,
+                next_full_tick_ms: 0,
+            })
+            .collect();
+        Ok(WorkerVm {
+            host,
+            root_id,
+            picker,
+            stats,
+            pools,
+            tick_ms: configured.tick_ms,
+            fast_ticking: false,
+            // What this VM already added to the gauge every VM shares stays added.
+            vm_memory_reported: previous.map_or(0, |vm| vm.vm_memory_reported),
+        })
+    }
+
+    pub fn picker(&self) -> &Picker {
+        &self.picker
+    }
+
+    /// How often pool `pool` ticks in full (scrapes, sharing).
+    pub fn interval_ms(&self, pool: usize) -> Option<u64> {
+        self.pools.get(pool).map(|clock| clock.ticks.interval_ms)
+    }
+
+    /// The tick period now.
+    pub fn period_ms(&self) -> u32 {
+        if self.fast_ticking {
+            FLOW_TICK_MS
+        } else {
+            self.tick_ms
+        }
+    }
+
+    /// The timer: each pool's full tick (scrapes, shared state, stats) when it is due, and
+    /// flow control's exchange and releases in pools where requests wait.
+    pub fn on_tick(&mut self) {
+        let now_ms = self.host.now_ms().unwrap_or(0);
+        if let Some(stats) = self.stats.first() {
+            stats.vm_memory(self.host.memory_bytes(), &mut self.vm_memory_reported);
+            stats.host_calls(&self.host.take_host_calls());
+        }
+        // A tick that arrives a little early must not skip a whole interval.
+        let slack = u64::from(self.period_ms() / 2);
+        let mut models_changed = false;
+        let mut log_level_synced = false;
+        for (index, pool) in self.pools.iter_mut().enumerate() {
+            let Some(director) = self.picker.director_mut(index) else {
+                continue;
+            };
+            let stats = self.stats.get(index);
+            if let Some(stats) = stats {
+                stats.flush();
+            }
+            let full = now_ms.saturating_add(slack) >= pool.next_full_tick_ms;
+            // Flow control's fast ticks serve the pools with requests waiting; the others
+            // catch up on their full tick.
+            let waiting = flow_waiting(director, now_ms);
+            if full {
+                if !log_level_synced {
+                    self.host.sync_log_level();
+                    log_level_synced = true;
+                }
+                let outcome = pool.ticks.flow.on_tick(&self.host, director);
+                if let Some(stats) = stats {
+                    stats.after_tick(director, &mut pool.ticks.flow, &outcome);
+                }
+                models_changed |= outcome.models_changed;
+                pool.next_full_tick_ms = now_ms.saturating_add(pool.ticks.interval_ms);
+            } else if waiting {
+                // A flow-control tick: the whole Envoy's in-flight counts, then what may go.
+                pool.ticks.flow.exchange_load(&self.host, director, now_ms);
+            }
+            if director.flow_control().is_some() && (full || waiting) {
+                refresh_flow(&self.host, director);
+                release_held(&self.host, director, stats, self.root_id, Callback::Root);
+            }
+        }
+        if models_changed {
+            self.picker.refresh_learned_models();
+        }
+        self.pace_ticks(now_ms);
+    }
+
+    /// A callout's answer (`num_headers` 0: it timed out or was reset). A scrape that shows
+    /// room lets held requests go at once, not at the next tick.
+    pub fn on_callout_response(&mut self, token: u32, num_headers: usize, body_size: usize) {
+        let Some(index) = self.pools.iter().position(|p| p.ticks.flow.owns(token)) else {
+            return;
+        };
+        let (Some(pool), Some(director)) =
+            (self.pools.get_mut(index), self.picker.director_mut(index))
+        else {
+            return;
+        };
+        let stats = self.stats.get(index);
+        let body_size = if num_headers == 0 { 0 } else { body_size };
+        let outcome = pool
+            .ticks
+            .flow
+            .on_callout_response(&self.host, director, token, body_size);
+        if let Some(stats) = stats {
+            stats.after_callout(director, &mut pool.ticks.flow, outcome);
+        }
+        release_held(&self.host, director, stats, self.root_id, Callback::Root);
+        if let CalloutOutcome::Models { changed: true } = outcome {
+            self.picker.refresh_learned_models();
+        }
+    }
+
+    pub fn on_request_headers(&mut self, request: &mut RequestFlow, end_of_stream: bool) -> Flow {
+        self.request_step(request, end_of_stream, |request, stream, picker| {
+            request.on_headers(stream, picker, end_of_stream)
+        })
+    }
+
+    pub fn on_request_body(
+        &mut self,
+        request: &mut RequestFlow,
+        body_size: usize,
+        end_of_stream: bool,
+    ) -> Flow {
+        self.request_step(request, end_of_stream, |request, stream, picker| {
+            request.on_body(stream, picker, body_size, end_of_stream)
+        })
+    }
+
+    pub fn on_request_trailers(&mut self, request: &mut RequestFlow) -> Flow {
+        self.request_step(request, true, |request, stream, picker| {
+            request.on_trailers(stream, picker)
+        })
+    }
+
+    pub fn on_response_headers(&mut self, request: &mut RequestFlow) {
+        request.on_response_headers(&self.host.stream(), &mut self.picker);
+    }
+
+    /// The stream ended, however it ended: its slot (or its place in the queue) is given back,
+    /// and the next held request may go.
+    pub fn on_stream_done(&mut self, request: &mut RequestFlow) {
+        // Only a request still held needs the time (it leaves the queue).
+        let now_ms = if request.outcome == Outcome::Held {
+            self.host.now_ms().unwrap_or(0)
+        } else {
+            0
+        };
+        if let Some(waited_ms) = request.on_done(&mut self.picker, now_ms, &self.host) {
+            log::debug!(
+                "inference-picker: flow control dropped request_id={} waited_ms={waited_ms} reason=client-disconnected",
+                request.request_id
+            );
+            if let Some(stats) = self.stats.get(request.pool()) {
+                stats.flow_left(FlowExit::Abandoned, waited_ms);
+            }
+        }
+        self.release_held_in_pool(request);
+    }
+
+    /// Runs one request callback. `last` says the stream's end was reached, so the decision
+    /// (parse + schedule) happens in this callback and may be timed; a paused headers callback
+    /// of an inference request reads no clock.
+    fn request_step(
+        &mut self,
+        request: &mut RequestFlow,
+        last: bool,
+        step: impl FnOnce(&mut RequestFlow, &H::Stream, &mut Picker) -> Flow,
+    ) -> Flow {
+        let stream = self.host.stream();
+        let was_pending = request.outcome == Outcome::Pending;
+        // The pool is known only after the decision: the first pool's stats pace the sample.
+        let timed =
+            was_pending && last && self.stats.first().is_some_and(Stats::time_this_decision);
+        let started_ns = timed.then(|| self.host.now_ns().ok()).flatten();
+        let flow = step(request, &stream, &mut self.picker);
+        if was_pending {
+            request.log_decision(&stream, &self.picker);
+            self.count_decision(request, started_ns);
+        }
+        if request.outcome == Outcome::Held {
+            // Held behind others while the pool may have room: let the right one go.
+            self.release_held_in_pool(request);
+        }
+        flow
+    }
+
+    /// Flow control's part of a stream callback, in the request's pool.
+    fn release_held_in_pool(&mut self, request: &RequestFlow) {
+        let pool = request.pool();
+        if let Some(director) = self.picker.director_mut(pool) {
+            let stats = self.stats.get(pool);
+            release_held(&self.host, director, stats, request.id(), Callback::Stream);
+        }
+    }
+
+    fn count_decision(&self, request: &RequestFlow, started_ns: Option<u64>) {
+        let Some(stats) = self.stats.get(request.pool()) else {
+            return;
+        };
+        match &request.outcome {
+            Outcome::Pending => {}
+            Outcome::Routed(routed) => {
+                let elapsed_us = started_ns.and_then(|started| {
+                    let now = self.host.now_ns().ok()?;
+                    Some(now.saturating_sub(started) / 1000)
+                });
+                stats.routed(routed.primary, elapsed_us);
+            }
+            Outcome::Rejected(error) => stats.rejected(error),
+            Outcome::Held => stats.held(),
+        }
+    }
+
+    /// Ticks every [`FLOW_TICK_MS`] while requests wait anywhere in this Envoy, at the
+    /// configured period otherwise.
+    fn pace_ticks(&mut self, now_ms: u64) {
+        let waiting = self
+            .picker
+            .slots()
+            .iter()
+            .any(|slot| flow_waiting(&slot.director, now_ms));
+        let fast = waiting && FLOW_TICK_MS < self.tick_ms;
+        if fast == self.fast_ticking {
+            return;
+        }
+        let period = if fast { FLOW_TICK_MS } else { self.tick_ms };
+        match self.host.set_tick_period_ms(period) {
+            Ok(()) => self.fast_ticking = fast,
+            Err(error) => log::warn!("inference-picker: setting the tick period: {error}"),
+        }
+    }
+}
+
+/// Answers a request that arrived before the VM was configured (or while it is busy in a
+/// callback that cannot be re-entered): 503, in the shape its API expects.
+pub fn answer_unavailable(stream: &impl HttpHost) {
+    let error = RequestError::NoEndpoint("the endpoint picker is not configured".into());
+    let path = stream.request_header(":path").unwrap_or_default();
+    if let Err(host_error) = stream.send_error(&error, ApiKind::from_path(&path).error_shape()) {
+        log::error!("inference-picker: sending the 503 reply: {host_error}");
+    }
+}
+
+/// Requests wait in this pool, here or (as last seen) in another VM, or refusals wait to be
+/// sent.
+fn flow_waiting(director: &Director, now_ms: u64) -> bool {
+    director
+        .flow_control()
+        .is_some_and(|flow| !(flow.idle(now_ms) && flow.settled()))
+        || director.has_deferred()
+}
+
+/// Reads what the other VMs hold.
+fn refresh_flow(store: &dyn SharedData, director: &mut Director) {
+    if let Some(flow) = director.flow_control_mut() {
+        if let Err(error) = flow.refresh(store) {
+            log::debug!("inference-picker: flow control: reading the other VMs' queues: {error}");
+        }
+    }
+}
+
+/// Flow control's part of a callback: lets out what may go (resuming or answering this VM's
+/// held streams) and publishes what this VM holds. Only a clock read while nothing waits
+/// anywhere. `current` is the callback's own context, made current again after acting on
+/// held streams.
+fn release_held<H: VmHost>(
+    host: &H,
+    director: &mut Director,
+    stats: Option<&Stats<H>>,
+    current: u32,
+    callback: Callback,
+) {
+    let root = callback == Callback::Root;
+    if director.flow_control().is_none() && !director.has_deferred() {
+        return;
+    }
+    let now_ms = host.now_ms().unwrap_or(0);
+    let quiet = director
+        .flow_control()
+        .is_none_or(|flow| flow.idle(now_ms) && flow.settled());
+    if quiet && !(root && director.has_deferred()) {
+        return;
+    }
+    let mut releases = Vec::new();
+    if root {
+        director.take_deferred(&mut releases);
+    }
+    director.releases(now_ms, host, &mut releases);
+    let switched = !releases.is_empty();
+    for release in releases {
+        carry_out_on_stream(host, director, stats, release, root);
+    }
+    if switched {
+        if let Err(error) = host.switch_to_stream(current) {
+            log::debug!("inference-picker: returning to the callback's own context: {error}");
+        }
+    }
+    if let Some(flow) = director.flow_control_mut() {
+        if let Err(error) = flow.publish(host, now_ms) {
+            log::debug!("inference-picker: flow control: publishing this VM's queue: {error}");
+        }
+    }
+    if let Some(stats) = stats {
+        stats.flow_gauges(director, now_ms);
+    }
+}
+
+/// Resumes (or answers) one released request on its own stream.
+fn carry_out_on_stream<H: VmHost>(
+    host: &H,
+    director: &mut Director,
+    stats: Option<&Stats<H>>,
+    release: Release,
+    may_answer: bool,
+) {
+    let (id, exit, waited_ms) = match &release {
+        Release::Routed {
+            id,
+            waited_ms,
+            routed,
+            ..
+        } => (
+            *id,
+            FlowExit::Dispatched {
+                primary: routed.primary,
+            },
+            *waited_ms,
+        ),
+        Release::Refused {
+            id,
+            error,
+            waited_ms,
+            ..
+        } => (*id, FlowExit::Refused(error.clone()), *waited_ms),
+    };
+    if host.switch_to_stream(id).is_err() {
+        // The stream is gone (its end already ran): give back what the pick took.
+        if let Release::Routed { routed, .. } = &release {
+            director.release(routed);
+        }
+        return;
+    }
+    let exit = match request_flow::carry_out(&host.stream(), director, release, may_answer) {
+        Carried::Resume => match host.resume_stream() {
+            Ok(()) => exit,
+            Err(error) => {
+                log::warn!("inference-picker: resuming a released request: {error}");
+                return;
+            }
+        },
+        Carried::Answered => match exit {
+            FlowExit::Dispatched { .. } => FlowExit::Refused(RequestError::NoEndpoint(
+                "the destination could not be set".into(),
+            )),
+            refused => refused,
+        },
+        Carried::Deferred(refusal) => {
+            director.defer(refusal);
+            return;
+        }
+    };
+    if let Some(stats) = stats {
+        stats.flow_left(exit, waited_ms);
+    }
+}

@@ -1,0 +1,239 @@
+//! A whole worker VM against the in-memory host: what the proxy-wasm edge forwards (ticks,
+//! callout answers, stream callbacks) and what the VM has the host do.
+
+use super::*;
+use crate::harness::test;
+use crate::host::fake::FakeVm;
+use crate::protocol::DESTINATION_HEADER;
+
+const ROOT: u32 = 1;
+const INTERVAL_MS: u64 = 50;
+const TWO_PODS: &str = "pool:
+  refreshMetricsInterval: 50ms
+  endpoints: [{address: '10.0.0.1:8000'}, {address: '10.0.0.2:8000'}]
+";
+/// One pod that takes one request at a time; others wait up to a second.
+const ONE_SLOT: &str = "
+featureGates: [flowControl]
+plugins:
+- {type: concurrency-detector, parameters: {maxConcurrency: 1}}
+- {type: round-robin-fairness-policy, name: rr}
+flowControl:
+  saturationDetector: {pluginRef: concurrency-detector}
+  defaultRequestTTL: 1s
+  priorityBands: [{priority: 0, fairnessPolicyRef: rr}]
+pool: {refreshMetricsInterval: 50ms, endpoints: [{address: '10.0.0.1:8000'}]}
+";
+const BODY: &str = r#"{"model":"m","prompt":"hello"}"#;
+
+fn configured(config: &str) -> (FakeVm, WorkerVm<FakeVm>) {
+    let host = FakeVm::default();
+    host.clock.0.set(1_000_000);
+    let vm = WorkerVm::configure(host.clone(), ROOT, config.as_bytes(), None).unwrap();
+    (host, vm)
+}
+
+/// One interval later, a tick; every scrape it sent is answered with the pod's waiting queue
+/// (in pool order), from the root context as Envoy does.
+fn scrape_round(host: &FakeVm, vm: &mut WorkerVm<FakeVm>, waiting: &[u32]) {
+    host.clock.advance(INTERVAL_MS);
+    host.enter(ROOT);
+    vm.on_tick();
+    for call in host.callouts.take_sent() {
+        let authority = call.headers.iter().find(|(name, _)| name == ":authority");
+        let pod = authority.and_then(|(_, value)| value.strip_prefix("10.0.0."));
+        let index: usize = pod.and_then(|p| p.split(':').next()?.parse().ok()).unwrap();
+        let body = format!("vllm:num_requests_waiting {}\n", waiting[index - 1]);
+        host.callouts.answer(call.token, Some("200"), &body);
+        vm.on_callout_response(call.token, 1, body.len());
+    }
+}
+
+/// A completions request on stream `id`, headers then body, as Envoy calls them.
+fn send(host: &FakeVm, vm: &mut WorkerVm<FakeVm>, id: u32) -> (RequestFlow, Flow) {
+    let headers = [(":path", "/v1/completions"), (":method", "POST")];
+    host.open_stream(id, &headers, BODY);
+    let mut request = RequestFlow::new(id);
+    assert_eq!(vm.on_request_headers(&mut request, false), Flow::Pause);
+    let flow = vm.on_request_body(&mut request, BODY.len(), true);
+    (request, flow)
+}
+
+fn destination(host: &FakeVm, id: u32) -> Option<String> {
+    host.enter(id);
+    let value = host.stream().request_header(DESTINATION_HEADER)?;
+    String::from_utf8(value).ok()
+}
+
+#[test]
+fn configuring_starts_the_tick_at_the_pool_interval_and_a_bad_config_says_why() {
+    let (host, vm) = configured(TWO_PODS);
+    assert_eq!(host.tick_period_ms.get(), Some(50));
+    assert_eq!(vm.period_ms(), 50);
+    let error = WorkerVm::configure(FakeVm::default(), ROOT, b"pool: [", None)
+        .err()
+        .unwrap();
+    assert!(!error.is_empty());
+    let error = WorkerVm::configure(FakeVm::default(), ROOT, &[0xff, 0xfe], None)
+        .err()
+        .unwrap();
+    assert!(error.contains("UTF-8"), "{error}");
+}
+
+#[test]
+fn scrape_answers_reach_the_pick_and_the_stats() {
+    let (host, mut vm) = configured(TWO_PODS);
+    scrape_round(&host, &mut vm, &[6, 0]);
+    scrape_round(&host, &mut vm, &[6, 0]);
+    let (request, flow) = send(&host, &mut vm, 10);
+    assert_eq!(flow, Flow::Continue);
+    assert!(matches!(request.outcome, Outcome::Routed(_)));
+    assert_eq!(destination(&host, 10).as_deref(), Some("10.0.0.2:8000"));
+    // Per-request counts reach Envoy's counters on the next tick, in one call per stat.
+    assert_eq!(
+        host.metrics.value("inference_picker.decisions.routed"),
+        None
+    );
+    scrape_round(&host, &mut vm, &[0, 6]);
+    assert_eq!(
+        host.metrics.value("inference_picker.decisions.routed"),
+        Some(1)
+    );
+    assert_eq!(
+        host.metrics.value("inference_picker.endpoints_fresh"),
+        Some(2)
+    );
+    let (_, flow) = send(&host, &mut vm, 11);
+    assert_eq!(flow, Flow::Continue);
+    assert_eq!(destination(&host, 11).as_deref(), Some("10.0.0.1:8000"));
+}
+
+#[test]
+fn a_scrape_that_times_out_reads_no_body() {
+    let (host, mut vm) = configured(TWO_PODS);
+    host.clock.advance(INTERVAL_MS);
+    vm.on_tick();
+    let sent = host.callouts.take_sent();
+    assert_eq!(sent.len(), 2);
+    for call in &sent {
+        host.callouts
+            .answer(call.token, None, "vllm:num_requests_waiting 0\n");
+        vm.on_callout_response(call.token, 0, 28);
+    }
+    assert_eq!(host.callouts.body_bytes_read.get(), 0);
+    for pod in ["10.0.0.1:8000", "10.0.0.2:8000"] {
+        let failures = format!("inference_picker.endpoint.{pod}.scrape_failure");
+        assert_eq!(host.metrics.value(&failures), Some(1), "{failures}");
+    }
+}
+
+#[test]
+fn a_request_held_behind_a_busy_pod_goes_when_the_slot_frees() {
+    let (host, mut vm) = configured(ONE_SLOT);
+    scrape_round(&host, &mut vm, &[0]);
+    let (mut first, flow) = send(&host, &mut vm, 10);
+    assert_eq!(flow, Flow::Continue);
+    let (mut second, flow) = send(&host, &mut vm, 11);
+    assert_eq!((flow, &second.outcome), (Flow::Pause, &Outcome::Held));
+    assert_eq!(destination(&host, 11), None, "nothing written while held");
+    // The tick sees requests waiting and speeds up.
+    host.enter(ROOT);
+    vm.on_tick();
+    assert_eq!(host.tick_period_ms.get(), Some(FLOW_TICK_MS));
+    // The first stream ends: in its own callback the held one is routed and resumed, and
+    // the host is back on the first stream afterwards.
+    host.enter(10);
+    vm.on_stream_done(&mut first);
+    assert_eq!(host.current(), 10, "back on the callback's own stream");
+    assert_eq!(host.resumed.borrow().as_slice(), &[11]);
+    assert_eq!(destination(&host, 11).as_deref(), Some("10.0.0.1:8000"));
+    // The resumed stream's response takes its decision back; its end frees the slot.
+    host.enter(11);
+    vm.on_response_headers(&mut second);
+    assert!(second.was_routed());
+    vm.on_stream_done(&mut second);
+    let (_, flow) = send(&host, &mut vm, 12);
+    assert_eq!(flow, Flow::Continue, "the slot is free again");
+    // Nothing waits any more: within a pool interval, the tick slows down to it again.
+    for _ in 0..INTERVAL_MS / u64::from(FLOW_TICK_MS) {
+        host.clock.advance(u64::from(FLOW_TICK_MS));
+        host.enter(ROOT);
+        vm.on_tick();
+    }
+    assert_eq!(host.tick_period_ms.get(), Some(50));
+}
+
+#[test]
+fn a_released_request_whose_stream_is_gone_gives_its_slot_back() {
+    let (host, mut vm) = configured(ONE_SLOT);
+    scrape_round(&host, &mut vm, &[0]);
+    let (mut first, _) = send(&host, &mut vm, 10);
+    let (_, flow) = send(&host, &mut vm, 11);
+    assert_eq!(flow, Flow::Pause);
+    // Stream 11 is reset before its end reaches the VM; the release finds it gone.
+    host.close_stream(11);
+    host.enter(10);
+    vm.on_stream_done(&mut first);
+    assert!(host.resumed.borrow().is_empty());
+    let (_, flow) = send(&host, &mut vm, 12);
+    assert_eq!(
+        flow,
+        Flow::Continue,
+        "the pick for the gone stream was given back"
+    );
+}
+
+#[test]
+fn a_refusal_found_in_a_stream_callback_is_sent_from_the_next_tick() {
+    let (host, mut vm) = configured(ONE_SLOT);
+    scrape_round(&host, &mut vm, &[0]);
+    let (_first, _) = send(&host, &mut vm, 10);
+    let (_, flow) = send(&host, &mut vm, 11);
+    assert_eq!(flow, Flow::Pause);
+    // Past the TTL, another request's callback finds stream 11 expired: a local reply sent
+    // from that callback would confuse Envoy about the current stream, so it waits.
+    host.clock.advance(1_500);
+    let (_, flow) = send(&host, &mut vm, 12);
+    assert_eq!(flow, Flow::Pause);
+    assert_eq!(
+        host.stream_reply(11),
+        None,
+        "not answered from stream 12's callback"
+    );
+    host.enter(ROOT);
+    vm.on_tick();
+    assert_eq!(host.stream_reply(11), Some(429));
+    assert!(host.resumed.borrow().is_empty());
+}
+
+#[test]
+fn a_request_before_the_configuration_is_answered_503_in_its_api_shape() {
+    let host = FakeVm::default();
+    host.open_stream(3, &[(":path", "/v1/chat/completions")], "");
+    answer_unavailable(&host.stream());
+    assert_eq!(host.stream_reply(3), Some(503));
+}
+
+#[test]
+fn a_configuration_update_adds_only_new_memory_to_the_shared_gauge() {
+    let (host, mut vm) = configured(TWO_PODS);
+    host.memory_bytes.set(4 << 20);
+    vm.on_tick();
+    let gauge = "inference_picker.vm_memory_bytes";
+    assert_eq!(host.metrics.value(gauge), Some(4 << 20));
+    let mut updated =
+        WorkerVm::configure(host.clone(), ROOT, TWO_PODS.as_bytes(), Some(&vm)).unwrap();
+    host.memory_bytes.set(5 << 20);
+    host.clock.advance(INTERVAL_MS);
+    updated.on_tick();
+    assert_eq!(
+        host.metrics.value(gauge),
+        Some(5 << 20),
+        "the first 4 MiB counted once"
+    );
+    assert_eq!(
+        host.metrics.value("inference_picker.vms"),
+        Some(1),
+        "still one VM"
+    );
+}
