@@ -43,7 +43,7 @@ wasm-bindgen-runner:
 ## VM for each callback the module exports (a streamed response's every chunk, trailers, a
 ## stream's end before its log, TCP and gRPC events)
 build: toolchain wasm-exports
-	$(CARGO) build --release --target wasm32-wasip1 --lib
+	$(CARGO) build --release --target wasm32-wasip1 -p inference-picker
 	$(EXPORTS_TOOL) drop $(WASM) $(UNUSED_EXPORTS)
 	@ls -l $(WASM)
 
@@ -71,13 +71,13 @@ $(H2): $(ENVOY)
 	@touch $@
 
 lint: toolchain
-	$(CARGO) fmt --check
-	$(CARGO) clippy --all-targets -- -D warnings
-	$(CARGO) clippy --release --target wasm32-wasip1 --lib -- -D warnings
+	$(CARGO) fmt --all --check
+	$(CARGO) clippy --workspace --all-targets -- -D warnings
+	$(CARGO) clippy --release --target wasm32-wasip1 -p inference-picker -p inference-picker-core -- -D warnings
 	$(CARGO) clippy --all-targets --manifest-path tools/wasm-exports/Cargo.toml --target-dir target/tools -- -D warnings
 
 unit:
-	$(CARGO) test --lib
+	$(CARGO) test -p inference-picker-core --lib
 	$(CARGO) test --release --manifest-path tools/wasm-exports/Cargo.toml --target-dir target/tools
 
 ## wasm-unit: the unit tests compiled to wasm32-unknown-unknown, run by wasm-bindgen-test in Node's
@@ -85,9 +85,9 @@ unit:
 wasm-unit: toolchain wasm-bindgen-runner
 	@mkdir -p target; set -o pipefail; \
 	CARGO_TARGET_WASM32_UNKNOWN_UNKNOWN_RUNNER=$(CURDIR)/$(WBG_RUNNER) \
-	  $(CARGO) test --lib --target wasm32-unknown-unknown 2>&1 | tee target/wasm-unit.log || exit 1; \
+	  $(CARGO) test -p inference-picker-core --lib --target wasm32-unknown-unknown 2>&1 | tee target/wasm-unit.log || exit 1; \
 	ran=$$(grep -oE '^test result: ok\. [0-9]+ passed' target/wasm-unit.log | grep -oE '[0-9]+'); \
-	native=$$($(CARGO) test --lib -q -- --list 2>/dev/null | grep -c ': test$$'); \
+	native=$$($(CARGO) test -p inference-picker-core --lib -q -- --list 2>/dev/null | grep -c ': test$$'); \
 	echo "wasm-unit: $$ran of $$native unit tests ran under wasm-bindgen-test in Node $$(node --version)"; \
 	test "$$ran" = "$$native"
 

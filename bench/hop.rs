@@ -15,7 +15,7 @@ const INTRO: &str =
      Same two near-instant simulated pods, three gateways, each Envoy `--concurrency 2`: \
      (a) Envoy routing round-robin with no filter (the floor); (b) Envoy with the wasm \
      filter (default plugins); (c) Envoy with the `ext_proc` filter calling `extproc-picker` \
-     (`bench/extproc`: the same scheduling core and config, natively, behind gRPC, in GIE's \
+     (`bench/extproc`: the filter's own request path, scheduling core and config, natively, behind gRPC, in GIE's \
      shape: request headers and body streamed to it with `FULL_DUPLEX_STREAMED`, the body \
      streamed back, the destination header returned, response headers sent so it can \
      release the request). The gateways alternate in four rounds per cell; closed loop \

@@ -1,7 +1,7 @@
 //! Load generation (closed and open loop over keep-alive connections) and percentiles.
 
 use crate::support::{Exchange, KeepAlive};
-use inference_picker::scheduling::rng::Rng;
+use inference_picker_core::scheduling::rng::Rng;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};

@@ -10,9 +10,9 @@ use crate::setup::{filter_stat, plain_envoy};
 use crate::support::http1::Client;
 use crate::support::{with_endpoints, Envoy, KeepAlive, Sim};
 use crate::workloads::{flag_value, prompt_tokens, unique_chat, OUTPUT_TOKENS};
-use inference_picker::error_response::Dropped;
-use inference_picker::protocol::DROPPED_REASON_HEADER;
-use inference_picker::scheduling::rng::Rng;
+use inference_picker_core::error_response::Dropped;
+use inference_picker_core::protocol::DROPPED_REASON_HEADER;
+use inference_picker_core::scheduling::rng::Rng;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -761,7 +761,7 @@ mod tests {
                 Outcome::Shed
             );
         }
-        let body = inference_picker::error_response::RequestError::TooManyRequests(format!(
+        let body = inference_picker_core::error_response::RequestError::TooManyRequests(format!(
             "{SHED_MESSAGE} (priority -1)"
         ))
         .to_json();

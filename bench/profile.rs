@@ -11,7 +11,7 @@ use crate::support::{
     repo, shipped_picker_config, static_cluster, with_endpoints, Envoy, EnvoyConfig, Sim,
 };
 use crate::workloads::padded_completion;
-use inference_picker::host::HostCall;
+use inference_picker_core::host::HostCall;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::Duration;

@@ -16,7 +16,7 @@ use crate::workloads::{
     shared_prefix_workload, BATCHING_SIM, LORA_SIM, OUTPUT_TOKENS, QUALITY_SIM,
 };
 use goodput::{goodput_rows, points, Ceiling, GoodputRow, Point, SLOS_MS};
-use inference_picker::scheduling::rng::Rng;
+use inference_picker_core::scheduling::rng::Rng;
 use std::collections::BTreeMap;
 use std::time::Instant;
 

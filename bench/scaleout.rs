@@ -9,7 +9,7 @@ use crate::report::{csv_table, markdown_table, Cell, Column, Part, Row};
 use crate::setup::Gateway;
 use crate::support::Sim;
 use crate::workloads::{best_hit_rate, shared_prefix_workload, QUALITY_SIM};
-use inference_picker::scheduling::rng::Rng;
+use inference_picker_core::scheduling::rng::Rng;
 
 struct ScaleoutRow {
     replicas: usize,

@@ -1,7 +1,7 @@
 //! Request bodies for every part, and the pod flags the routing-quality workloads run against.
 
 use crate::support::{request, Sim, MODEL};
-use inference_picker::scheduling::rng::Rng;
+use inference_picker_core::scheduling::rng::Rng;
 use std::collections::hash_map::DefaultHasher;
 use std::collections::HashSet;
 use std::hash::{Hash, Hasher};

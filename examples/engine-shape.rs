@@ -31,7 +31,7 @@ mod support;
 #[path = "../bench/workloads.rs"]
 mod workloads;
 
-use inference_picker::scheduling::rng::Rng;
+use inference_picker_core::scheduling::rng::Rng;
 use report::{markdown_table, Cell, Column, Row, Stamp};
 use serde_json::{json, Value};
 use server::{

@@ -1,5 +1,5 @@
-//! The crate's shape, checked: the host cannot leak into the core (only `src/filter/` names
-//! `proxy_wasm`), and no module imports one that imports it back.
+//! The workspace's shape, checked: the core cannot name the host SDK, the filter only carries
+//! out what the core decides, and no module of the core imports one that imports it back.
 //!
 //! The import graph is read from the sources: every `crate::a::b` path, every `super::x`, and
 //! every `use x::...` of a child module, outside comments, string literals and `#[cfg(test)]`
@@ -8,8 +8,13 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
+fn crates() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("crates")
+}
+
+/// The core's sources.
 fn src() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("src")
+    crates().join("core/src")
 }
 
 fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
@@ -86,7 +91,6 @@ fn longest_module(modules: &BTreeSet<String>, parts: &[&str]) -> Option<String> 
 fn import_graph() -> BTreeMap<String, BTreeSet<String>> {
     let mut files = Vec::new();
     rust_files(&src(), &mut files);
-    files.retain(|f| !f.starts_with(src().join("bin")));
     let modules: BTreeSet<String> = files.iter().map(|f| module_of(f)).collect();
     let mut graph: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
     for file in &files {
@@ -175,37 +179,97 @@ fn the_cycle_finder_finds_cycles() {
     assert_eq!(find_cycle(&graph).map(|c| c.len()), Some(4));
 }
 
+/// The `[dependencies]`-like sections of a manifest: every dependency name it lists.
+fn dependencies(manifest: &str) -> BTreeSet<String> {
+    let mut names = BTreeSet::new();
+    let mut in_dependencies = false;
+    for line in manifest.lines() {
+        let line = line.trim();
+        if line.starts_with('[') {
+            in_dependencies = line.trim_end_matches(']').ends_with("dependencies");
+            continue;
+        }
+        if in_dependencies && !line.starts_with('#') {
+            if let Some((name, _)) = line.split_once('=') {
+                let name = name.trim().trim_end_matches(".workspace").to_owned();
+                if !name.is_empty() {
+                    names.insert(name);
+                }
+            }
+        }
+    }
+    names
+}
+
+fn manifest(crate_dir: &str) -> String {
+    std::fs::read_to_string(crates().join(crate_dir).join("Cargo.toml")).expect("manifest")
+}
+
 #[test]
-fn only_the_host_edge_names_proxy_wasm() {
+fn the_core_cannot_name_proxy_wasm() {
+    let core = dependencies(&manifest("core"));
+    assert!(
+        core.contains("serde"),
+        "the manifest looks unread: {core:?}"
+    );
+    assert!(
+        !core.iter().any(|name| name.contains("proxy-wasm")),
+        "the core depends on the host SDK: {core:?}"
+    );
     let mut files = Vec::new();
     rust_files(&src(), &mut files);
-    let filter = src().join("filter");
     let leaks: Vec<String> = files
         .iter()
-        .filter(|file| !file.starts_with(&filter))
         .filter(|file| {
             let text = std::fs::read_to_string(file).expect("readable source");
             code_of(&text).contains("proxy_wasm")
         })
         .map(|file| file.display().to_string())
         .collect();
+    assert!(leaks.is_empty(), "proxy_wasm in the core: {leaks:?}");
+}
+
+/// What the filter may use of the core: the host contract it implements, the worker VM it
+/// forwards to, the request state each stream keeps, and the protocol's names and error
+/// shapes it writes. Scheduling, flow control or configuration named here would be a
+/// decision made in the edge.
+const FILTER_USES: [&str; 5] = ["host", "vm", "request_flow", "error_response", "protocol"];
+
+#[test]
+fn the_filter_only_carries_out_what_the_core_decides() {
+    let filter = crates().join("wasm-filter/src");
+    let mut files = Vec::new();
+    rust_files(&filter, &mut files);
+    let mut lines = 0;
+    let mut used = BTreeSet::new();
+    for file in &files {
+        let text = std::fs::read_to_string(file).expect("readable source");
+        lines += text.lines().count();
+        for path in paths(&code_of(&text)) {
+            if let ["inference_picker_core", module, ..] = path[..] {
+                used.insert(module.to_owned());
+            }
+        }
+    }
     assert!(
-        leaks.is_empty(),
-        "proxy_wasm outside src/filter/: {leaks:?}"
+        files.len() >= 2 && used.contains("vm"),
+        "the filter looks unread: {used:?}"
     );
-    let manifest = std::fs::read_to_string(src().join("../Cargo.toml")).expect("Cargo.toml");
-    let wasm_only = manifest
-        .split("[target.'cfg(all(target_arch = \"wasm32\", target_os = \"wasi\"))'.dependencies]")
-        .nth(1)
-        .is_some_and(|section| {
-            section
-                .split("\n[")
-                .next()
-                .unwrap_or("")
-                .contains("proxy-wasm")
-        });
     assert!(
-        wasm_only,
-        "proxy-wasm must be a dependency of the filter's target (wasm32-wasi) only"
+        lines < 700,
+        "the filter is {lines} lines: move logic into the core"
     );
+    let beyond: Vec<&String> = used
+        .iter()
+        .filter(|m| !FILTER_USES.contains(&m.as_str()))
+        .collect();
+    assert!(
+        beyond.is_empty(),
+        "the filter uses the core's {beyond:?}: decisions belong in the core"
+    );
+    let deps = dependencies(&manifest("wasm-filter"));
+    let expected: BTreeSet<String> = ["inference-picker-core", "log", "proxy-wasm"]
+        .map(String::from)
+        .into();
+    assert_eq!(deps, expected, "the filter's dependencies");
 }

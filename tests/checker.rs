@@ -24,9 +24,12 @@ fn check_prints_an_effective_config_that_loads_again() {
         let (ok, stdout, stderr) = checker(&["check", path.to_str().unwrap()]);
         assert!(ok, "{}: {stderr}", path.display());
         // One effective configuration per pool, each a single-pool document of its own.
-        let original =
-            inference_picker::config::load_set(&std::fs::read_to_string(&path).unwrap(), 1, false)
-                .unwrap();
+        let original = inference_picker_core::config::load_set(
+            &std::fs::read_to_string(&path).unwrap(),
+            1,
+            false,
+        )
+        .unwrap();
         let sections: Vec<&str> = stdout
             .split("# effective configuration\n")
             .skip(1)
@@ -34,7 +37,7 @@ fn check_prints_an_effective_config_that_loads_again() {
             .collect();
         assert_eq!(sections.len(), original.pools.len(), "{}", path.display());
         for (effective, original) in sections.into_iter().zip(&original.pools) {
-            let again = inference_picker::config::load(effective, 1).unwrap_or_else(|e| {
+            let again = inference_picker_core::config::load(effective, 1).unwrap_or_else(|e| {
                 panic!(
                     "{}: effective config does not load: {e}\n{effective}",
                     path.display()

@@ -160,7 +160,7 @@ fn the_pool_cluster_lists_the_pickers_endpoints() {
 /// large pool (Envoy's defaults, 1,024, overflow from about 1,024 endpoints on).
 fn check_metrics_cluster(file: &str) {
     let config = EnvoyConfig::load(file);
-    let set = inference_picker::config::load_set(&config.picker_config(), 1, false)
+    let set = inference_picker_core::config::load_set(&config.picker_config(), 1, false)
         .unwrap_or_else(|e| panic!("{file}: {e}"));
     // Pools sharing a metrics cluster share its breakers.
     let mut in_flight_by_cluster: std::collections::BTreeMap<&str, usize> = Default::default();

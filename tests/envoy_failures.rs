@@ -150,9 +150,10 @@ fn nothing_a_client_sends_routes_outside_the_pool() {
     let a = Sim::start("pod-a", &[]);
     let outsider = Sim::start("outsider", &[]);
     let envoy = gateway(&[&a], "");
-    let token = inference_picker::scheduling::plugins::scorer::session_affinity_scorer::token_for(
-        &outsider.address,
-    );
+    let token =
+        inference_picker_core::scheduling::plugins::scorer::session_affinity_scorer::token_for(
+            &outsider.address,
+        );
     let steering = [
         ("x-gateway-destination-endpoint", outsider.address.as_str()),
         (

@@ -1,9 +1,9 @@
 //! Every config in `examples/configs/` loads with the filter's own loader, without warnings,
 //! and routes as its comment says (checked natively through the picker with scraped metrics).
 
-use inference_picker::config::{load, load_set};
-use inference_picker::director::{Director, Routed};
-use inference_picker::request::{ApiKind, RequestHeaders};
+use inference_picker_core::config::{load, load_set};
+use inference_picker_core::director::{Director, Routed};
+use inference_picker_core::request::{ApiKind, RequestHeaders};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
@@ -291,7 +291,7 @@ fn plugin_table_lists_every_registered_type() {
         .take_while(|line| !line.starts_with("### "))
         .filter(|line| line.starts_with("| `"))
         .collect();
-    for type_name in inference_picker::scheduling::plugins::all_types() {
+    for type_name in inference_picker_core::scheduling::plugins::all_types() {
         let named = format!("`{type_name}`");
         assert!(
             table
@@ -303,7 +303,7 @@ fn plugin_table_lists_every_registered_type() {
     for row in &table {
         let first = row.split('`').nth(1).unwrap_or("");
         assert!(
-            inference_picker::scheduling::plugins::known_type(first).is_some(),
+            inference_picker_core::scheduling::plugins::known_type(first).is_some(),
             "docs/plugins.md lists {first}, which is not registered"
         );
     }

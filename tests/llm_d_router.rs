@@ -2,9 +2,9 @@
 //! own loader, or fail with an error that names the plugin and what to use instead; and
 //! llm-d-router's spellings of the parameters we share reach the same behaviour as ours.
 
-use inference_picker::config::load;
-use inference_picker::director::{Director, Routed};
-use inference_picker::request::{ApiKind, RequestHeaders};
+use inference_picker_core::config::load;
+use inference_picker_core::director::{Director, Routed};
+use inference_picker_core::request::{ApiKind, RequestHeaders};
 use std::path::Path;
 
 /// llm-d-router takes its pods from the InferencePool; the filter needs them listed.

@@ -160,7 +160,7 @@ fn check(file: &str, crd: &str) -> Value {
 fn loads(config: &Value, file: &str) {
     // Istio and Envoy Gateway hand the object to the filter as JSON.
     let json = serde_json::to_string(config).unwrap();
-    inference_picker::config::load(&json, 1).unwrap_or_else(|e| panic!("{file}: {e}"));
+    inference_picker_core::config::load(&json, 1).unwrap_or_else(|e| panic!("{file}: {e}"));
 }
 
 #[test]

@@ -2,7 +2,7 @@
 //! its kind, the *prefix* mark exactly on the plugins that read prefix matches, and the request
 //! headers it reads. A plugin added without a row, or a row left behind, fails here.
 
-use inference_picker::scheduling::plugins::{self, Data};
+use inference_picker_core::scheduling::plugins::{self, Data};
 
 /// `(first cell, kind cell, whole row)` of every row of the table under `### Plugins`.
 fn table_rows(doc: &str) -> Vec<(String, String, String)> {

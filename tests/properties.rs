@@ -3,13 +3,13 @@
 //! disturb how the others compare, a pick is always a distinct subset of the candidates,
 //! scaling every weight never changes a decision, and no input makes a parser panic.
 
-use inference_picker::config::load;
-use inference_picker::endpoint::{EndpointState, Health, Pool};
-use inference_picker::metrics::{extract, CacheConfig, EndpointMetrics, Engine, LoraInfo};
-use inference_picker::request::{parse_body, ApiKind, InferenceRequest, RequestHeaders};
-use inference_picker::scheduling::plugins::{self, scorer::session_affinity_scorer};
-use inference_picker::scheduling::rng::Rng;
-use inference_picker::scheduling::{CycleState, Plugin, PrefixMatches, SchedulingContext};
+use inference_picker_core::config::load;
+use inference_picker_core::endpoint::{EndpointState, Health, Pool};
+use inference_picker_core::metrics::{extract, CacheConfig, EndpointMetrics, Engine, LoraInfo};
+use inference_picker_core::request::{parse_body, ApiKind, InferenceRequest, RequestHeaders};
+use inference_picker_core::scheduling::plugins::{self, scorer::session_affinity_scorer};
+use inference_picker_core::scheduling::rng::Rng;
+use inference_picker_core::scheduling::{CycleState, Plugin, PrefixMatches, SchedulingContext};
 use proptest::prelude::*;
 use serde_yaml::Value;
 use std::collections::BTreeMap;
@@ -230,7 +230,7 @@ fn check_others_undisturbed(
         // The prefix score weighs a hit by the queue beyond the shortest candidate's, so a
         // candidate with a shorter (known) queue legitimately re-weighs the others' hits
         // (`affinityQueueLimit`; its own unit tests pin that). Unknown values must not.
-        let prefix_scorer = inference_picker::scheduling::plugins::spec(type_name)
+        let prefix_scorer = inference_picker_core::scheduling::plugins::spec(type_name)
             .is_some_and(|spec| spec.type_name == "prefix-cache-scorer");
         if prefix_scorer && !unknown {
             continue;
@@ -317,7 +317,7 @@ proptest! {
         seed in any::<u64>(),
     ) {
         let mut pool = pool_of(&specs);
-        let selector = inference_picker::metrics::MetricSelector { metric_name: "m".into(), labels: vec![] };
+        let selector = inference_picker_core::metrics::MetricSelector { metric_name: "m".into(), labels: vec![] };
         match extract(Engine::Vllm, &page, &[selector]) {
             Ok((metrics, _, _)) => {
                 // Stored as read: only known values, never NaN, infinite or negative.
@@ -449,10 +449,10 @@ proptest! {
     #[test]
     fn no_text_panics_the_prometheus_parser(text in r#"([a-z_:]{0,12}(\{([a-z_]{0,5}="([^"\\]|\\.){0,6}",?){0,3}\})? ?(-?[0-9.e+]{0,8}|NaN|\+Inf|-Inf)( [0-9]{0,13})?\n|#[^\n]{0,20}\n|[^\n]{0,30}\n){0,20}"#) {
         let mut count = 0usize;
-        inference_picker::prometheus::for_each_sample(&text, |_| count += 1);
+        inference_picker_core::prometheus::for_each_sample(&text, |_| count += 1);
         for engine in ["vllm", "sglang", "trtllm-serve"] {
-            let engine = inference_picker::metrics::Engine::from_label(Some(engine));
-            let _ = inference_picker::metrics::extract(engine, &text, &[]);
+            let engine = inference_picker_core::metrics::Engine::from_label(Some(engine));
+            let _ = inference_picker_core::metrics::extract(engine, &text, &[]);
         }
     }
 

@@ -1,5 +1,5 @@
 //! The simulated model server shares nothing with the picker: no file of it (nor any file it
-//! includes with `#[path]`) names the `inference_picker` crate or includes a file from `src/`.
+//! includes with `#[path]`) names the picker's crates or includes a file from `crates/`.
 //! Otherwise the prefix hit rates it measures could repeat the picker's own estimates instead
 //! of checking them.
 
@@ -57,11 +57,11 @@ fn the_simulator_imports_nothing_from_the_picker() {
             "{must} not found in {names:?}"
         );
     }
-    let src = repo().join("src").canonicalize().unwrap();
+    let crates = repo().join("crates").canonicalize().unwrap();
     for (path, name) in files.iter().zip(&names) {
         assert!(
-            !path.starts_with(&src),
-            "the simulator includes {name} from src/"
+            !path.starts_with(&crates),
+            "the simulator includes {name} from crates/"
         );
         let text = std::fs::read_to_string(path).unwrap();
         for (n, line) in text.lines().enumerate() {

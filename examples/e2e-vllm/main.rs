@@ -869,7 +869,7 @@ fn check_load_avoidance(rig: &mut Rig, report: &mut Report) {
 fn lora_lists(text: &str) -> Option<(String, String)> {
     // The newest `vllm:lora_requests_info` series (its value is a timestamp).
     let mut best: Option<(f64, String, String)> = None;
-    inference_picker::prometheus::for_each_sample(text, |sample| {
+    inference_picker_core::prometheus::for_each_sample(text, |sample| {
         if sample.name == "vllm:lora_requests_info"
             && best.as_ref().is_none_or(|b| sample.value >= b.0)
         {

@@ -1,7 +1,7 @@
 //! Any bytes as a request body, for every API, and as a model rewrite: errors, never panics.
 #![no_main]
 
-use inference_picker::request::{parse_body, rewrite_model, ApiKind};
+use inference_picker_core::request::{parse_body, rewrite_model, ApiKind};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|body: &[u8]| {

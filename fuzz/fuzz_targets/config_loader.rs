@@ -1,7 +1,7 @@
 //! Any text as the filter's configuration: a loaded config or an error, never a panic.
 #![no_main]
 
-use inference_picker::config::load;
+use inference_picker_core::config::load;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

@@ -1,7 +1,7 @@
 //! Any text as a `/metrics` body, for every engine and with custom selectors.
 #![no_main]
 
-use inference_picker::metrics::{extract, Engine, MetricSelector};
+use inference_picker_core::metrics::{extract, Engine, MetricSelector};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

@@ -1,21 +1,35 @@
-//! One HTTP request as seen over an ext_proc stream: what to answer to each message.
+//! One HTTP request as seen over an ext_proc stream, run through the filter's own request flow:
+//! the stream's messages are the flow's callbacks, and what the flow writes (headers, body,
+//! a refusal) becomes the replies.
 
 use crate::proto::{
     BodyMutation, BodyResponse, CommonResponse, HeaderMutation, HeaderValue, HeaderValueOption,
-    HeadersResponse, HttpStatus, ImmediateResponse, Mutation, ProcessingRequest,
+    HeadersResponse, HttpHeaders, HttpStatus, ImmediateResponse, Mutation, ProcessingRequest,
     ProcessingResponse, Request, Response, StreamedBodyResponse, TrailersResponse,
     OVERWRITE_IF_EXISTS_OR_ADD,
 };
-use inference_picker::error_response::RequestError;
-use inference_picker::director::{Director, Routed};
-use inference_picker::request::{ApiKind, RequestHeaders};
-use inference_picker::protocol::DESTINATION_HEADER;
+use inference_picker_core::host::fake::FakeHost;
+use inference_picker_core::picker::Picker;
+use inference_picker_core::request_flow::{Flow, Outcome, RequestFlow};
+use std::collections::HashMap;
+use std::time::Instant;
 
+/// The picker every stream uses, and when the process started (its clock).
+pub struct Shared {
+    pub picker: Picker,
+    pub started: Instant,
+}
+
+/// One stream's request, in the core's in-memory host: the flow reads and writes it there,
+/// and what it changed becomes the replies.
 #[derive(Default)]
 pub struct Exchange {
-    api: Option<ApiKind>,
-    body: Vec<u8>,
-    routed: Option<Routed>,
+    stream: FakeHost,
+    /// The request headers as Envoy sent them.
+    sent: HashMap<String, String>,
+    request: RequestFlow,
+    /// The decision's replies went out: later body chunks pass straight back.
+    decided: bool,
 }
 
 impl Exchange {
@@ -23,53 +37,56 @@ impl Exchange {
     pub fn on_message(
         &mut self,
         message: ProcessingRequest,
-        picker: &mut Director,
+        shared: &mut Shared,
     ) -> Vec<ProcessingResponse> {
+        self.stream.now_ms.set(elapsed_ms(shared.started));
+        let picker = &mut shared.picker;
         match message.request {
             Some(Request::RequestHeaders(headers)) => {
-                let path = headers
-                    .headers
-                    .iter()
-                    .flat_map(|map| &map.headers)
-                    .find(|h| h.key == ":path")
-                    .map(|h| String::from_utf8_lossy(&h.raw_value).into_owned())
-                    .unwrap_or_default();
-                let api = ApiKind::from_path(path.as_bytes());
-                self.api = Some(api);
-                if headers.end_of_stream || !api.is_inference() {
-                    return self.route(picker, None);
-                }
-                // Full-duplex: the header answer waits for the whole body.
-                Vec::new()
+                self.sent = pairs(&headers).collect();
+                *self.stream.headers.borrow_mut() = self.sent.clone();
+                let flow = self
+                    .request
+                    .on_headers(&self.stream, picker, headers.end_of_stream);
+                self.after(flow, false)
+            }
+            Some(Request::RequestBody(chunk)) if self.decided => {
+                vec![streamed(chunk.body, chunk.end_of_stream)]
             }
             Some(Request::RequestBody(chunk)) => {
-                self.body.extend_from_slice(&chunk.body);
-                if chunk.end_of_stream {
-                    let body = std::mem::take(&mut self.body);
-                    return self.route(picker, Some(body));
-                }
-                Vec::new()
+                self.stream.body.borrow_mut().extend_from_slice(&chunk.body);
+                let size = self.stream.body.borrow().len();
+                let flow = self
+                    .request
+                    .on_body(&self.stream, picker, size, chunk.end_of_stream);
+                self.after(flow, true)
             }
             Some(Request::RequestTrailers(_)) => {
-                let body = std::mem::take(&mut self.body);
-                let mut replies = self.route(picker, Some(body));
-                replies.push(reply(
-                    Response::RequestTrailers(TrailersResponse::default()),
-                ));
+                let flow = self.request.on_trailers(&self.stream, picker);
+                let mut replies = self.after(flow, true);
+                replies.push(reply(Response::RequestTrailers(
+                    TrailersResponse::default(),
+                )));
                 replies
             }
             Some(Request::ResponseHeaders(headers)) => {
-                let status = headers
-                    .headers
-                    .iter()
-                    .flat_map(|map| &map.headers)
-                    .find(|h| h.key == ":status")
-                    .map(|h| h.raw_value.first() == Some(&b'5'))
-                    .unwrap_or(false);
-                if let (true, Some(routed)) = (status, &self.routed) {
-                    picker.report_upstream_failure(routed);
-                }
-                vec![reply(Response::ResponseHeaders(HeadersResponse::default()))]
+                let mut response = self.stream.response_headers.borrow_mut();
+                response.extend(pairs(&headers).filter(|(name, _)| name == ":status"));
+                drop(response);
+                self.request.on_response_headers(&self.stream, picker);
+                let written: Vec<(String, String)> = self
+                    .stream
+                    .response_headers
+                    .take()
+                    .into_iter()
+                    .filter(|(name, _)| name != ":status")
+                    .collect();
+                vec![reply(Response::ResponseHeaders(HeadersResponse {
+                    response: Some(CommonResponse {
+                        header_mutation: Some(mutation(&written, &[])),
+                        ..CommonResponse::default()
+                    }),
+                }))]
             }
             Some(Request::ResponseBody(_)) => {
                 vec![reply(Response::ResponseBody(BodyResponse::default()))]
@@ -84,79 +101,107 @@ impl Exchange {
     }
 
     /// The stream ended: the request's in-flight slot is given back, exactly once.
-    pub fn finish(&mut self, picker: &mut Director) {
-        if let Some(routed) = self.routed.take() {
-            picker.release(&routed);
-        }
+    pub fn finish(&mut self, shared: &mut Shared) {
+        let now_ms = elapsed_ms(shared.started);
+        let store = &self.stream.shared;
+        self.request.on_done(&mut shared.picker, now_ms, store);
     }
 
-    fn route(&mut self, picker: &mut Director, body: Option<Vec<u8>>) -> Vec<ProcessingResponse> {
-        let api = self.api.unwrap_or(ApiKind::Other);
-        let routed = match picker.route(api, body.as_deref(), RequestHeaders::default()) {
-            Ok(routed) => routed,
-            Err(error) => return vec![refusal(&error)],
-        };
-        let headers = HeaderMutation {
-            set_headers: vec![HeaderValueOption {
-                header: Some(HeaderValue {
-                    key: DESTINATION_HEADER.into(),
-                    raw_value: routed.header.clone().into_bytes(),
-                    ..HeaderValue::default()
-                }),
-                append_action: OVERWRITE_IF_EXISTS_OR_ADD,
-            }],
-            remove_headers: Vec::new(),
-        };
-        self.routed = Some(routed);
+    /// The replies once the flow has decided: its refusal, or the headers it changed (and the
+    /// buffered body, streamed back, when it came with one). Nothing while it waits.
+    fn after(&mut self, flow: Flow, with_body: bool) -> Vec<ProcessingResponse> {
+        if let Some((status, body)) = self.stream.reply.take() {
+            return vec![refusal(status, body)];
+        }
+        if flow == Flow::Pause || self.request.outcome == Outcome::Pending {
+            return Vec::new();
+        }
+        self.decided = true;
+        let headers = self.stream.headers.borrow();
+        let set: Vec<(String, String)> = headers
+            .iter()
+            .filter(|(name, value)| self.sent.get(*name) != Some(value))
+            .map(|(name, value)| (name.clone(), value.clone()))
+            .collect();
+        let removed: Vec<String> = self
+            .sent
+            .keys()
+            .filter(|name| !headers.contains_key(*name))
+            .cloned()
+            .collect();
         let mut replies = vec![reply(Response::RequestHeaders(HeadersResponse {
             response: Some(CommonResponse {
-                header_mutation: Some(headers),
+                header_mutation: Some(mutation(&set, &removed)),
                 clear_route_cache: true,
                 ..CommonResponse::default()
             }),
         }))];
-        if let Some(body) = body {
-            replies.push(reply(Response::RequestBody(BodyResponse {
-                response: Some(CommonResponse {
-                    body_mutation: Some(BodyMutation {
-                        mutation: Some(Mutation::StreamedResponse(StreamedBodyResponse {
-                            body,
-                            end_of_stream: true,
-                        })),
-                    }),
-                    ..CommonResponse::default()
-                }),
-            })));
+        if with_body {
+            replies.push(streamed(self.stream.body.take(), true));
         }
         replies
     }
+}
+
+fn elapsed_ms(started: Instant) -> u64 {
+    u64::try_from(started.elapsed().as_millis()).unwrap_or(0)
+}
+
+fn pairs(headers: &HttpHeaders) -> impl Iterator<Item = (String, String)> + '_ {
+    let map = headers.headers.iter().flat_map(|map| &map.headers);
+    map.map(|h| {
+        let value = String::from_utf8_lossy(&h.raw_value).into_owned();
+        (h.key.clone(), value)
+    })
+}
+
+/// The same OpenAI-style error the filter answers with, as an ext_proc immediate response.
+fn refusal(status: u16, body: Vec<u8>) -> ProcessingResponse {
+    let content_type = [("content-type".to_owned(), "application/json".to_owned())];
+    reply(Response::ImmediateResponse(ImmediateResponse {
+        status: Some(HttpStatus {
+            code: i32::from(status),
+        }),
+        headers: Some(mutation(&content_type, &[])),
+        body,
+        details: "inference_picker_refused".into(),
+    }))
+}
+
+fn mutation(set: &[(String, String)], removed: &[String]) -> HeaderMutation {
+    let set_headers = set
+        .iter()
+        .map(|(key, value)| HeaderValueOption {
+            header: Some(HeaderValue {
+                key: key.clone(),
+                raw_value: value.clone().into_bytes(),
+                ..HeaderValue::default()
+            }),
+            append_action: OVERWRITE_IF_EXISTS_OR_ADD,
+        })
+        .collect();
+    HeaderMutation {
+        set_headers,
+        remove_headers: removed.to_vec(),
+    }
+}
+
+fn streamed(body: Vec<u8>, end_of_stream: bool) -> ProcessingResponse {
+    reply(Response::RequestBody(BodyResponse {
+        response: Some(CommonResponse {
+            body_mutation: Some(BodyMutation {
+                mutation: Some(Mutation::StreamedResponse(StreamedBodyResponse {
+                    body,
+                    end_of_stream,
+                })),
+            }),
+            ..CommonResponse::default()
+        }),
+    }))
 }
 
 fn reply(response: Response) -> ProcessingResponse {
     ProcessingResponse {
         response: Some(response),
     }
-}
-
-/// The same OpenAI-style error the filter answers with, as an ext_proc immediate response.
-fn refusal(error: &RequestError) -> ProcessingResponse {
-    let content_type = HeaderValueOption {
-        header: Some(HeaderValue {
-            key: "content-type".into(),
-            raw_value: b"application/json".to_vec(),
-            ..HeaderValue::default()
-        }),
-        append_action: OVERWRITE_IF_EXISTS_OR_ADD,
-    };
-    reply(Response::ImmediateResponse(ImmediateResponse {
-        status: Some(HttpStatus {
-            code: i32::from(error.status()),
-        }),
-        headers: Some(HeaderMutation {
-            set_headers: vec![content_type],
-            remove_headers: Vec::new(),
-        }),
-        body: error.to_json(),
-        details: "inference_picker_refused".into(),
-    }))
 }

@@ -1,4 +1,4 @@
-//! `extproc-picker`: inference-picker's scheduling core behind Envoy's `ext_proc` gRPC protocol,
+//! `extproc-picker`: inference-picker's request flow behind Envoy's `ext_proc` gRPC protocol,
 //! shaped like GIE's endpoint picker (EPP): request headers and the whole body stream to it
 //! (`FULL_DUPLEX_STREAMED`), it buffers the body, picks, answers with the
 //! `x-gateway-destination-endpoint` header and streams the body back; response headers tell it
@@ -15,7 +15,7 @@ mod exchange;
 mod proto;
 mod scrape;
 
-use inference_picker::director::Director;
+use exchange::Shared;
 use proto::{ProcessingRequest, ProcessingResponse};
 use std::sync::{Arc, Mutex};
 use tokio_stream::wrappers::ReceiverStream;
@@ -26,7 +26,7 @@ const PROCESS_PATH: &str = "/envoy.service.ext_proc.v3.ExternalProcessor/Process
 
 #[derive(Clone)]
 struct ExternalProcessor {
-    picker: Arc<Mutex<Director>>,
+    picker: Arc<Mutex<Shared>>,
 }
 
 impl tonic::server::NamedService for ExternalProcessor {
@@ -73,7 +73,7 @@ fn unimplemented_method() -> http::Response<tonic::body::BoxBody> {
 }
 
 /// One `Process` stream: one HTTP request and its response.
-struct Process(Arc<Mutex<Director>>);
+struct Process(Arc<Mutex<Shared>>);
 
 impl tonic::server::StreamingService<ProcessingRequest> for Process {
     type Response = ProcessingResponse;
@@ -123,11 +123,14 @@ fn main() {
         eprintln!("extproc-picker: {config_path}: {error}");
         std::process::exit(2);
     });
-    let config = inference_picker::config::load(&text, 7).unwrap_or_else(|error| {
+    let configured = configure(text.as_bytes()).unwrap_or_else(|error| {
         eprintln!("extproc-picker: {config_path}: {error}");
         std::process::exit(2);
     });
-    let picker = Arc::new(Mutex::new(Director::new(config)));
+    let picker = Arc::new(Mutex::new(Shared {
+        picker: configured.picker,
+        started: std::time::Instant::now(),
+    }));
     scrape::spawn(picker.clone());
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -140,7 +143,18 @@ fn main() {
     runtime.block_on(serve(port, picker));
 }
 
-async fn serve(port: u16, picker: Arc<Mutex<Director>>) {
+/// The filter's own configuration loader; flow control (which holds requests across VMs) is
+/// the filter's alone.
+fn configure(text: &[u8]) -> Result<inference_picker_core::tick_flow::Configured, String> {
+    let configured = inference_picker_core::tick_flow::configure(text, 7)?;
+    let slots = configured.picker.slots();
+    if slots.iter().any(|slot| slot.director.flow_control().is_some()) {
+        return Err("flow control is not supported by the ext_proc baseline".into());
+    }
+    Ok(configured)
+}
+
+async fn serve(port: u16, picker: Arc<Mutex<Shared>>) {
     let listener = match tokio::net::TcpListener::bind(("127.0.0.1", port)).await {
         Ok(listener) => listener,
         Err(error) => {

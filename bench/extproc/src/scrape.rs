@@ -1,65 +1,81 @@
-//! Keeps the pool's metrics fresh: every `pool.refreshMetricsInterval`, a `GET /metrics` to each
-//! endpoint (in parallel, each bounded by `pool.metricsTimeout`), then a health tick.
+//! Keeps every pool's metrics fresh: every `pool.refreshMetricsInterval` (the shortest of the
+//! pools'), a `GET /metrics` to each endpoint (in parallel, each bounded by its pool's
+//! `pool.metricsTimeout`), then a health tick.
 
-use inference_picker::director::Director;
-use inference_picker::duration::duration_ms;
+use crate::exchange::Shared;
+use inference_picker_core::duration::duration_ms;
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-pub fn spawn(picker: Arc<Mutex<Director>>) {
-    std::thread::spawn(move || {
-        let started = Instant::now();
-        let mut targets = Vec::new();
-        loop {
-            let (interval, timeout, path, jobs) = {
-                let Ok(mut picker) = picker.lock() else {
-                    return;
-                };
-                picker.take_scrape_targets(&mut targets);
-                let settings = picker.settings();
-                let jobs: Vec<(usize, String)> = targets
-                    .iter()
-                    .filter_map(|&i| Some((i, picker.address(i)?.to_string())))
-                    .collect();
-                (
-                    settings.refresh_metrics_interval,
-                    settings.metrics_timeout,
-                    settings.metrics_path.clone(),
-                    jobs,
-                )
+/// One scrape to make: the pool, the endpoint's index in it, its address, path and timeout.
+type Job = (usize, usize, String, String, Duration);
+
+pub fn spawn(shared: Arc<Mutex<Shared>>) {
+    std::thread::spawn(move || loop {
+        let Ok((interval, jobs)) = shared.lock().map(|mut shared| jobs(&mut shared)) else {
+            return;
+        };
+        let fetches: Vec<_> = jobs
+            .into_iter()
+            .map(|(pool, index, address, path, timeout)| {
+                std::thread::spawn(move || (pool, index, fetch(&address, &path, timeout)))
+            })
+            .collect();
+        for fetch in fetches {
+            let Ok((pool, index, result)) = fetch.join() else {
+                continue;
             };
-            let fetches: Vec<_> = jobs
-                .into_iter()
-                .map(|(index, address)| {
-                    let path = path.clone();
-                    std::thread::spawn(move || (index, fetch(&address, &path, timeout)))
-                })
-                .collect();
-            for fetch in fetches {
-                let Ok((index, result)) = fetch.join() else {
-                    continue;
-                };
-                let Ok(mut picker) = picker.lock() else {
-                    return;
-                };
-                let now = duration_ms(started.elapsed());
-                match result {
-                    Some(body) => {
-                        if picker.on_scrape_ok(index, now, &body).is_err() {
-                            picker.on_scrape_failed(index);
-                        }
+            let Ok(mut shared) = shared.lock() else {
+                return;
+            };
+            let now = duration_ms(shared.started.elapsed());
+            let Some(director) = shared.picker.director_mut(pool) else {
+                continue;
+            };
+            match result {
+                Some(body) => {
+                    if director.on_scrape_ok(index, now, &body).is_err() {
+                        director.on_scrape_failed(index);
                     }
-                    None => picker.on_scrape_failed(index),
                 }
+                None => director.on_scrape_failed(index),
             }
-            if let Ok(mut picker) = picker.lock() {
-                picker.on_tick(duration_ms(started.elapsed()));
-            }
-            std::thread::sleep(interval);
         }
+        if let Ok(mut shared) = shared.lock() {
+            let now = duration_ms(shared.started.elapsed());
+            for slot in shared.picker.slots_mut() {
+                slot.director.on_tick(now);
+            }
+        }
+        std::thread::sleep(interval);
     });
+}
+
+/// Every pool's due scrapes, and how long to wait before the next round.
+fn jobs(shared: &mut Shared) -> (Duration, Vec<Job>) {
+    let mut interval = Duration::MAX;
+    let mut jobs = Vec::new();
+    let mut targets = Vec::new();
+    for (pool, slot) in shared.picker.slots_mut().iter_mut().enumerate() {
+        let director = &mut slot.director;
+        director.take_scrape_targets(&mut targets);
+        let settings = director.settings();
+        interval = interval.min(settings.refresh_metrics_interval);
+        let (path, timeout) = (settings.metrics_path.clone(), settings.metrics_timeout);
+        jobs.extend(targets.iter().filter_map(|&index| {
+            let address = director.address(index)?.to_string();
+            Some((pool, index, address, path.clone(), timeout))
+        }));
+    }
+    // No pool: look again in a second.
+    let interval = if interval == Duration::MAX {
+        Duration::from_secs(1)
+    } else {
+        interval
+    };
+    (interval, jobs)
 }
 
 /// The body of a 200 answer, or None.

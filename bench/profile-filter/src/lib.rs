@@ -6,7 +6,7 @@
 //! 50 ms that does nothing, or that fetches each pod's `/metrics` through the metrics cluster
 //! (the body copied into the VM, not parsed), as the picker's scraping VM does.
 
-use inference_picker::request::{parse_body, ApiKind};
+use inference_picker_core::request::{parse_body, ApiKind};
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{Action, ContextType, LogLevel};
 use std::time::Duration;

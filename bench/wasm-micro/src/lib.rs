@@ -7,7 +7,7 @@ mod steps;
 use std::cell::RefCell;
 
 thread_local! {
-    static STATE: RefCell<Option<(inference_picker::picker::Picker, steps::BenchHost)>> =
+    static STATE: RefCell<Option<(inference_picker_core::picker::Picker, steps::BenchHost)>> =
         const { RefCell::new(None) };
     static TICKS: RefCell<Option<steps::Ticks>> = const { RefCell::new(None) };
 }

@@ -3,16 +3,16 @@
 //! The picker is the shipped `envoy/envoy.yaml` configuration over its first two endpoints,
 //! each scraped once (fresh metrics), as in the profile's Envoy rows.
 
-use inference_picker::error_response::{ErrorShape, RequestError};
-use inference_picker::host::{encode_header_map, HeaderPairs, HostError, HttpHost, SharedData};
-use inference_picker::host::{Clock, HttpCallouts};
-use inference_picker::picker::Picker;
-use inference_picker::request::{ApiKind, RequestHeaders};
-use inference_picker::request_flow::RequestFlow;
-use inference_picker::tick_flow::TickFlow;
+use inference_picker_core::error_response::{ErrorShape, RequestError};
+use inference_picker_core::host::fake::{FakeVm, NoSharedData};
+use inference_picker_core::host::{
+    encode_header_map, HeaderPairs, HostError, HttpHost, SharedData,
+};
+use inference_picker_core::picker::Picker;
+use inference_picker_core::request::{ApiKind, RequestHeaders};
+use inference_picker_core::request_flow::RequestFlow;
+use inference_picker_core::tick_flow::TickFlow;
 use serde_yaml::Value;
-use std::cell::{Cell, RefCell};
-use std::collections::HashMap;
 
 /// What each step runs, in order: every step does the one before it and more.
 pub const STEPS: [&str; 3] = ["parse", "decide", "request"];
@@ -67,7 +67,7 @@ pub fn shipped_picker() -> Option<Picker> {
 /// The shipped configuration's picker and its pool's tick flow.
 fn shipped_configuration() -> Option<(Picker, TickFlow)> {
     let text = shipped_picker_config()?;
-    let configured = inference_picker::tick_flow::configure(text.as_bytes(), 7).ok()?;
+    let configured = inference_picker_core::tick_flow::configure(text.as_bytes(), 7).ok()?;
     let flow = configured.ticks.into_iter().next()?.flow;
     Some((configured.picker, flow))
 }
@@ -76,76 +76,19 @@ fn shipped_configuration() -> Option<(Picker, TickFlow)> {
 const VLLM_METRICS: &str =
     include_str!("../../../tests/fixtures/vllm/vllm-0.32.0-metrics-busy.txt");
 
-/// The root context's host for ticks, in memory: shared data in a map, callouts answered with
-/// the vLLM dump, a clock that moves one interval per tick.
-pub struct TickHost {
-    shared: RefCell<HashMap<String, (Vec<u8>, u32)>>,
-    sent: RefCell<Vec<u32>>,
-    next_token: Cell<u32>,
-    now_ms: Cell<u64>,
-}
-
-impl SharedData for TickHost {
-    fn get(&self, key: &str) -> Result<Option<(Vec<u8>, u32)>, HostError> {
-        Ok(self.shared.borrow().get(key).cloned())
-    }
-
-    fn set(&self, key: &str, value: &[u8], cas: Option<u32>) -> Result<bool, HostError> {
-        let mut shared = self.shared.borrow_mut();
-        let current = shared.get(key).map_or(0, |(_, cas)| *cas);
-        if cas.is_some_and(|cas| cas != current) {
-            return Ok(false);
-        }
-        shared.insert(key.to_owned(), (value.to_vec(), current + 1));
-        Ok(true)
-    }
-}
-
-impl HttpCallouts for TickHost {
-    fn dispatch(
-        &self,
-        _cluster: &str,
-        _headers: &[(&str, &str)],
-        _timeout_ms: u32,
-    ) -> Result<u32, HostError> {
-        let token = self.next_token.get() + 1;
-        self.next_token.set(token);
-        self.sent.borrow_mut().push(token);
-        Ok(token)
-    }
-
-    fn response_status(&self) -> Option<Vec<u8>> {
-        Some(b"200".to_vec())
-    }
-
-    fn response_body(&self, size: usize) -> Result<Vec<u8>, HostError> {
-        let body = VLLM_METRICS.as_bytes();
-        Ok(body.get(..size).unwrap_or(body).to_vec())
-    }
-}
-
-impl Clock for TickHost {
-    fn now_ms(&self) -> Result<u64, HostError> {
-        Ok(self.now_ms.get())
-    }
-}
-
-/// The scraping VM's ticks: each one's own work and the answers of the scrapes it sent.
+/// The scraping VM's ticks, on the in-memory host: each tick's own work and the answers of
+/// the scrapes it sent, with a clock that moves one interval per tick.
 pub struct Ticks {
     picker: Picker,
     flow: TickFlow,
-    host: TickHost,
+    host: FakeVm,
 }
 
 impl Ticks {
     pub fn new() -> Option<Ticks> {
         let (picker, flow) = shipped_configuration()?;
-        let host = TickHost {
-            shared: RefCell::new(HashMap::new()),
-            sent: RefCell::new(Vec::new()),
-            next_token: Cell::new(0),
-            now_ms: Cell::new(1_000_000),
-        };
+        let host = FakeVm::default();
+        host.clock.advance(1_000_000);
         Some(Ticks { picker, flow, host })
     }
 
@@ -156,12 +99,14 @@ impl Ticks {
         };
         let mut answered = 0;
         for _ in 0..n {
-            self.host.now_ms.set(self.host.now_ms.get() + 50);
+            self.host.clock.advance(50);
             self.flow.on_tick(&self.host, director);
-            let sent = std::mem::take(&mut *self.host.sent.borrow_mut());
-            for token in sent {
+            for call in self.host.callouts.take_sent() {
+                self.host
+                    .callouts
+                    .answer(call.token, Some("200"), VLLM_METRICS);
                 self.flow
-                    .on_callout_response(&self.host, director, token, VLLM_METRICS.len());
+                    .on_callout_response(&self.host, director, call.token, VLLM_METRICS.len());
                 answered += 1;
             }
         }
@@ -187,18 +132,6 @@ impl BenchHost {
             headers: encode_header_map(&REQUEST_HEADERS),
             body: body.as_bytes().to_vec(),
         }
-    }
-}
-
-struct NoSharedData;
-
-impl SharedData for NoSharedData {
-    fn get(&self, _key: &str) -> Result<Option<(Vec<u8>, u32)>, HostError> {
-        Ok(None)
-    }
-
-    fn set(&self, _key: &str, _value: &[u8], _cas: Option<u32>) -> Result<bool, HostError> {
-        Ok(true)
     }
 }
 

@@ -1,7 +1,7 @@
-//! inference-picker: the Gateway API Inference Extension endpoint picker, as a proxy-wasm filter.
-//!
-//! Everything except [`filter`] is a pure core: it takes plain data, returns plain data and is
-//! tested natively. [`filter`] is the only module that talks to the proxy-wasm host.
+//! The pure core of inference-picker, the Gateway API Inference Extension endpoint picker that
+//! runs inside Envoy: it takes plain data and returns decisions, and reaches the proxy only
+//! through the traits in [`host`]. [`vm::WorkerVm`] is a whole worker VM; the proxy-wasm edge
+//! (the `inference-picker` crate) forwards every callback to it and carries out what it asks.
 #![cfg_attr(
     not(test),
     deny(clippy::unwrap_used, clippy::expect_used, clippy::panic)
@@ -30,11 +30,6 @@ pub mod shared_state;
 pub mod stats;
 pub mod tick_flow;
 pub mod vm;
-
-// The proxy-wasm host side, built for the filter's target only (wasm32-unknown-unknown is where the
-// unit tests run under wasm-bindgen-test, see [`harness`]).
-#[cfg(all(target_arch = "wasm32", target_os = "wasi", feature = "filter"))]
-pub mod filter;
 
 /// The `#[test]` every unit-test module imports (`use crate::harness::test;`): libtest's natively
 /// and on wasm32-wasip1, wasm-bindgen-test's on wasm32-unknown-unknown, where `make wasm-unit`

@@ -1,13 +1,16 @@
-//! The host edge: proxy-wasm's root and HTTP contexts forward every callback to the core's
-//! [`WorkerVm`], and `abi` carries out what it asks (the host traits, implemented with raw
-//! host calls). No decision is made here.
+//! The proxy-wasm filter Envoy loads: its root and HTTP contexts forward every callback to the
+//! core's [`WorkerVm`], and `abi` carries out what it asks (the host traits, implemented with
+//! raw host calls). No decision is made here. The crate is empty on other targets.
+#![cfg(all(target_arch = "wasm32", target_os = "wasi"))]
+#![deny(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+#![deny(clippy::indexing_slicing)]
 
 mod abi;
 
-use crate::host::LOG_CRITICAL;
-use crate::request_flow::{Flow, RequestFlow};
-use crate::vm::{answer_unavailable, WorkerVm};
 use abi::{EnvoyHost, EnvoyStream};
+use inference_picker_core::host::LOG_CRITICAL;
+use inference_picker_core::request_flow::{Flow, RequestFlow};
+use inference_picker_core::vm::{answer_unavailable, WorkerVm};
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{Action, BufferType, ContextType};
 use std::cell::RefCell;

@@ -89,7 +89,7 @@ mod tests {
                 .lora
         };
         let fresh = lora_of(include_str!(
-            "../../../../tests/fixtures/vllm/vllm-0.32.0-metrics-fresh.txt"
+            "../../../../../../tests/fixtures/vllm/vllm-0.32.0-metrics-fresh.txt"
         ));
         assert_eq!(
             affinity(fresh.as_ref(), "sql-lora"),
@@ -97,7 +97,7 @@ mod tests {
             "restarted pod: free slots"
         );
         let running = lora_of(include_str!(
-            "../../../../tests/fixtures/vllm/vllm-0.32.0-metrics-lora-running.txt"
+            "../../../../../../tests/fixtures/vllm/vllm-0.32.0-metrics-lora-running.txt"
         ));
         assert_eq!(affinity(running.as_ref(), "sql-lora"), 1.0);
         // One adapter in both of vLLM's lists holds one slot of two: the other is free.

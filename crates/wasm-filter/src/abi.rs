@@ -3,13 +3,15 @@
 //! statuses they do not expect, and a panic kills the VM). Statuses come back as raw `u32`,
 //! never as an enum the host could overflow.
 
-use crate::error_response::{ErrorShape, RequestError};
-use crate::host::{
+use inference_picker_core::error_response::{ErrorShape, RequestError};
+use inference_picker_core::host::{
     encode_header_map, level_filter, Clock, HeaderPairs, HostCall, HostError, HostLogger,
     HttpCallouts, HttpHost, MetricKind, Metrics, SharedData,
 };
-use crate::protocol::{DROPPED_REASON_HEADER, SUBSET_HINT_KEY, SUBSET_HINT_NAMESPACE};
-use crate::vm::VmHost;
+use inference_picker_core::protocol::{
+    DROPPED_REASON_HEADER, SUBSET_HINT_KEY, SUBSET_HINT_NAMESPACE,
+};
+use inference_picker_core::vm::VmHost;
 use proxy_wasm::types::{BufferType, MapType};
 use std::ptr::null_mut;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -516,11 +516,14 @@ vllm:cache_config_info{block_size=\"16\",num_gpu_blocks=\"4096\"} 1
         use super::*;
         use crate::harness::test;
 
-        const IDLE: &str = include_str!("../tests/fixtures/vllm/vllm-0.32.0-metrics-idle.txt");
-        const BUSY: &str = include_str!("../tests/fixtures/vllm/vllm-0.32.0-metrics-busy.txt");
+        const IDLE: &str =
+            include_str!("../../../tests/fixtures/vllm/vllm-0.32.0-metrics-idle.txt");
+        const BUSY: &str =
+            include_str!("../../../tests/fixtures/vllm/vllm-0.32.0-metrics-busy.txt");
         const LORA_RUNNING: &str =
-            include_str!("../tests/fixtures/vllm/vllm-0.32.0-metrics-lora-running.txt");
-        const FRESH: &str = include_str!("../tests/fixtures/vllm/vllm-0.32.0-metrics-fresh.txt");
+            include_str!("../../../tests/fixtures/vllm/vllm-0.32.0-metrics-lora-running.txt");
+        const FRESH: &str =
+            include_str!("../../../tests/fixtures/vllm/vllm-0.32.0-metrics-fresh.txt");
 
         const CPU_CACHE: CacheConfig = CacheConfig {
             block_size: 128,

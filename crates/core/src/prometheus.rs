@@ -379,19 +379,19 @@ mod tests {
     fn real_vllm_0_32_scrapes() {
         let dumps = [
             (
-                include_str!("../tests/fixtures/vllm/vllm-0.32.0-metrics-idle.txt"),
+                include_str!("../../../tests/fixtures/vllm/vllm-0.32.0-metrics-idle.txt"),
                 462,
             ),
             (
-                include_str!("../tests/fixtures/vllm/vllm-0.32.0-metrics-busy.txt"),
+                include_str!("../../../tests/fixtures/vllm/vllm-0.32.0-metrics-busy.txt"),
                 477,
             ),
             (
-                include_str!("../tests/fixtures/vllm/vllm-0.32.0-metrics-lora-running.txt"),
+                include_str!("../../../tests/fixtures/vllm/vllm-0.32.0-metrics-lora-running.txt"),
                 477,
             ),
             (
-                include_str!("../tests/fixtures/vllm/vllm-0.32.0-metrics-fresh.txt"),
+                include_str!("../../../tests/fixtures/vllm/vllm-0.32.0-metrics-fresh.txt"),
                 430,
             ),
         ];
