@@ -250,7 +250,8 @@ fn no_worse_goal(points: &[Point], workload: &str) -> String {
         };
         let (p50, p90) = (best(|q| q.ttft.p50), best(|q| q.ttft.p90));
         figures.push(format!(
-            "{}: p50 {:.0} vs {p50:.0} ms, p90 {:.0} vs {p90:.0} ms",
+            // One decimal: a goal lost by under a millisecond must not read "78 vs 78".
+            "{}: p50 {:.1} vs {p50:.1} ms, p90 {:.1} vs {p90:.1} ms",
             at_rate(p.rate),
             p.ttft.p50,
             p.ttft.p90
