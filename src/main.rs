@@ -315,8 +315,12 @@ fn report(outcome: &Outcome, director: &Director, args: &ExplainArgs) -> Result<
             let flow = header(args, LLMD_FAIRNESS_ID_HEADER)
                 .or_else(|| header(args, FAIRNESS_ID_HEADER))
                 .unwrap_or_else(|| DEFAULT_FAIRNESS_ID.into());
+            let band = director
+                .flow_control()
+                .and_then(|queue| queue.band_of(STREAM_ID))
+                .map_or("-".into(), |band| band.to_string());
             println!(
-                "held: flow control queues it (flow {flow:?}) until the pool's saturation drops below its band's ceiling"
+                "held: flow control queues it (band {band}, flow {flow:?}) until the pool's saturation drops below its band's ceiling"
             );
             Ok(())
         }

@@ -150,9 +150,9 @@ fn explain_shows_flow_control_holding_a_request_while_the_pool_is_saturated() {
         "{stdout}"
     );
     assert!(
-        stdout
-            .trim_end()
-            .ends_with("until the pool's saturation drops below its band's ceiling"),
+        stdout.trim_end().ends_with(
+            "held: flow control queues it (band 0, flow \"default-flow\") until the pool's saturation drops below its band's ceiling"
+        ),
         "{stdout}"
     );
     let (ok, stdout, stderr) = explain([

@@ -212,6 +212,11 @@ impl FlowControl {
         self.waiting.iter().any(|w| w.id == id)
     }
 
+    /// The band (priority) the request `id` waits in here, if it does.
+    pub fn band_of(&self, id: u32) -> Option<i32> {
+        self.waiting.iter().find(|w| w.id == id).map(|w| w.band)
+    }
+
     pub fn local_len(&self) -> usize {
         self.waiting.len()
     }
