@@ -231,8 +231,9 @@ fn feed_metrics(
             break;
         }
         for call in sent {
-            let authority = call.headers.iter().find(|(name, _)| name == ":authority");
-            let index = authority.and_then(|(_, value)| addresses.iter().position(|a| a == value));
+            let index = call
+                .authority()
+                .and_then(|authority| addresses.iter().position(|a| a == authority));
             let text = index.and_then(|index| texts.get(index));
             host.callouts
                 .answer(call.token, Some("200"), text.map_or("", String::as_str));

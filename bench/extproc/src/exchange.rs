@@ -8,6 +8,7 @@ use crate::proto::{
     ProcessingResponse, Request, Response, StreamedBodyResponse, TrailersResponse,
     OVERWRITE_IF_EXISTS_OR_ADD,
 };
+use inference_picker_core::duration::duration_ms;
 use inference_picker_core::host::fake::FakeHost;
 use inference_picker_core::picker::Picker;
 use inference_picker_core::request_flow::{Flow, Outcome, RequestFlow};
@@ -39,7 +40,7 @@ impl Exchange {
         message: ProcessingRequest,
         shared: &mut Shared,
     ) -> Vec<ProcessingResponse> {
-        self.stream.now_ms.set(elapsed_ms(shared.started));
+        self.stream.now_ms.set(duration_ms(shared.started.elapsed()));
         let picker = &mut shared.picker;
         match message.request {
             Some(Request::RequestHeaders(headers)) => {
@@ -102,7 +103,7 @@ impl Exchange {
 
     /// The stream ended: the request's in-flight slot is given back, exactly once.
     pub fn finish(&mut self, shared: &mut Shared) {
-        let now_ms = elapsed_ms(shared.started);
+        let now_ms = duration_ms(shared.started.elapsed());
         let store = &self.stream.shared;
         self.request.on_done(&mut shared.picker, now_ms, store);
     }
@@ -141,10 +142,6 @@ impl Exchange {
         }
         replies
     }
-}
-
-fn elapsed_ms(started: Instant) -> u64 {
-    u64::try_from(started.elapsed().as_millis()).unwrap_or(0)
 }
 
 fn pairs(headers: &HttpHeaders) -> impl Iterator<Item = (String, String)> + '_ {

@@ -149,6 +149,14 @@ pub struct SentCall {
     pub timeout_ms: u32,
 }
 
+impl SentCall {
+    /// The host the call went to (its `:authority`): a pod's `ip:port` for a scrape.
+    pub fn authority(&self) -> Option<&str> {
+        let header = self.headers.iter().find(|(name, _)| name == ":authority");
+        header.map(|(_, value)| value.as_str())
+    }
+}
+
 /// Records dispatched callouts; a test then sets the answer being delivered with [`answer`]
 /// and calls the code's response handler. Dispatches fail once `capacity` calls are in flight
 /// (sent and not answered), as Envoy's do past a cluster's circuit breakers.
@@ -199,12 +207,9 @@ impl FakeCallouts {
 
     /// The token of the call sent to `authority`, if one was.
     pub fn token_for(&self, authority: &str) -> Option<u32> {
-        self.sent.borrow().iter().find_map(|call| {
-            call.headers
-                .iter()
-                .any(|(name, value)| name == ":authority" && value == authority)
-                .then_some(call.token)
-        })
+        let sent = self.sent.borrow();
+        let call = sent.iter().find(|call| call.authority() == Some(authority));
+        call.map(|call| call.token)
     }
 }
 

@@ -60,12 +60,7 @@ impl Vm {
             .sent
             .borrow()
             .iter()
-            .filter_map(|call| {
-                call.headers
-                    .iter()
-                    .find(|(name, _)| name == ":authority")
-                    .map(|(_, value)| value.clone())
-            })
+            .filter_map(|call| call.authority().map(str::to_owned))
             .collect()
     }
 }
@@ -692,11 +687,8 @@ fn model_calls(vm: &Vm) -> Vec<(u32, String)> {
                 .any(|(n, v)| n == ":path" && v == "/v1/models")
         })
         .map(|call| {
-            let authority = call.headers.iter().find(|(n, _)| n == ":authority");
-            (
-                call.token,
-                authority.map(|(_, v)| v.clone()).unwrap_or_default(),
-            )
+            let authority = call.authority().unwrap_or_default().to_owned();
+            (call.token, authority)
         })
         .collect()
 }

@@ -40,8 +40,9 @@ fn scrape_round(host: &FakeVm, vm: &mut WorkerVm<FakeVm>, waiting: &[u32]) {
     host.enter(ROOT);
     vm.on_tick();
     for call in host.callouts.take_sent() {
-        let authority = call.headers.iter().find(|(name, _)| name == ":authority");
-        let pod = authority.and_then(|(_, value)| value.strip_prefix("10.0.0."));
+        let pod = call
+            .authority()
+            .and_then(|value| value.strip_prefix("10.0.0."));
         let index: usize = pod.and_then(|p| p.split(':').next()?.parse().ok()).unwrap();
         let body = format!("vllm:num_requests_waiting {}\n", waiting[index - 1]);
         host.callouts.answer(call.token, Some("200"), &body);
