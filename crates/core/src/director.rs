@@ -747,7 +747,7 @@ impl Director {
     /// A failing endpoint is probed again after one interval, then two, four... up to
     /// [`MAX_PROBE_BACKOFF_MS`]: a dead pod costs a scrape every few seconds, not every tick.
     fn back_off_probes(&mut self, index: usize) {
-        let interval = duration_ms(self.settings.refresh_metrics_interval).max(1);
+        let interval = duration_ms(self.settings.scrape_interval()).max(1);
         let now = self.pool.now_ms();
         if let Some(endpoint) = self.pool.endpoints.get_mut(index) {
             let doublings = endpoint.scrape_failures_in_a_row.saturating_sub(1).min(16);

@@ -44,6 +44,13 @@ pub fn hash_bytes(seed: u64, bytes: &[u8]) -> u64 {
     avalanche(state)
 }
 
+/// Highest-random-weight (rendezvous) hashing: `member`'s weight for `key`. Every caller that
+/// knows the same keys and members ranks the members the same way, with no coordination, and
+/// removing a member only moves the keys it ranked first.
+pub fn rendezvous_weight(key: u64, member: u64) -> u64 {
+    avalanche(key.wrapping_mul(P2) ^ member.rotate_left(29).wrapping_mul(P1))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -83,6 +90,22 @@ mod tests {
         for n in 0..20_000u32 {
             let block = format!("user {n:08} asks: what is the capital of France?  ...");
             assert!(seen.insert(hash_bytes(hash_bytes(0, b"model"), block.as_bytes())));
+        }
+    }
+
+    #[test]
+    fn rendezvous_spreads_keys_evenly_over_members() {
+        let members: Vec<u64> = (0..8u8).map(|m| hash_bytes(0, &[m])).collect();
+        let mut firsts = [0usize; 8];
+        for key in 0..80_000u64 {
+            let key = hash_bytes(1, &key.to_le_bytes());
+            let first = (0..8)
+                .max_by_key(|&m| rendezvous_weight(key, members[m]))
+                .unwrap();
+            firsts[first] += 1;
+        }
+        for count in firsts {
+            assert!((9_400..10_600).contains(&count), "{firsts:?}");
         }
     }
 }

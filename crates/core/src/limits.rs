@@ -151,7 +151,7 @@ pub const ENDPOINTS: CountBounds = CountBounds {
     why: "every VM scrapes, scores and keeps stats for each endpoint",
 };
 
-/// `pool.discovery.targetPorts`.
+/// `pool.maxScrapesInFlight`.
 pub const SCRAPES_IN_FLIGHT: CountBounds = CountBounds {
     min: 1,
     max: 4096,
@@ -159,6 +159,15 @@ pub const SCRAPES_IN_FLIGHT: CountBounds = CountBounds {
     why: "each is a callout Envoy holds open; the scrapes' cluster breakers are sized for 4,096",
 };
 
+/// `pool.replicas`.
+pub const REPLICAS: CountBounds = CountBounds {
+    min: 1,
+    max: 1000,
+    unit: "replicas",
+    why: "each replica scrapes once per replicas x refreshMetricsInterval, which must stay within the staleness threshold",
+};
+
+/// `pool.discovery.targetPorts`.
 pub const TARGET_PORTS: CountBounds = CountBounds {
     min: 1,
     max: 64,

@@ -73,6 +73,12 @@ pub struct PoolConfig {
     pub load_signals: LoadSignals,
     /// Write every scored endpoint's total into `x-gateway-destination-endpoint-scores`.
     pub emit_endpoint_scores: bool,
+    /// Envoy replicas that run this configuration in front of the same pods. Each scrapes
+    /// every pod once per `replicas x refreshMetricsInterval`, so the fleet together refreshes
+    /// each pod once per interval and a pod pays for its metrics page no more often with ten
+    /// gateways than with one; between its own scrapes each replica carries the picture with
+    /// the live load signals of what it placed.
+    pub replicas: u32,
 }
 
 /// `pool.loadSignals`: scraped metrics alone go stale the moment the picker routes a request,
@@ -106,6 +112,7 @@ impl Default for PoolConfig {
             passive_health_backoff: Duration::from_secs(5),
             load_signals: LoadSignals::Live,
             emit_endpoint_scores: false,
+            replicas: 1,
         }
     }
 }
@@ -182,10 +189,13 @@ impl PoolConfig {
                 .check(value)
                 .map_err(|reason| ConfigError::invalid(key, reason))?;
         }
-        if self.metrics_staleness_threshold < self.refresh_metrics_interval {
+        limits::REPLICAS
+            .check_usize(self.replicas as usize)
+            .map_err(|reason| ConfigError::invalid("pool.replicas", reason))?;
+        if self.metrics_staleness_threshold < self.scrape_interval() {
             return Err(ConfigError::invalid(
                 "pool.metricsStalenessThreshold",
-                "must be at least pool.refreshMetricsInterval: metrics are only refreshed that often, so they would always be stale",
+                "must be at least pool.refreshMetricsInterval times pool.replicas: each replica only scrapes that often, so its metrics would always be stale",
             ));
         }
         for (key, value, bounds) in [
@@ -221,6 +231,12 @@ impl PoolConfig {
             }
         }
         Ok(())
+    }
+
+    /// How often this replica scrapes each pod: see [`PoolConfig::replicas`].
+    pub fn scrape_interval(&self) -> Duration {
+        self.refresh_metrics_interval
+            .saturating_mul(self.replicas.max(1))
     }
 
     /// The priority of a named objective; requests naming none, or an unknown one, get 0.

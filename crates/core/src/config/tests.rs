@@ -209,6 +209,28 @@ fn pool_error(extra: &str) -> String {
 }
 
 #[test]
+fn replicas_share_the_refresh_so_each_scrapes_less_often() {
+    let text = "pool:\n  endpoints: [{address: '10.0.0.1:8000'}]\n  replicas: 8\n";
+    let config = load(text, 1).unwrap();
+    assert_eq!(
+        config.pool.scrape_interval(),
+        std::time::Duration::from_millis(400),
+        "8 x the default 50ms"
+    );
+    for (extra, expected) in [
+        (
+            "  replicas: 8\n  metricsStalenessThreshold: 300ms\n",
+            "times pool.replicas",
+        ),
+        ("  replicas: 0\n", "'pool.replicas': 0 replicas is below"),
+        ("  replicas: 1001\n", "above the maximum of 1000"),
+    ] {
+        let error = pool_error(extra);
+        assert!(error.contains(expected), "{extra:?} -> {error}");
+    }
+}
+
+#[test]
 fn every_pool_duration_size_and_count_is_bounded_with_the_limit_named() {
     let cases = [
         // The host refuses callout timeouts above i32::MAX ms; this one used to load and then

@@ -3,6 +3,7 @@
 
 pub mod flow_policy;
 pub mod plugins;
+pub mod prefix_home;
 pub mod prefix_index;
 pub mod rng;
 

@@ -3,6 +3,12 @@
 //!
 //! Blocks are `blockSizeTokens * 4` characters; block hashes chain from the model name, so a
 //! block only matches when everything before it matched too.
+//!
+//! With `homeAffinity` (the default with live load signals) a prefix also has a home: the pod
+//! its leading blocks rank first by rendezvous hashing, within a load bound (see
+//! [`crate::scheduling::prefix_home`]). Every Envoy replica computes the same home, so a
+//! prefix no replica has seen yet still lands where the others sent it; what this replica
+//! learned refines that where it knows more.
 
 use crate::endpoint::Pool;
 use crate::hash::hash_bytes;
@@ -10,6 +16,7 @@ use crate::limits;
 use crate::request::InferenceRequest;
 use crate::request::CHARS_PER_TOKEN;
 use crate::scheduling::plugins::spec::{effective, Data, Kind, PluginSpec, Signal};
+use crate::scheduling::prefix_home::{MemberHashes, PrefixHome};
 use crate::scheduling::prefix_index::PrefixIndex;
 use crate::scheduling::{CycleState, LearnedPrefix, Plugin, SchedulingContext, Scorer};
 use serde_yaml::Value;
@@ -52,6 +59,20 @@ pub struct Parameters {
     /// square favours long matches, whose prefill (quadratic attention) costs most to redo.
     pub match_length_weight: f64,
     pub match_length_scale_tokens: usize,
+    /// Send a prefix to its home pod (see the module documentation) when no pod is known to
+    /// hold more of it. Off, or `pool.loadSignals: scraped`, scores learned matches only, as
+    /// GIE does.
+    pub home_affinity: bool,
+    /// Leading blocks that name a prefix's home: prompts that share this many blocks share a
+    /// home; a shorter prompt is named by all of its blocks.
+    pub home_key_blocks: usize,
+    /// A pod is skipped as a home while its load (running plus waiting) is above this many
+    /// times the candidates' mean, plus one request.
+    pub home_load_factor: f64,
+    /// The score of the prefix's next pod within the bound, so that what spills from a busy
+    /// home goes to one consistent pod; below a third, so a hit of a third of the prompt
+    /// anywhere outranks it.
+    pub second_home_score: f64,
     /// llm-d-router's producer instance to read matches from; accepted, since this scorer
     /// keeps its own index.
     #[serde(skip_serializing_if = "String::is_empty")]
@@ -69,6 +90,10 @@ impl Default for Parameters {
             affinity_queue_limit: DEFAULT_AFFINITY_QUEUE_LIMIT,
             match_length_weight: 0.0,
             match_length_scale_tokens: 8192,
+            home_affinity: true,
+            home_key_blocks: 16,
+            home_load_factor: 1.25,
+            second_home_score: 0.25,
             prefix_match_info_producer_name: String::new(),
         }
     }
@@ -121,6 +146,11 @@ pub struct PrefixCacheScorer {
     all_endpoints: Vec<usize>,
     /// Own picks not yet handed to the other workers; bounded when nobody collects them.
     learned: Vec<LearnedPrefix>,
+    members: MemberHashes,
+    /// The home of the request being scheduled, from the last `score`.
+    home: PrefixHome,
+    home_picks: u64,
+    home_spills: u64,
 }
 
 /// Own picks kept for sharing between two collections.
@@ -171,6 +201,21 @@ impl PrefixCacheScorer {
         if p.match_length_scale_tokens == 0 {
             return Err("matchLengthScaleTokens must be at least 1".into());
         }
+        if p.home_key_blocks == 0 {
+            return Err("homeKeyBlocks must be at least 1".into());
+        }
+        if !(1.0..=100.0).contains(&p.home_load_factor) {
+            return Err(format!(
+                "homeLoadFactor: {} must be from 1 to 100",
+                p.home_load_factor
+            ));
+        }
+        if !(0.0..=1.0).contains(&p.second_home_score) {
+            return Err(format!(
+                "secondHomeScore: {} must be from 0 to 1",
+                p.second_home_score
+            ));
+        }
         if let Some(chars) = p.hash_block_size {
             limits::HASH_BLOCK_CHARS
                 .check_usize(chars)
@@ -182,7 +227,49 @@ impl PrefixCacheScorer {
             hashes: Vec::new(),
             all_endpoints: Vec::new(),
             learned: Vec::new(),
+            members: MemberHashes::default(),
+            home: PrefixHome::default(),
+            home_picks: 0,
+            home_spills: 0,
         })
+    }
+
+    /// Picks that went to the prefix's first-ranked pod, and picks that went to its next pod
+    /// within the load bound because the first was loaded (see [`PrefixHome`]).
+    pub fn home_counts(&self) -> (u64, u64) {
+        (self.home_picks, self.home_spills)
+    }
+
+    /// The request's home key: the chained hash of its leading `homeKeyBlocks` blocks.
+    fn home_key(&self) -> Option<u64> {
+        let blocks = self.parameters.home_key_blocks.min(self.hashes.len());
+        self.hashes.get(blocks.checked_sub(1)?).copied()
+    }
+
+    /// Finds the request's home among `candidates`, when home affinity applies.
+    fn locate_home(&mut self, ctx: &SchedulingContext<'_>, candidates: &[usize]) -> PrefixHome {
+        let applies = self.parameters.home_affinity && ctx.pool.live_load;
+        match self.home_key().filter(|_| applies) {
+            Some(key) => {
+                self.members
+                    .home(ctx.pool, key, candidates, self.parameters.home_load_factor)
+            }
+            None => PrefixHome::default(),
+        }
+    }
+
+    /// The home's score, less how much better another candidate's learned score is than the
+    /// home's own: a replica that learned where the prefix really is (and that pod's queue
+    /// allows it) follows that.
+    fn home_score(&self, candidate: usize, learned: f64, best_learned: f64) -> f64 {
+        let prior = if Some(candidate) == self.home.home {
+            1.0
+        } else if Some(candidate) == self.home.second {
+            self.parameters.second_home_score
+        } else {
+            return 0.0;
+        };
+        (prior - (best_learned - learned)).max(0.0)
     }
 
     pub fn parameters(&self) -> &Parameters {
@@ -244,6 +331,7 @@ impl Scorer for PrefixCacheScorer {
     /// Hashes the prompt once and matches it against every endpoint, so filters, deciders
     /// and the cost model see the same matches through the cycle state.
     fn prepare(&mut self, request: &InferenceRequest, pool: &Pool, cycle: &mut CycleState) {
+        self.home = PrefixHome::default();
         block_hashes(
             &request.model,
             &request.prompt,
@@ -288,6 +376,13 @@ impl Scorer for PrefixCacheScorer {
             );
             *score = cache * weight;
         }
+        self.home = self.locate_home(ctx, candidates);
+        if self.home.home.is_some() {
+            let best_known = scores.iter().copied().fold(0.0, f64::max);
+            for (score, &candidate) in scores.iter_mut().zip(candidates) {
+                *score = score.max(self.home_score(candidate, *score, best_known));
+            }
+        }
     }
 
     fn on_picked(&mut self, ctx: &SchedulingContext<'_>, endpoint: usize) {
@@ -304,6 +399,11 @@ impl Scorer for PrefixCacheScorer {
                     self.index.set_capacity(endpoint, blocks);
                 }
             }
+        }
+        if Some(endpoint) == self.home.first {
+            self.home_picks += 1;
+        } else if Some(endpoint) == self.home.home {
+            self.home_spills += 1;
         }
         self.index.insert(endpoint, &self.hashes);
         if !self.hashes.is_empty() && self.learned.len() < MAX_UNSHARED {
@@ -402,6 +502,7 @@ mod tests {
         let pool = pool_with(vec![EndpointMetrics::default(), EndpointMetrics::default()]);
         let mut scorer = PrefixCacheScorer::new(Parameters {
             block_size_tokens: 1,
+            home_affinity: false,
             ..Parameters::default()
         })
         .unwrap();
@@ -459,6 +560,7 @@ mod tests {
         let mut pool = queues(&[6.0, 2.0, 3.0]);
         let mut scorer = PrefixCacheScorer::new(Parameters {
             block_size_tokens: 1,
+            home_affinity: false,
             ..Parameters::default()
         })
         .unwrap();
@@ -637,5 +739,114 @@ mod tests {
         block_hashes("m", &kept, chars, blocks, &mut cut);
         assert_eq!(whole.len(), 5);
         assert_eq!(whole, cut);
+    }
+
+    /// Scores of `prompt` over every endpoint of `pool`, then the pick of the best one.
+    fn score_and_pick(scorer: &mut PrefixCacheScorer, pool: &Pool, prompt: &str) -> Vec<f64> {
+        let req = request(prompt);
+        let mut cycle = CycleState::default();
+        scorer.prepare(&req, pool, &mut cycle);
+        let ctx = SchedulingContext {
+            request: &req,
+            pool,
+            cycle: &cycle,
+        };
+        let candidates: Vec<usize> = (0..pool.len()).collect();
+        let mut scores = vec![0.0; pool.len()];
+        scorer.score(&ctx, &candidates, &mut scores);
+        let best = (0..scores.len())
+            .max_by(|&a, &b| scores[a].total_cmp(&scores[b]))
+            .unwrap();
+        scorer.on_picked(&ctx, best);
+        scores
+    }
+
+    fn home_scorer() -> PrefixCacheScorer {
+        PrefixCacheScorer::new(Parameters {
+            block_size_tokens: 1,
+            home_key_blocks: 2,
+            ..Parameters::default()
+        })
+        .unwrap()
+    }
+
+    #[test]
+    fn an_unseen_prefix_scores_its_home_and_second_home() {
+        let pool = queues(&[0.0; 6]);
+        let mut scorer = home_scorer();
+        let scores = score_and_pick(&mut scorer, &pool, "aaaabbbbcccc");
+        let mut sorted = scores.clone();
+        sorted.sort_by(|a, b| b.total_cmp(a));
+        assert_eq!(sorted[..3], [1.0, 0.25, 0.0], "{scores:?}");
+        assert_eq!(scorer.home_counts(), (1, 0));
+        let home = scores.iter().position(|&s| s == 1.0).unwrap();
+        // A prompt sharing the two key blocks shares the home, learned or not.
+        let mut fresh = home_scorer();
+        let other = score_and_pick(&mut fresh, &pool, "aaaabbbbdddd");
+        assert_eq!(other[home], 1.0);
+    }
+
+    #[test]
+    fn two_replicas_that_never_talk_send_a_prefix_to_the_same_pod() {
+        let pool = queues(&[0.0; 8]);
+        let mut here = home_scorer();
+        let mut there = home_scorer();
+        for group in 0..50 {
+            let prompt = format!("{group:04}{group:04}{}", "x".repeat(group));
+            let a = score_and_pick(&mut here, &pool, &prompt);
+            let b = score_and_pick(&mut there, &pool, &prompt);
+            assert_eq!(a, b, "{prompt}");
+        }
+    }
+
+    #[test]
+    fn a_pod_known_to_hold_more_outranks_the_home() {
+        let pool = queues(&[0.0; 4]);
+        let mut first = home_scorer();
+        let scores = score_and_pick(&mut first, &pool, "aaaabbbbcccc");
+        let home = scores.iter().position(|&s| s == 1.0).unwrap();
+        let elsewhere = (home + 1) % 4;
+        let mut scorer = home_scorer();
+        scorer.index.insert(elsewhere, &first.hashes);
+        let longer = score_and_pick(&mut scorer, &pool, "aaaabbbbccccdddd");
+        assert_eq!(longer[elsewhere], 0.75, "three of four blocks held there");
+        assert!(
+            longer[home] < longer[elsewhere],
+            "the home is only known to hold as much as the key: {longer:?}"
+        );
+    }
+
+    #[test]
+    fn a_loaded_home_spills_to_the_second_home_and_counts_it() {
+        let mut scorer = home_scorer();
+        let calm = score_and_pick(&mut scorer, &queues(&[0.0; 4]), "aaaabbbb");
+        let home = calm.iter().position(|&s| s == 1.0).unwrap();
+        let second = calm.iter().position(|&s| s == 0.25).unwrap();
+        let mut waiting = [0.0; 4];
+        waiting[home] = 8.0;
+        let busy = score_and_pick(&mut scorer, &queues(&waiting), "aaaabbbb");
+        assert_eq!(busy[second], 1.0, "{busy:?}");
+        assert_eq!(scorer.home_counts(), (1, 1));
+    }
+
+    #[test]
+    fn scraped_load_signals_or_the_switch_turn_homes_off() {
+        let scraped = queues(&[0.0; 4]).with_live_load(false);
+        let scores = score_and_pick(&mut home_scorer(), &scraped, "aaaabbbb");
+        assert_eq!(scores, [0.0; 4]);
+        let mut off = home_scorer();
+        off.parameters.home_affinity = false;
+        assert_eq!(
+            score_and_pick(&mut off, &queues(&[0.0; 4]), "aaaabbbb"),
+            [0.0; 4]
+        );
+        for bad in [
+            "{homeKeyBlocks: 0}",
+            "{homeLoadFactor: 0.5}",
+            "{secondHomeScore: 2}",
+        ] {
+            let value: Value = serde_yaml::from_str(bad).unwrap();
+            assert!(build(&value).is_err(), "{bad}");
+        }
     }
 }

@@ -1,0 +1,219 @@
+//! A prompt prefix's home pod, the same on every Envoy replica without talking.
+//!
+//! Each replica learns prefixes only from its own picks, so behind a round-robin balancer a
+//! group's requests reach many replicas, and each would place it on its own. What every
+//! replica does share is the prompt, the pool's members and the pods' scraped load. A prefix's
+//! home is the member that ranks it highest by rendezvous hashing of its leading blocks over
+//! the members' addresses, skipping members loaded well beyond the candidates' mean (bounded
+//! load): every replica computes the same home and, when it is loaded, the same next one.
+//! A member joining or leaving only moves the prefixes it ranks first.
+
+use crate::endpoint::Pool;
+use crate::hash::{hash_bytes, rendezvous_weight};
+
+/// Where a prefix lives for this pick.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct PrefixHome {
+    /// The candidate that ranks the prefix first, whatever its load.
+    pub first: Option<usize>,
+    /// The highest-ranked candidate within the load bound: where the prefix goes.
+    pub home: Option<usize>,
+    /// The next one within the bound: where it spills when the home's queue outweighs its
+    /// cache, so a hot prefix is cached on two pods rather than scattered.
+    pub second: Option<usize>,
+}
+
+impl PrefixHome {
+    /// The home sits behind the first choice because the first choice is loaded.
+    pub fn spilled(&self) -> bool {
+        self.first != self.home
+    }
+}
+
+/// Members' address hashes by pool index, extended as the pool grows (endpoints are only
+/// ever appended), so ranking costs no allocation per request.
+#[derive(Debug, Default)]
+pub struct MemberHashes {
+    hashes: Vec<u64>,
+}
+
+impl MemberHashes {
+    fn refresh(&mut self, pool: &Pool) {
+        for endpoint in pool.endpoints.iter().skip(self.hashes.len()) {
+            self.hashes.push(hash_bytes(0, endpoint.address.as_bytes()));
+        }
+    }
+
+    /// The home of `key` among `candidates`: see the module documentation. A candidate is
+    /// within the bound when its load (running plus waiting, with what was placed since the
+    /// scrape) is at most `load_factor` times the candidates' mean plus one request, so an
+    /// idle pool never spills and a busy one keeps each pod within a share of the mean.
+    pub fn home(
+        &mut self,
+        pool: &Pool,
+        key: u64,
+        candidates: &[usize],
+        load_factor: f64,
+    ) -> PrefixHome {
+        self.refresh(pool);
+        let load = |c: usize| {
+            let running = pool.running(c).unwrap_or(0.0);
+            let waiting = pool.waiting(c).unwrap_or(0.0);
+            running + waiting
+        };
+        let total: f64 = candidates.iter().map(|&c| load(c)).sum();
+        let mean = total / candidates.len().max(1) as f64;
+        let bound = load_factor * mean + 1.0;
+        let mut ranked = Ranked::default();
+        let mut first = Ranked::default();
+        for &candidate in candidates {
+            let Some(&member) = self.hashes.get(candidate) else {
+                continue;
+            };
+            let weight = rendezvous_weight(key, member);
+            first.offer(candidate, weight);
+            if load(candidate) <= bound {
+                ranked.offer(candidate, weight);
+            }
+        }
+        PrefixHome {
+            first: first.best.map(|(c, _)| c),
+            home: ranked.best.map(|(c, _)| c),
+            second: ranked.next.map(|(c, _)| c),
+        }
+    }
+}
+
+/// The two highest weights offered, with their candidates.
+#[derive(Default)]
+struct Ranked {
+    best: Option<(usize, u64)>,
+    next: Option<(usize, u64)>,
+}
+
+impl Ranked {
+    fn offer(&mut self, candidate: usize, weight: u64) {
+        let beats = |slot: Option<(usize, u64)>| slot.is_none_or(|(_, w)| weight > w);
+        if beats(self.best) {
+            self.next = self.best;
+            self.best = Some((candidate, weight));
+        } else if beats(self.next) {
+            self.next = Some((candidate, weight));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::endpoint::{EndpointState, Health};
+    use crate::harness::test;
+    use crate::metrics::EndpointMetrics;
+    use std::collections::BTreeMap;
+
+    fn pool(addresses: &[&str], loads: &[f64]) -> Pool {
+        Pool::new(
+            addresses
+                .iter()
+                .zip(loads)
+                .map(|(address, &running)| {
+                    let mut endpoint = EndpointState::new((*address).into(), BTreeMap::new());
+                    endpoint.metrics = EndpointMetrics {
+                        running_requests: Some(running),
+                        waiting_queue: Some(0.0),
+                        ..EndpointMetrics::idle()
+                    };
+                    endpoint.health = Health::Fresh;
+                    endpoint
+                })
+                .collect(),
+        )
+    }
+
+    const ADDRESSES: [&str; 8] = [
+        "10.0.0.1:8000",
+        "10.0.0.2:8000",
+        "10.0.0.3:8000",
+        "10.0.0.4:8000",
+        "10.0.0.5:8000",
+        "10.0.0.6:8000",
+        "10.0.0.7:8000",
+        "10.0.0.8:8000",
+    ];
+
+    fn home_address(pool: &Pool, key: u64, factor: f64) -> Option<&str> {
+        let candidates: Vec<usize> = (0..pool.len()).collect();
+        let home = MemberHashes::default().home(pool, key, &candidates, factor);
+        home.home
+            .and_then(|h| pool.get(h))
+            .map(|e| e.address.as_str())
+    }
+
+    #[test]
+    fn every_member_order_gives_the_same_home() {
+        let idle = [0.0; 8];
+        let forward = pool(&ADDRESSES, &idle);
+        let mut reversed_addresses = ADDRESSES;
+        reversed_addresses.reverse();
+        let reversed = pool(&reversed_addresses, &idle);
+        for key in 0..500u64 {
+            assert_eq!(
+                home_address(&forward, key, 1.25),
+                home_address(&reversed, key, 1.25)
+            );
+        }
+    }
+
+    #[test]
+    fn a_member_leaving_moves_only_the_prefixes_it_was_home_to() {
+        let all = pool(&ADDRESSES, &[0.0; 8]);
+        let fewer = pool(&ADDRESSES[1..], &[0.0; 7]);
+        let mut moved = 0;
+        for key in 0..2_000u64 {
+            let before = home_address(&all, key, 1.25);
+            let after = home_address(&fewer, key, 1.25);
+            if before != Some(ADDRESSES[0]) {
+                assert_eq!(before, after, "key {key}");
+            } else {
+                moved += 1;
+            }
+        }
+        assert!(
+            (150..350).contains(&moved),
+            "about an eighth moved: {moved}"
+        );
+    }
+
+    #[test]
+    fn a_loaded_home_hands_the_prefix_to_the_same_next_member() {
+        let key = 42;
+        let idle = pool(&ADDRESSES, &[0.0; 8]);
+        let candidates: Vec<usize> = (0..8).collect();
+        let mut hashes = MemberHashes::default();
+        let calm = hashes.home(&idle, key, &candidates, 1.25);
+        let (home, second) = (calm.home.unwrap(), calm.second.unwrap());
+        assert!(!calm.spilled());
+        let mut loads = [2.0; 8];
+        loads[home] = 6.0; // beyond 1.25 x the mean (2.5) + 1
+        let busy = pool(&ADDRESSES, &loads);
+        let spilled = hashes.home(&busy, key, &candidates, 1.25);
+        assert_eq!(spilled.first, Some(home));
+        assert_eq!(spilled.home, Some(second), "the prefix's own next member");
+        assert!(spilled.spilled());
+        loads[home] = 3.5; // within 1.25 x 2.19 + 1
+        let within = hashes.home(&pool(&ADDRESSES, &loads), key, &candidates, 1.25);
+        assert_eq!(within.home, Some(home));
+    }
+
+    #[test]
+    fn only_candidates_are_ranked() {
+        let idle = pool(&ADDRESSES, &[0.0; 8]);
+        let mut hashes = MemberHashes::default();
+        let all: Vec<usize> = (0..8).collect();
+        let home = hashes.home(&idle, 7, &all, 1.25).home.unwrap();
+        let others: Vec<usize> = (0..8).filter(|&c| c != home).collect();
+        let elsewhere = hashes.home(&idle, 7, &others, 1.25);
+        assert!(elsewhere.home.is_some_and(|h| h != home));
+        assert_eq!(hashes.home(&idle, 7, &[], 1.25), PrefixHome::default());
+    }
+}
