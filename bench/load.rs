@@ -46,6 +46,8 @@ pub fn closed_loop_over<'b>(
 /// What an open loop saw: the successful exchanges, the failures, the seconds it took.
 pub struct OpenLoop {
     pub ok: Vec<Exchange>,
+    /// The index in `requests` of each of `ok`.
+    pub ok_requests: Vec<usize>,
     pub errors: usize,
     pub elapsed: f64,
 }
@@ -53,27 +55,43 @@ pub struct OpenLoop {
 /// Open loop: Poisson arrivals at `rate` per second, one thread per request in flight; request
 /// `n` goes to `addresses[n % len]` (several gateways behind a round-robin L4 balancer).
 pub fn open_loop(addresses: &[String], requests: &[String], rate: f64, seed: u64) -> OpenLoop {
+    open_loop_balanced(addresses, requests, rate, seed, &|n| n % addresses.len())
+}
+
+/// [`open_loop`] with request `n` sent to `addresses[balance(n)]`.
+pub fn open_loop_balanced(
+    addresses: &[String],
+    requests: &[String],
+    rate: f64,
+    seed: u64,
+    balance: &(dyn Fn(usize) -> usize + Sync),
+) -> OpenLoop {
     let started = Instant::now();
     let sent = open_loop_each(requests.len(), rate, seed, &|n,
                                                             client: &mut Option<
         KeepAlive,
     >| {
-        let address = &addresses[n % addresses.len()];
+        let address = &addresses[balance(n) % addresses.len()];
         client
             .get_or_insert_with(|| KeepAlive::new(address))
             .post("/v1/chat/completions", &requests[n])
     });
     let elapsed = started.elapsed().as_secs_f64();
     let mut ok = Vec::new();
+    let mut ok_requests = Vec::new();
     let mut errors = 0;
-    for (_, _, result) in sent {
+    for (n, _, result) in sent {
         match result {
-            Some(exchange) if exchange.status == 200 => ok.push(exchange),
+            Some(exchange) if exchange.status == 200 => {
+                ok.push(exchange);
+                ok_requests.push(n);
+            }
             _ => errors += 1,
         }
     }
     OpenLoop {
         ok,
+        ok_requests,
         errors,
         elapsed,
     }

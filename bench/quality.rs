@@ -267,19 +267,6 @@ impl QualityRun {
     }
 }
 
-/// Fresh pods started with `sim_args`, `replicas` gateways in front of them sharing the load,
-/// arrivals drawn from seed 11; every request asks for [`OUTPUT_TOKENS`].
-pub fn run_on(
-    gateway: Gateway,
-    replicas: usize,
-    sim_args: &[&str],
-    requests: &[String],
-    rate: f64,
-) -> QualityRun {
-    let arrivals = Arrivals { rate, seed: 11 };
-    run_seeded(gateway, replicas, sim_args, requests, arrivals)
-}
-
 /// Poisson arrivals at `rate` drawn from `seed`.
 #[derive(Clone, Copy)]
 struct Arrivals {
@@ -287,10 +274,10 @@ struct Arrivals {
     seed: u64,
 }
 
-/// [`run_on`] with these arrivals.
+/// Fresh pods started with `sim_args`, the gateway in front of them, `requests` sent with
+/// these arrivals; every request asks for [`OUTPUT_TOKENS`].
 fn run_seeded(
     gateway: Gateway,
-    replicas: usize,
     sim_args: &[&str],
     requests: &[String],
     arrivals: Arrivals,
@@ -299,14 +286,13 @@ fn run_seeded(
         .map(|i| Sim::start(&format!("pod-{i}"), sim_args))
         .collect();
     let refs: Vec<&Sim> = sims.iter().collect();
-    let gateways: Vec<_> = (0..replicas).map(|_| gateway.start(&refs)).collect();
+    let running = gateway.start(&refs);
     if let Gateway::Picker(_) = gateway {
         for sim in &refs {
-            sim.wait_for_scrapes(2 * replicas as u64);
+            sim.wait_for_scrapes(2);
         }
     }
-    let addresses: Vec<String> = gateways.iter().map(|g| g.address()).collect();
-    let load = open_loop(&addresses, requests, arrivals.rate, arrivals.seed);
+    let load = open_loop(&[running.address()], requests, arrivals.rate, arrivals.seed);
     let mut picks = BTreeMap::new();
     for e in &load.ok {
         *picks.entry(e.pod.clone()).or_insert(0) += 1;
@@ -328,7 +314,7 @@ fn run_seeded(
 }
 
 /// Prompt tokens the pods served from their prefix caches over all they were asked for.
-fn prefix_hit_rate(sims: &[&Sim]) -> f64 {
+pub fn prefix_hit_rate(sims: &[&Sim]) -> f64 {
     let (mut hits, mut queries) = (0.0, 0.0);
     for sim in sims {
         let stats = sim.stats();
@@ -348,7 +334,6 @@ pub const TTFT_P90: Column = Column::both("TTFT p90 ms", "ttft_p90_ms");
 pub const TTFT_P99: Column = Column::both("TTFT p99 ms", "ttft_p99_ms");
 pub const ERRORS: Column = Column::both("errors", "errors");
 pub const HIT_RATE: Column = Column::both("hit rate", "hit_rate");
-pub const PICKS_PER_POD: Column = Column::markdown("picks per pod").left();
 
 /// The cells of [`TTFT_P50`], [`TTFT_P90`] and [`TTFT_P99`].
 pub fn ttft_cells(ttft: &Percentiles) -> [Cell; 3] {
@@ -549,7 +534,7 @@ fn sweep(plan: &[Planned<'_>], quick: bool) -> Vec<CellRow> {
                 rate: cell.rate,
                 seed: 10 + cell.seed,
             };
-            let run = run_seeded(cell.gateway, 1, &sim_args, requests, arrivals);
+            let run = run_seeded(cell.gateway, &sim_args, requests, arrivals);
             let row = cell_row(cell, &run);
             print_cell(&row, started.elapsed().as_secs_f64());
             row

@@ -73,6 +73,18 @@ pub const LORA_SIM: [&str; 4] = [
 /// ~128-token question, 64 tokens out; shuffled.
 pub fn shared_prefix_workload(groups: usize, per_group: usize, rng: &mut Rng) -> Vec<String> {
     grouped_workload(&vec![per_group; groups], rng)
+        .into_iter()
+        .map(|(_, chat)| chat)
+        .collect()
+}
+
+/// [`shared_prefix_workload`] with each chat's group.
+pub fn shared_prefix_groups(
+    groups: usize,
+    per_group: usize,
+    rng: &mut Rng,
+) -> Vec<(usize, String)> {
+    grouped_workload(&vec![per_group; groups], rng)
 }
 
 /// `total` chats over `groups` groups built as in [`shared_prefix_workload`], the group sizes
@@ -85,20 +97,24 @@ pub fn hot_prefix_workload(
     rng: &mut Rng,
 ) -> Vec<String> {
     grouped_workload(&zipf_counts(groups, total, hot_share), rng)
+        .into_iter()
+        .map(|(_, chat)| chat)
+        .collect()
 }
 
-/// Chats of group `g` for each `counts[g]`, shuffled.
-fn grouped_workload(counts: &[usize], rng: &mut Rng) -> Vec<String> {
+/// Chats of group `g` for each `counts[g]`, each with its group, shuffled.
+fn grouped_workload(counts: &[usize], rng: &mut Rng) -> Vec<(usize, String)> {
     let mut requests = Vec::new();
     for (g, &count) in counts.iter().enumerate() {
         let system = format!("Group {g} system prompt. ").repeat(8192 / 24);
         for q in 0..count {
             let question = format!("Question {q} of group {g}: ").repeat(512 / 24);
-            requests.push(streamed_chat(&format!(
+            let chat = streamed_chat(&format!(
                 "{},{}",
                 message("system", &system),
                 message("user", &question)
-            )));
+            ));
+            requests.push((g, chat));
         }
     }
     rng.shuffle(&mut requests);
@@ -147,10 +163,22 @@ const CHAT_APPS: usize = 4;
 /// times a turn's service time, so turn `k + 1` is sent after turn `k` finished unless the
 /// pods are far past saturation. The load stays open-loop.
 pub fn multi_turn_workload(conversations: usize, turns: usize, rng: &mut Rng) -> Vec<String> {
+    multi_turn_sessions(conversations, turns, rng)
+        .into_iter()
+        .map(|(_, chat)| chat)
+        .collect()
+}
+
+/// [`multi_turn_workload`] with each chat's conversation, for a balancer that hashes sessions.
+pub fn multi_turn_sessions(
+    conversations: usize,
+    turns: usize,
+    rng: &mut Rng,
+) -> Vec<(usize, String)> {
     let mut order: Vec<usize> = (0..conversations).collect();
     rng.shuffle(&mut order);
     (0..turns)
-        .flat_map(|turn| order.iter().map(move |&c| chat_turn(c, turn)))
+        .flat_map(|turn| order.iter().map(move |&c| (c, chat_turn(c, turn))))
         .collect()
 }
 

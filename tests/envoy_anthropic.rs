@@ -57,11 +57,13 @@ fn a_shared_system_prompt_keeps_messages_requests_on_the_warm_pod() {
         r#"{{"model":"{MODEL}","messages":[{{"role":"system","content":"{system}"}},{{"role":"user","content":"from chat"}}],"max_tokens":4}}"#
     );
     assert_eq!(envoy.post("/v1/chat/completions", &chat).pod(), home);
-    // Another system prompt is cold: the no-hit LRU scorer sends it elsewhere.
+    // Another system prompt has its own home (possibly the same pod), and its next request
+    // follows it there.
     let other = Value::String("Answer as a pirate would, always. ".repeat(40));
     let cold = envoy.post("/v1/messages", &messages_body(&other, "hi", ""));
     assert_eq!(cold.status, 200, "{}", cold.text());
-    assert_ne!(cold.pod(), home);
+    let again = envoy.post("/v1/messages", &messages_body(&other, "hello", ""));
+    assert_eq!(again.pod(), cold.pod());
 }
 
 #[test]

@@ -85,7 +85,18 @@ fn the_pod_that_served_a_retried_request_learns_its_prompt() {
         "fault",
         r#"{"mode":"error","status":503,"scope":"inference"}"#,
     );
-    let envoy = gateway(&[&a, &b, &c], "", |_| {});
+    // Prefix homes off: this is about the learned index, and a home would pick the first pod
+    // by the prompt rather than by the queues the test sets.
+    let config = shipped_picker_config().replacen(
+        "- type: prefix-cache-scorer\n",
+        "- type: prefix-cache-scorer\n  parameters: {homeAffinity: false}\n",
+        1,
+    );
+    assert!(config.contains("homeAffinity: false"));
+    let envoy = Envoy::start(&with_endpoints(&config, &[&a, &b, &c]), 2);
+    for sim in [&a, &b, &c] {
+        sim.wait_for_scrapes(3);
+    }
     let shared = "You are a careful assistant who answers in one short sentence. ".repeat(30);
     let response = envoy.post("/v1/completions", &prompt(&shared, 0));
     assert_eq!(response.status, 200, "{}", response.text());

@@ -189,7 +189,8 @@ impl Director {
             header_use,
             selector_warned: vec![false; config.metric_selectors.len()],
             pool: Pool::new(endpoints)
-                .with_live_load(config.pool.load_signals == LoadSignals::Live),
+                .with_live_load(config.pool.load_signals == LoadSignals::Live)
+                .with_replicas(config.pool.replicas),
             scheduler: config.scheduler,
             settings: config.pool,
             selectors: config.metric_selectors,

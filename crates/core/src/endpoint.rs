@@ -171,6 +171,13 @@ impl EndpointState {
         f64::from(self.total_in_flight()) - f64::from(self.in_flight_at_scrape)
     }
 
+    /// [`Self::placed_since_scrape`] for the whole fleet of `replicas` Envoys: the others
+    /// are taken to place as this one does (a balancer spreads requests evenly, and prefix
+    /// homes send a prefix to the same pod from every replica).
+    fn fleet_placed_since_scrape(&self, replicas: f64) -> f64 {
+        self.placed_since_scrape() * replicas
+    }
+
     fn placed_tokens_since_metrics(&self) -> f64 {
         self.total_in_flight_tokens() as f64 - self.in_flight_tokens_at_scrape as f64
     }
@@ -180,12 +187,12 @@ impl EndpointState {
     /// [`Self::running_capacity`] (a request placed at a pod with a free slot runs; one placed
     /// at a full pod waits). A pod never seen full keeps its scraped queue: what was placed
     /// since is taken to run. `None` when the pod reports neither count.
-    fn load_now(&self, live: bool) -> (Option<f64>, Option<f64>) {
+    fn load_now(&self, live: bool, replicas: f64) -> (Option<f64>, Option<f64>) {
         let (running, waiting) = (self.metrics.running(), self.metrics.waiting());
         if !live {
             return (running, waiting);
         }
-        let placed = self.placed_since_scrape();
+        let placed = self.fleet_placed_since_scrape(replicas);
         let (Some(running), Some(waiting)) = (running, waiting) else {
             return (running.map(|r| (r + placed).max(0.0)), waiting);
         };
@@ -198,12 +205,12 @@ impl EndpointState {
 
     /// Waiting requests (see [`Self::load_now`]); `None` when the pod reports no queue.
     pub fn waiting(&self, live: bool) -> Option<f64> {
-        self.load_now(live).1
+        self.load_now(live, 1.0).1
     }
 
     /// Running requests (see [`Self::load_now`]).
     pub fn running(&self, live: bool) -> Option<f64> {
-        self.load_now(live).0
+        self.load_now(live, 1.0).0
     }
 
     /// KV-cache utilisation in 0..1; with `live` and a pod that reports its cache size
@@ -250,6 +257,8 @@ pub struct Pool {
     /// Load signals include what was placed since each scrape (`pool.loadSignals: live`);
     /// false reads the scraped metrics only, as GIE's picker does.
     pub live_load: bool,
+    /// Envoy replicas placing requests on these pods (`pool.replicas`), this one included.
+    pub replicas: f64,
     /// Address -> index, so lookups by address (snapshots, membership lists) stay linear in
     /// the pool rather than quadratic. Endpoints are only ever appended, by `set_members`.
     by_address: HashMap<String, usize>,
@@ -275,6 +284,7 @@ impl Pool {
         Pool {
             endpoints,
             live_load: true,
+            replicas: 1.0,
             by_address,
             now_ms: 0,
             transitions: Vec::new(),
@@ -284,6 +294,12 @@ impl Pool {
     /// See [`Pool::live_load`].
     pub fn with_live_load(mut self, live: bool) -> Self {
         self.live_load = live;
+        self
+    }
+
+    /// See [`Pool::replicas`].
+    pub fn with_replicas(mut self, replicas: u32) -> Self {
+        self.replicas = f64::from(replicas.max(1));
         self
     }
 
@@ -316,11 +332,11 @@ impl Pool {
 
     /// `index`'s waiting queue as scorers should see it (see [`EndpointState::waiting`]).
     pub fn waiting(&self, index: usize) -> Option<f64> {
-        self.get(index)?.waiting(self.live_load)
+        self.get(index)?.load_now(self.live_load, self.replicas).1
     }
 
     pub fn running(&self, index: usize) -> Option<f64> {
-        self.get(index)?.running(self.live_load)
+        self.get(index)?.load_now(self.live_load, self.replicas).0
     }
 
     pub fn kv_usage(&self, index: usize) -> Option<f64> {
@@ -625,6 +641,25 @@ mod tests {
         );
         pool.record_scrape_ok(0, 1, EndpointMetrics::default());
         assert_eq!(pool.endpoints[0].placed_tokens_since_scrape, 0);
+    }
+
+    #[test]
+    fn with_replicas_each_placement_stands_for_the_fleets() {
+        let mut pool = pool(1).with_replicas(3);
+        let idle = EndpointMetrics {
+            waiting_queue: Some(0.0),
+            running_requests: Some(1.0),
+            ..EndpointMetrics::default()
+        };
+        pool.record_scrape_ok(0, 1, idle);
+        pool.add_in_flight(0, 100);
+        assert_eq!(
+            pool.running(0),
+            Some(4.0),
+            "one placed here since the scrape: about three across the fleet"
+        );
+        pool.release_in_flight(0, 100);
+        assert_eq!(pool.running(0), Some(1.0));
     }
 
     #[test]

@@ -288,29 +288,50 @@ impl RequestFlow {
         };
         let status = host.response_header(":status").unwrap_or_default();
         let failed = status.first() == Some(&b'5');
-        // Without fallbacks Envoy had nowhere else to send it: no host call to ask.
-        let served = if routed.fallbacks.is_empty() {
-            None
-        } else {
+        // A success without fallbacks came from the pick: no host call to ask where.
+        let served = if failed || !routed.fallbacks.is_empty() {
             host.upstream_address()
+        } else {
+            None
         };
-        let backoff = director.settings().passive_health_backoff;
-        for address in director.report_response(routed, served.as_deref(), failed) {
-            if failed && served.as_deref().unwrap_or(&routed.destination) == address {
-                log::warn!(
-                    "inference-picker: endpoint {address} answered {}; avoiding it for {backoff:?}",
-                    String::from_utf8_lossy(&status),
-                );
-            } else {
-                log::warn!(
-                    "inference-picker: endpoint {address} did not take a request (Envoy retried it on {}); avoiding it for {backoff:?}",
-                    served.as_deref().unwrap_or("-"),
-                );
-            }
+        if failed && served.is_none() {
+            // Envoy answered without reaching any upstream (no healthy host, overflow, a
+            // route or filter reply): nothing a pod did, so no pod is avoided for it.
+            log::warn!(
+                "inference-picker: Envoy answered {} for {} before reaching any upstream; no endpoint is avoided for it",
+                String::from_utf8_lossy(&status),
+                routed.destination,
+            );
+        } else {
+            Self::report(director, routed, served.as_deref(), failed, &status);
         }
         if let Some(token) = &routed.session_token {
             if let Err(error) = host.set_response_header(SESSION_TOKEN_HEADER, token) {
                 log::warn!("inference-picker: setting {SESSION_TOKEN_HEADER}: {error}");
+            }
+        }
+    }
+
+    /// Hands the response to the director and logs every endpoint it starts avoiding.
+    fn report(
+        director: &mut Director,
+        routed: &mut Routed,
+        served: Option<&str>,
+        failed: bool,
+        status: &[u8],
+    ) {
+        let backoff = director.settings().passive_health_backoff;
+        for address in director.report_response(routed, served, failed) {
+            if failed && served.unwrap_or(&routed.destination) == address {
+                log::warn!(
+                    "inference-picker: endpoint {address} answered {}; avoiding it for {backoff:?}",
+                    String::from_utf8_lossy(status),
+                );
+            } else {
+                log::warn!(
+                    "inference-picker: endpoint {address} did not take a request (Envoy retried it on {}); avoiding it for {backoff:?}",
+                    served.unwrap_or("-"),
+                );
             }
         }
     }
@@ -806,6 +827,10 @@ mod tests {
         host.response_headers
             .borrow_mut()
             .insert(":status".into(), "503".into());
+        let Outcome::Routed(routed_to) = &flow.outcome else {
+            panic!("routed");
+        };
+        *host.upstream.borrow_mut() = Some(routed_to.destination.clone());
         flow.on_response_headers(&host, &mut director);
         flow.on_done(&mut director, 0, &FakeShared::default());
         assert!(only(&director).pool().endpoints[0].backoff_until_ms > 0);
@@ -910,6 +935,26 @@ mod tests {
             .endpoints
             .iter()
             .all(|e| e.in_flight == 0));
+    }
+
+    #[test]
+    fn a_503_envoy_made_without_reaching_a_pod_backs_nothing_off() {
+        let mut director = director_with_fallbacks();
+        let host = host("/v1/completions", r#"{"model":"m","prompt":"x"}"#);
+        let mut flow = routed(&host, &mut director);
+        // No healthy upstream: Envoy answers itself and the property is absent.
+        host.response_headers
+            .borrow_mut()
+            .insert(":status".into(), "503".into());
+        *host.upstream.borrow_mut() = None;
+        flow.on_response_headers(&host, &mut director);
+        assert_eq!(backing_off(&director), [false, false, false]);
+        flow.on_done(&mut director, 0, &FakeShared::default());
+        // The same 503 after reaching the pick is the pick's.
+        let mut flow = routed(&host, &mut director);
+        respond(&host, &mut flow, &mut director, "503", "127.0.0.1:8001");
+        assert_eq!(backing_off(&director), [true, false, false]);
+        flow.on_done(&mut director, 0, &FakeShared::default());
     }
 
     #[test]

@@ -11,22 +11,34 @@
 use crate::endpoint::Pool;
 use crate::hash::{hash_bytes, rendezvous_weight};
 
+/// Pods a prefix's order names: its home and the next ones it spills to, in order.
+pub const HOMES: usize = 4;
+
 /// Where a prefix lives for this pick.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct PrefixHome {
     /// The candidate that ranks the prefix first, whatever its load.
     pub first: Option<usize>,
-    /// The highest-ranked candidate within the load bound: where the prefix goes.
-    pub home: Option<usize>,
-    /// The next one within the bound: where it spills when the home's queue outweighs its
-    /// cache, so a hot prefix is cached on two pods rather than scattered.
-    pub second: Option<usize>,
+    /// The highest-ranked candidates within the load bound, best first: `homes[0]` is where
+    /// the prefix goes; what spills from it goes to the next, so that a hot prefix is cached
+    /// on a few consistent pods rather than scattered.
+    pub homes: [Option<usize>; HOMES],
 }
 
 impl PrefixHome {
+    /// Where the prefix goes.
+    pub fn home(&self) -> Option<usize> {
+        self.homes[0]
+    }
+
+    /// `candidate`'s place in the prefix's order, 0 for its home.
+    pub fn rank_of(&self, candidate: usize) -> Option<usize> {
+        self.homes.iter().position(|&h| h == Some(candidate))
+    }
+
     /// The home sits behind the first choice because the first choice is loaded.
     pub fn spilled(&self) -> bool {
-        self.first != self.home
+        self.first != self.home()
     }
 }
 
@@ -65,40 +77,39 @@ impl MemberHashes {
         let mean = total / candidates.len().max(1) as f64;
         let bound = load_factor * mean + 1.0;
         let mut ranked = Ranked::default();
-        let mut first = Ranked::default();
+        let mut first: Option<(usize, u64)> = None;
         for &candidate in candidates {
             let Some(&member) = self.hashes.get(candidate) else {
                 continue;
             };
             let weight = rendezvous_weight(key, member);
-            first.offer(candidate, weight);
+            if first.is_none_or(|(_, w)| weight > w) {
+                first = Some((candidate, weight));
+            }
             if load(candidate) <= bound {
                 ranked.offer(candidate, weight);
             }
         }
         PrefixHome {
-            first: first.best.map(|(c, _)| c),
-            home: ranked.best.map(|(c, _)| c),
-            second: ranked.next.map(|(c, _)| c),
+            first: first.map(|(c, _)| c),
+            homes: ranked.top.map(|slot| slot.map(|(c, _)| c)),
         }
     }
 }
 
-/// The two highest weights offered, with their candidates.
+/// The [`HOMES`] highest weights offered, with their candidates, highest first.
 #[derive(Default)]
 struct Ranked {
-    best: Option<(usize, u64)>,
-    next: Option<(usize, u64)>,
+    top: [Option<(usize, u64)>; HOMES],
 }
 
 impl Ranked {
     fn offer(&mut self, candidate: usize, weight: u64) {
-        let beats = |slot: Option<(usize, u64)>| slot.is_none_or(|(_, w)| weight > w);
-        if beats(self.best) {
-            self.next = self.best;
-            self.best = Some((candidate, weight));
-        } else if beats(self.next) {
-            self.next = Some((candidate, weight));
+        let mut carried = Some((candidate, weight));
+        for slot in &mut self.top {
+            if slot.is_none_or(|(_, w)| carried.is_some_and(|(_, c)| c > w)) {
+                std::mem::swap(slot, &mut carried);
+            }
         }
     }
 }
@@ -144,7 +155,7 @@ mod tests {
     fn home_address(pool: &Pool, key: u64, factor: f64) -> Option<&str> {
         let candidates: Vec<usize> = (0..pool.len()).collect();
         let home = MemberHashes::default().home(pool, key, &candidates, factor);
-        home.home
+        home.home()
             .and_then(|h| pool.get(h))
             .map(|e| e.address.as_str())
     }
@@ -191,18 +202,23 @@ mod tests {
         let candidates: Vec<usize> = (0..8).collect();
         let mut hashes = MemberHashes::default();
         let calm = hashes.home(&idle, key, &candidates, 1.25);
-        let (home, second) = (calm.home.unwrap(), calm.second.unwrap());
+        let (home, second) = (calm.homes[0].unwrap(), calm.homes[1].unwrap());
         assert!(!calm.spilled());
         let mut loads = [2.0; 8];
         loads[home] = 6.0; // beyond 1.25 x the mean (2.5) + 1
         let busy = pool(&ADDRESSES, &loads);
         let spilled = hashes.home(&busy, key, &candidates, 1.25);
         assert_eq!(spilled.first, Some(home));
-        assert_eq!(spilled.home, Some(second), "the prefix's own next member");
+        assert_eq!(spilled.home(), Some(second), "the prefix's own next member");
+        assert_eq!(
+            spilled.rank_of(home),
+            None,
+            "beyond the bound, out of the order"
+        );
         assert!(spilled.spilled());
         loads[home] = 3.5; // within 1.25 x 2.19 + 1
         let within = hashes.home(&pool(&ADDRESSES, &loads), key, &candidates, 1.25);
-        assert_eq!(within.home, Some(home));
+        assert_eq!(within.home(), Some(home));
     }
 
     #[test]
@@ -210,10 +226,15 @@ mod tests {
         let idle = pool(&ADDRESSES, &[0.0; 8]);
         let mut hashes = MemberHashes::default();
         let all: Vec<usize> = (0..8).collect();
-        let home = hashes.home(&idle, 7, &all, 1.25).home.unwrap();
+        let order = hashes.home(&idle, 7, &all, 1.25);
+        let home = order.home().unwrap();
         let others: Vec<usize> = (0..8).filter(|&c| c != home).collect();
         let elsewhere = hashes.home(&idle, 7, &others, 1.25);
-        assert!(elsewhere.home.is_some_and(|h| h != home));
+        assert_eq!(
+            elsewhere.homes[..3],
+            order.homes[1..],
+            "the same order, less one"
+        );
         assert_eq!(hashes.home(&idle, 7, &[], 1.25), PrefixHome::default());
     }
 }

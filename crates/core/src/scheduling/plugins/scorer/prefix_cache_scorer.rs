@@ -69,10 +69,10 @@ pub struct Parameters {
     /// A pod is skipped as a home while its load (running plus waiting) is above this many
     /// times the candidates' mean, plus one request.
     pub home_load_factor: f64,
-    /// The score of the prefix's next pod within the bound, so that what spills from a busy
-    /// home goes to one consistent pod; below a third, so a hit of a third of the prompt
-    /// anywhere outranks it.
-    pub second_home_score: f64,
+    /// The score of each next pod in the prefix's order (within the bound) is this times
+    /// the one before's: what spills from a busy home goes to the same few pods from every
+    /// replica, unless another pod is much less loaded.
+    pub home_rank_decay: f64,
     /// llm-d-router's producer instance to read matches from; accepted, since this scorer
     /// keeps its own index.
     #[serde(skip_serializing_if = "String::is_empty")]
@@ -92,8 +92,8 @@ impl Default for Parameters {
             match_length_scale_tokens: 8192,
             home_affinity: true,
             home_key_blocks: 16,
-            home_load_factor: 1.25,
-            second_home_score: 0.25,
+            home_load_factor: 2.0,
+            home_rank_decay: 0.5,
             prefix_match_info_producer_name: String::new(),
         }
     }
@@ -210,10 +210,10 @@ impl PrefixCacheScorer {
                 p.home_load_factor
             ));
         }
-        if !(0.0..=1.0).contains(&p.second_home_score) {
+        if !(0.0..=1.0).contains(&p.home_rank_decay) {
             return Err(format!(
-                "secondHomeScore: {} must be from 0 to 1",
-                p.second_home_score
+                "homeRankDecay: {} must be from 0 to 1",
+                p.home_rank_decay
             ));
         }
         if let Some(chars) = p.hash_block_size {
@@ -258,18 +258,15 @@ impl PrefixCacheScorer {
         }
     }
 
-    /// The home's score, less how much better another candidate's learned score is than the
-    /// home's own: a replica that learned where the prefix really is (and that pod's queue
-    /// allows it) follows that.
-    fn home_score(&self, candidate: usize, learned: f64, best_learned: f64) -> f64 {
-        let prior = if Some(candidate) == self.home.home {
-            1.0
-        } else if Some(candidate) == self.home.second {
-            self.parameters.second_home_score
-        } else {
-            return 0.0;
-        };
-        (prior - (best_learned - learned)).max(0.0)
+    /// `candidate`'s place in the prefix's order as a score: 1 for the home, then
+    /// `homeRankDecay` times the one before. Not lowered where this replica learned the prefix
+    /// went elsewhere: the other replicas did not learn that, and follow the order.
+    fn home_score(&self, candidate: usize) -> f64 {
+        self.home.rank_of(candidate).map_or(0.0, |rank| {
+            self.parameters
+                .home_rank_decay
+                .powi(i32::try_from(rank).unwrap_or(i32::MAX))
+        })
     }
 
     pub fn parameters(&self) -> &Parameters {
@@ -377,10 +374,9 @@ impl Scorer for PrefixCacheScorer {
             *score = cache * weight;
         }
         self.home = self.locate_home(ctx, candidates);
-        if self.home.home.is_some() {
-            let best_known = scores.iter().copied().fold(0.0, f64::max);
+        if self.home.home().is_some() {
             for (score, &candidate) in scores.iter_mut().zip(candidates) {
-                *score = score.max(self.home_score(candidate, *score, best_known));
+                *score = score.max(self.home_score(candidate));
             }
         }
     }
@@ -402,7 +398,7 @@ impl Scorer for PrefixCacheScorer {
         }
         if Some(endpoint) == self.home.first {
             self.home_picks += 1;
-        } else if Some(endpoint) == self.home.home {
+        } else if Some(endpoint) == self.home.home() {
             self.home_spills += 1;
         }
         self.index.insert(endpoint, &self.hashes);
@@ -771,13 +767,13 @@ mod tests {
     }
 
     #[test]
-    fn an_unseen_prefix_scores_its_home_and_second_home() {
+    fn an_unseen_prefix_scores_its_order_of_homes() {
         let pool = queues(&[0.0; 6]);
         let mut scorer = home_scorer();
         let scores = score_and_pick(&mut scorer, &pool, "aaaabbbbcccc");
         let mut sorted = scores.clone();
         sorted.sort_by(|a, b| b.total_cmp(a));
-        assert_eq!(sorted[..3], [1.0, 0.25, 0.0], "{scores:?}");
+        assert_eq!(sorted, [1.0, 0.5, 0.25, 0.125, 0.0, 0.0], "{scores:?}");
         assert_eq!(scorer.home_counts(), (1, 0));
         let home = scores.iter().position(|&s| s == 1.0).unwrap();
         // A prompt sharing the two key blocks shares the home, learned or not.
@@ -800,20 +796,17 @@ mod tests {
     }
 
     #[test]
-    fn a_pod_known_to_hold_more_outranks_the_home() {
-        let pool = queues(&[0.0; 4]);
+    fn a_hit_learned_elsewhere_leaves_the_home_where_the_other_replicas_find_it() {
+        let pool = queues(&[0.0; 6]);
         let mut first = home_scorer();
         let scores = score_and_pick(&mut first, &pool, "aaaabbbbcccc");
         let home = scores.iter().position(|&s| s == 1.0).unwrap();
-        let elsewhere = (home + 1) % 4;
+        let elsewhere = (0..6).find(|&c| scores[c] == 0.0).unwrap();
         let mut scorer = home_scorer();
         scorer.index.insert(elsewhere, &first.hashes);
         let longer = score_and_pick(&mut scorer, &pool, "aaaabbbbccccdddd");
         assert_eq!(longer[elsewhere], 0.75, "three of four blocks held there");
-        assert!(
-            longer[home] < longer[elsewhere],
-            "the home is only known to hold as much as the key: {longer:?}"
-        );
+        assert_eq!(longer[home], 1.0, "{longer:?}");
     }
 
     #[test]
@@ -821,7 +814,7 @@ mod tests {
         let mut scorer = home_scorer();
         let calm = score_and_pick(&mut scorer, &queues(&[0.0; 4]), "aaaabbbb");
         let home = calm.iter().position(|&s| s == 1.0).unwrap();
-        let second = calm.iter().position(|&s| s == 0.25).unwrap();
+        let second = calm.iter().position(|&s| s == 0.5).unwrap();
         let mut waiting = [0.0; 4];
         waiting[home] = 8.0;
         let busy = score_and_pick(&mut scorer, &queues(&waiting), "aaaabbbb");
@@ -843,7 +836,7 @@ mod tests {
         for bad in [
             "{homeKeyBlocks: 0}",
             "{homeLoadFactor: 0.5}",
-            "{secondHomeScore: 2}",
+            "{homeRankDecay: 2}",
         ] {
             let value: Value = serde_yaml::from_str(bad).unwrap();
             assert!(build(&value).is_err(), "{bad}");
