@@ -178,7 +178,8 @@ fn large_intro(settle: Duration) -> String {
         "\n### Large pools\n\nThe shipped `envoy/envoy.yaml` (scrapes through their own \
          `inference_picker_metrics` cluster, `maxScrapesInFlight` 128), Envoy \
          `--concurrency 2`, the picker above scraping every second (staleness threshold 5 s), N \
-         simulated pods in processes of 4,096. After Envoy is ready, {} s of scraping, then \
+         simulated pods spread over processes of {} (as pods on several nodes would be). \
+         After Envoy is ready, {} s of scraping, then \
          {POOL_REQUESTS} requests (8 clients, distinct 200-character prompts); all along the \
          admin port is asked for `GET /stats` every {} s, and the filter's gauges are read. \
          Configure: the slowest VM's own `configured with N endpoints in X ms` log line \
@@ -194,6 +195,7 @@ fn large_intro(settle: Duration) -> String {
          the simulator runs a thread per listener and per connection, so N kept-alive scrape \
          connections take 2N threads, against this machine's limit of {limit} tasks \
          (`kernel.pid_max`); the shipped config keeps them alive.\n\n",
+        SimPool::PER_PROCESS,
         settle.as_secs(),
         ADMIN_EVERY.as_secs(),
     )

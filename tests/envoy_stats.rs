@@ -78,4 +78,9 @@ fn picks_decisions_and_scrapes_are_envoy_stats() {
         "envoy_cluster_upstream_rq_completed{envoy_cluster_name=\"inference_picker_metrics\"}",
     );
     assert!(scrapes.unwrap_or(0.0) >= 3.0, "{text}");
+    // The prefix scorer's own counters, labelled with the plugin's name.
+    for counter in ["home_picks", "home_spills"] {
+        let series = format!("inference_picker_plugin_{counter}{{plugin=\"prefix-cache-scorer\"}}");
+        assert!(sample(&text, &series).is_some(), "{series}: {text}");
+    }
 }

@@ -280,7 +280,7 @@ pub struct SimPool {
 }
 
 impl SimPool {
-    pub const PER_PROCESS: usize = 4096;
+    pub const PER_PROCESS: usize = 1024;
 
     pub fn start(count: usize) -> SimPool {
         let mut pool = SimPool {

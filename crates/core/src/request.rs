@@ -147,6 +147,10 @@ pub struct InferenceRequest {
     /// The text prefix-cache hashing runs over (chat messages rendered as `role: content` lines).
     pub prompt: String,
     pub prompt_chars: usize,
+    /// Characters of `prompt` before its first assistant turn, when it has one: a continuing
+    /// conversation's opening (its system prompt and first user message), the same in every
+    /// later turn, which names the conversation for prefix homes.
+    pub opening_chars: Option<usize>,
     pub prompt_tokens: u32,
     pub max_tokens: Option<u32>,
     pub stream: bool,
@@ -236,7 +240,7 @@ pub fn parse_body_keeping(
     };
     let mut text = PromptText::new(keep_chars);
     let token_ids = prompt_text(kind, &parsed, &mut text)?;
-    let (prompt, prompt_chars) = (text.text, text.chars);
+    let (prompt, prompt_chars, opening_chars) = (text.text, text.chars, text.opening);
     let estimated = prompt_chars.div_ceil(CHARS_PER_TOKEN);
     let prompt_tokens = u32::try_from(token_ids.unwrap_or(estimated)).unwrap_or(u32::MAX);
     let max_tokens = match kind {
@@ -259,6 +263,7 @@ pub fn parse_body_keeping(
         priority: 0,
         prompt,
         prompt_chars,
+        opening_chars,
         prompt_tokens,
         max_tokens,
         stream: parsed.stream.unwrap_or(false),
@@ -273,6 +278,8 @@ struct PromptText {
     keep: usize,
     kept: usize,
     chars: usize,
+    /// `chars` when the first assistant turn began.
+    opening: Option<usize>,
 }
 
 impl PromptText {
@@ -282,6 +289,7 @@ impl PromptText {
             keep,
             kept: 0,
             chars: 0,
+            opening: None,
         }
     }
 
@@ -440,6 +448,9 @@ fn append_messages(text: &mut PromptText, messages: &[Message]) {
 }
 
 fn append_message(text: &mut PromptText, message: &Message) {
+    if message.role == "assistant" && text.opening.is_none() {
+        text.opening = Some(text.chars);
+    }
     append_content(text, &message.role, message.content.as_ref());
 }
 
@@ -561,6 +572,7 @@ mod tests {
         let body = r#"{"model":"r","instructions":"Be kind.","input":[{"role":"user","content":[{"type":"input_text","text":"Hey"}]}],"max_output_tokens":9}"#;
         let request = parse(ApiKind::Responses, body).unwrap();
         assert_eq!(request.prompt, "system: Be kind.\nuser: Hey\n");
+        assert_eq!(request.opening_chars, None, "no assistant turn yet");
         assert_eq!(request.max_tokens, Some(9));
         let request = parse(ApiKind::Responses, r#"{"model":"r","input":"plain"}"#).unwrap();
         assert_eq!(request.prompt, "plain");
@@ -578,6 +590,11 @@ mod tests {
         );
         assert_eq!(request.max_tokens, Some(64));
         assert!(request.stream);
+        assert_eq!(
+            request.opening_chars,
+            Some("system: Be brief.\nuser: Hi\n".len()),
+            "the conversation's opening ends where the assistant's first turn begins"
+        );
         assert_eq!(
             request.prompt_tokens,
             u32::try_from(request.prompt.len().div_ceil(CHARS_PER_TOKEN)).unwrap()

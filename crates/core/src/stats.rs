@@ -55,6 +55,16 @@ pub struct Stats<H: Metrics> {
     pending: RefCell<hashbrown::HashMap<u32, i64>>,
     /// Decisions seen, for timing one in [`TIMED_DECISION_EVERY`].
     decisions_seen: Cell<u32>,
+    /// The plugins' own counters ([`crate::scheduling::Scorer::counters`]), defined when first
+    /// reported, with the total already added to Envoy's counter.
+    plugin_counters: RefCell<Vec<PluginCounter>>,
+}
+
+struct PluginCounter {
+    plugin: String,
+    name: &'static str,
+    id: Option<u32>,
+    reported: u64,
 }
 
 /// One decision in this many is timed for `scheduling_time_us`: a histogram of a steady sample
@@ -121,6 +131,7 @@ impl<H: Metrics> Stats<H> {
             host_calls: RefCell::new(None),
             pending: RefCell::new(hashbrown::HashMap::new()),
             decisions_seen: Cell::new(0),
+            plugin_counters: RefCell::new(Vec::new()),
             flow: director.flow_control().map(|flow| {
                 let counter = |what: &str| {
                     define(
@@ -174,6 +185,7 @@ impl<H: Metrics> Stats<H> {
     pub fn after_tick(&self, director: &Director, ticks: &mut TickFlow, outcome: &TickOutcome) {
         self.cover(director);
         self.count_unsent(ticks);
+        self.plugin_counters(director);
         if outcome.role != Role::Scraper {
             return;
         }
@@ -200,6 +212,40 @@ impl<H: Metrics> Stats<H> {
             | CalloutOutcome::Models { .. }
             | CalloutOutcome::Unknown => {}
         }
+    }
+
+    /// Adds what each plugin counted since the last tick to its counter,
+    /// `<prefix>.plugin.<plugin name>.<counter>` (every VM adds its own).
+    fn plugin_counters(&self, director: &Director) {
+        let Ok(mut counters) = self.plugin_counters.try_borrow_mut() else {
+            return;
+        };
+        director
+            .scheduler()
+            .plugin_counters(&mut |plugin, name, total| {
+                let known = counters
+                    .iter()
+                    .position(|c| c.name == name && c.plugin == plugin);
+                let index = known.unwrap_or_else(|| {
+                    let stat = format!("{}.plugin.{}.{name}", self.prefix, stat_segment(plugin));
+                    counters.push(PluginCounter {
+                        plugin: plugin.to_owned(),
+                        name,
+                        id: define(&self.host, MetricKind::Counter, &stat),
+                        reported: 0,
+                    });
+                    counters.len() - 1
+                });
+                if let Some(counter) = counters.get_mut(index) {
+                    let added = total.saturating_sub(counter.reported);
+                    if let (Some(id), true) = (counter.id, added > 0) {
+                        let _ = self
+                            .host
+                            .increment(id, i64::try_from(added).unwrap_or(i64::MAX));
+                    }
+                    counter.reported = total;
+                }
+            });
     }
 
     fn count_unsent(&self, ticks: &mut TickFlow) {
@@ -454,6 +500,20 @@ fn define(host: &impl Metrics, kind: MetricKind, name: &str) -> Option<u32> {
             None
         }
     }
+}
+
+/// `name` as one dotted segment of a stat name: a plugin's name may hold dots or spaces, which
+/// would split or break the segment the `stats_tags` rules read.
+fn stat_segment(name: &str) -> String {
+    name.chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect()
 }
 
 fn endpoint_stats(host: &impl Metrics, prefix: &str, address: &str) -> Option<EndpointStats> {

@@ -141,6 +141,11 @@ pub trait Scorer: Send {
 
     /// Called with the profile's primary pick, so stateful scorers (the prefix index) learn.
     fn on_picked(&mut self, _ctx: &SchedulingContext<'_>, _endpoint: usize) {}
+
+    /// Running totals the scorer keeps about its own decisions, as `(name, total)`: the stats
+    /// publish each as a counter under the plugin's name, so a user can see why picks went
+    /// where they did.
+    fn counters(&self, _out: &mut dyn FnMut(&'static str, u64)) {}
 }
 
 /// "Endpoint `endpoint` now holds these prompt blocks": what one worker's prefix index learned
@@ -459,6 +464,15 @@ impl Scheduler {
 
     pub fn plugins(&self) -> &[PluginInstance] {
         &self.plugins
+    }
+
+    /// Every scorer's [`Scorer::counters`], with the plugin's name.
+    pub fn plugin_counters(&self, out: &mut dyn FnMut(&str, &'static str, u64)) {
+        for instance in &self.plugins {
+            if let Plugin::Scorer(scorer) = &instance.plugin {
+                scorer.counters(&mut |name, total| out(&instance.name, name, total));
+            }
+        }
     }
 
     pub fn reseed(&mut self, seed: u64) {

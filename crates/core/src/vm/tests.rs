@@ -52,11 +52,15 @@ fn scrape_round(host: &FakeVm, vm: &mut WorkerVm<FakeVm>, waiting: &[u32]) {
 
 /// A completions request on stream `id`, headers then body, as Envoy calls them.
 fn send(host: &FakeVm, vm: &mut WorkerVm<FakeVm>, id: u32) -> (RequestFlow, Flow) {
+    send_body(host, vm, id, BODY)
+}
+
+fn send_body(host: &FakeVm, vm: &mut WorkerVm<FakeVm>, id: u32, body: &str) -> (RequestFlow, Flow) {
     let headers = [(":path", "/v1/completions"), (":method", "POST")];
-    host.open_stream(id, &headers, BODY);
+    host.open_stream(id, &headers, body);
     let mut request = RequestFlow::new(id);
     assert_eq!(vm.on_request_headers(&mut request, false), Flow::Pause);
-    let flow = vm.on_request_body(&mut request, BODY.len(), true);
+    let flow = vm.on_request_body(&mut request, body.len(), true);
     (request, flow)
 }
 
@@ -107,6 +111,29 @@ fn scrape_answers_reach_the_pick_and_the_stats() {
     let (_, flow) = send(&host, &mut vm, 11);
     assert_eq!(flow, Flow::Continue);
     assert_eq!(destination(&host, 11).as_deref(), Some("10.0.0.1:8000"));
+}
+
+#[test]
+fn the_prefix_scorers_home_picks_reach_its_own_counters() {
+    let (host, mut vm) = configured(TWO_PODS);
+    scrape_round(&host, &mut vm, &[0, 0]);
+    scrape_round(&host, &mut vm, &[0, 0]);
+    let shared = "a system prompt every request shares ".repeat(8);
+    for id in 10..13 {
+        let body = format!(r#"{{"model":"m","prompt":"{shared} question {id}"}}"#);
+        let (_, flow) = send_body(&host, &mut vm, id, &body);
+        assert_eq!(flow, Flow::Continue);
+    }
+    let homes: Vec<Option<String>> = (10..13).map(|id| destination(&host, id)).collect();
+    assert!(homes.iter().all(|home| *home == homes[0]), "{homes:?}");
+    scrape_round(&host, &mut vm, &[0, 0]);
+    let counter = |name: &str| {
+        host.metrics.value(&format!(
+            "inference_picker.plugin.prefix-cache-scorer.{name}"
+        ))
+    };
+    assert_eq!(counter("home_picks"), Some(3));
+    assert_eq!(counter("home_spills").unwrap_or(0), 0);
 }
 
 #[test]

@@ -64,7 +64,10 @@ pub struct Parameters {
     /// GIE does.
     pub home_affinity: bool,
     /// Leading blocks that name a prefix's home: prompts that share this many blocks share a
-    /// home; a shorter prompt is named by all of its blocks.
+    /// home; a shorter prompt is named by all of its blocks. A continuing conversation (a chat
+    /// with an assistant turn) is named by its opening instead, up to the block where its first
+    /// assistant turn begins, so that its later turns follow each other rather than its
+    /// system prompt's other conversations.
     pub home_key_blocks: usize,
     /// A pod is skipped as a home while its load (running plus waiting) is above this many
     /// times the candidates' mean, plus one request.
@@ -149,6 +152,8 @@ pub struct PrefixCacheScorer {
     members: MemberHashes,
     /// The home of the request being scheduled, from the last `score`.
     home: PrefixHome,
+    /// Leading blocks of the request being scheduled that name its home.
+    key_blocks: usize,
     home_picks: u64,
     home_spills: u64,
 }
@@ -229,20 +234,31 @@ impl PrefixCacheScorer {
             learned: Vec::new(),
             members: MemberHashes::default(),
             home: PrefixHome::default(),
+            key_blocks: 0,
             home_picks: 0,
             home_spills: 0,
         })
     }
 
-    /// Picks that went to the prefix's first-ranked pod, and picks that went to its next pod
-    /// within the load bound because the first was loaded (see [`PrefixHome`]).
+    /// Picks that went to the prefix's first-ranked pod (`home_picks`), and picks that went
+    /// to the first within the load bound because the first-ranked was loaded (`home_spills`).
     pub fn home_counts(&self) -> (u64, u64) {
         (self.home_picks, self.home_spills)
     }
 
-    /// The request's home key: the chained hash of its leading `homeKeyBlocks` blocks.
+    /// How many leading blocks name `request`'s home (see [`Parameters::home_key_blocks`]).
+    fn key_blocks(&self, request: &InferenceRequest) -> usize {
+        let opening = request
+            .opening_chars
+            .map(|chars| chars.div_ceil(self.parameters.block_chars().max(1)));
+        opening
+            .filter(|&blocks| blocks > 0)
+            .unwrap_or(self.parameters.home_key_blocks)
+    }
+
+    /// The request's home key: the chained hash of the blocks that name it.
     fn home_key(&self) -> Option<u64> {
-        let blocks = self.parameters.home_key_blocks.min(self.hashes.len());
+        let blocks = self.key_blocks.min(self.hashes.len());
         self.hashes.get(blocks.checked_sub(1)?).copied()
     }
 
@@ -329,6 +345,7 @@ impl Scorer for PrefixCacheScorer {
     /// and the cost model see the same matches through the cycle state.
     fn prepare(&mut self, request: &InferenceRequest, pool: &Pool, cycle: &mut CycleState) {
         self.home = PrefixHome::default();
+        self.key_blocks = self.key_blocks(request);
         block_hashes(
             &request.model,
             &request.prompt,
@@ -426,6 +443,11 @@ impl Scorer for PrefixCacheScorer {
 
     fn last_prompt_blocks(&self) -> Option<&[u64]> {
         (!self.hashes.is_empty()).then_some(self.hashes.as_slice())
+    }
+
+    fn counters(&self, out: &mut dyn FnMut(&'static str, u64)) {
+        out("home_picks", self.home_picks);
+        out("home_spills", self.home_spills);
     }
 
     fn learn_served(&mut self, learned: &LearnedPrefix) {
@@ -780,6 +802,44 @@ mod tests {
         let mut fresh = home_scorer();
         let other = score_and_pick(&mut fresh, &pool, "aaaabbbbdddd");
         assert_eq!(other[home], 1.0);
+    }
+
+    #[test]
+    fn a_continuing_conversation_is_named_by_its_opening() {
+        let pool = queues(&[0.0; 8]);
+        let turn = |user: &str, reply: &str| InferenceRequest {
+            opening_chars: Some(16),
+            ..request(&format!(
+                "sys: aaaa\nuser: {user}\nassistant: {reply}\nuser: more"
+            ))
+        };
+        // Two conversations of one system prompt: their later turns each follow their own
+        // opening, whatever the reply and the rest.
+        let homes: Vec<usize> = [
+            ("bbbb", "r1"),
+            ("bbbb", "r2"),
+            ("cccc", "r1"),
+            ("cccc", "r3"),
+        ]
+        .iter()
+        .map(|(user, reply)| {
+            let mut scorer = home_scorer();
+            let req = turn(user, reply);
+            let mut cycle = CycleState::default();
+            scorer.prepare(&req, &pool, &mut cycle);
+            let ctx = SchedulingContext {
+                request: &req,
+                pool: &pool,
+                cycle: &cycle,
+            };
+            let mut scores = vec![0.0; 8];
+            scorer.score(&ctx, &(0..8).collect::<Vec<_>>(), &mut scores);
+            assert_eq!(scorer.key_blocks, 4, "16 characters of 4: four blocks");
+            scores.iter().position(|&s| s == 1.0).unwrap()
+        })
+        .collect();
+        assert_eq!(homes[0], homes[1]);
+        assert_eq!(homes[2], homes[3]);
     }
 
     #[test]
