@@ -9,7 +9,7 @@ use crate::load::{all_of, open_loop_balanced, sorted, Percentiles};
 use crate::procfs::cpu_seconds;
 use crate::quality::{prefix_hit_rate, ttft_cells, ERRORS, HIT_RATE, TTFT_P50, TTFT_P90, TTFT_P99};
 use crate::report::{csv_table, goal, markdown_table, Cell, Chart, Column, Part, Row};
-use crate::support::{shipped_picker_config, with_endpoints, Envoy, Sim};
+use crate::support::{shipped_picker_config, stop, with_endpoints, Envoy, Sim};
 use crate::workloads::{best_hit_rate, multi_turn_sessions, shared_prefix_groups, QUALITY_SIM};
 use inference_picker_core::hash::hash_bytes;
 use inference_picker_core::scheduling::rng::Rng;
@@ -96,6 +96,9 @@ struct Setup {
     /// Each replica's scrape interval when swept; `None`: the shipped refresh with
     /// `pool.replicas` set to the fleet size.
     scrape_interval_ms: Option<u64>,
+    /// A busy loop in its own process beside the gateway while the load runs: the gateway's
+    /// CPU contended, as on a busy node.
+    cpu_hog: bool,
 }
 
 struct FleetRow {
@@ -121,6 +124,7 @@ impl Row for FleetRow {
         Column::both("rate req/s", "rate"),
         Column::both("seed", "seed"),
         Column::both("scrape interval per replica ms", "scrape_interval_ms"),
+        Column::both("CPU hog beside", "cpu_hog"),
         TTFT_P50,
         TTFT_P90,
         TTFT_P99,
@@ -140,6 +144,7 @@ impl Row for FleetRow {
             Cell::Fixed(self.setup.rate, 0),
             Cell::Count(self.setup.seed as usize),
             Cell::Count(self.scrape_interval_ms as usize),
+            Cell::Text(if self.setup.cpu_hog { "yes" } else { "no" }.into()),
         ];
         cells.extend(ttft_cells(&self.ttft));
         cells.extend([
@@ -181,6 +186,7 @@ fn run_fleet(workload: &Workload, setup: Setup) -> FleetRow {
     let addresses: Vec<String> = fleet.iter().map(Envoy::address).collect();
     let cpu = || fleet.iter().map(|e| cpu_seconds(e.pid())).sum::<f64>();
     let scrapes = || refs.iter().map(|s| s.metrics_scrapes()).sum::<u64>();
+    let hog = setup.cpu_hog.then(CpuHog::start);
     let (cpu_before, scrapes_before) = (cpu(), scrapes());
     let replicas = setup.replicas;
     let balance = |n: usize| match setup.balancer {
@@ -198,6 +204,7 @@ fn run_fleet(workload: &Workload, setup: Setup) -> FleetRow {
         &balance,
     );
     let (cpu_used, scraped) = (cpu() - cpu_before, scrapes() - scrapes_before);
+    drop(hog);
     let mut picks: BTreeMap<&str, usize> = BTreeMap::new();
     let mut group_pods: BTreeMap<usize, BTreeSet<&str>> = BTreeMap::new();
     for (exchange, &n) in load.ok.iter().zip(&load.ok_requests) {
@@ -226,10 +233,11 @@ fn run_fleet(workload: &Workload, setup: Setup) -> FleetRow {
         envoy_cpu_ms_per_request: cpu_used * 1000.0 / workload.requests.len().max(1) as f64,
     };
     println!(
-        "  {} {} x{} {} req/s seed {}: TTFT p50 {:.1} p90 {:.1} ms, hit {:.1} %, {:.2} pods per group, {:.1} scrapes/pod/s",
+        "  {} {} x{}{} {} req/s seed {}: TTFT p50 {:.1} p90 {:.1} ms, hit {:.1} %, {:.2} pods per group, {:.1} scrapes/pod/s",
         row.workload,
         setup.balancer.name(),
         replicas,
+        if setup.cpu_hog { " with a CPU hog" } else { "" },
         setup.rate,
         setup.seed,
         row.ttft.p50,
@@ -239,6 +247,25 @@ fn run_fleet(workload: &Workload, setup: Setup) -> FleetRow {
         row.scrapes_per_pod_second
     );
     row
+}
+
+/// A process that spins on one core until dropped.
+struct CpuHog(std::process::Child);
+
+impl CpuHog {
+    fn start() -> CpuHog {
+        let child = std::process::Command::new("sh")
+            .args(["-c", "while :; do :; done"])
+            .spawn()
+            .expect("start the CPU hog");
+        CpuHog(child)
+    }
+}
+
+impl Drop for CpuHog {
+    fn drop(&mut self) {
+        stop(&mut self.0);
+    }
 }
 
 /// Every run of the part, in order: the fleet sweep on both workloads, the session-hashing
@@ -258,6 +285,7 @@ fn setups(quick: bool) -> Vec<(&'static str, Setup)> {
         rate,
         seed,
         scrape_interval_ms,
+        cpu_hog: false,
     };
     let mut all = Vec::new();
     for &seed in seeds {
@@ -275,6 +303,11 @@ fn setups(quick: bool) -> Vec<(&'static str, Setup)> {
         }
         let hashed = setup(largest, Balancer::SessionHash, MULTI_TURN_RATE, seed, None);
         all.push((MULTI_TURN, hashed));
+        let contended = Setup {
+            cpu_hog: true,
+            ..setup(1, Balancer::RoundRobin, SATURATION_RATE, seed, None)
+        };
+        all.push((SHARED_PREFIX, contended));
     }
     let intervals: &[u64] = if quick { &[1000] } else { &[50, 200, 1000] };
     for &ms in intervals {
@@ -331,7 +364,9 @@ fn intro(quick: bool, best: &[f64]) -> String {
          conversation to one replica. Every replica runs the shipped `envoy.yaml` \
          configuration with `pool.replicas` set to the fleet size, so each scrapes every pod \
          once per `r x 50 ms`, except in the rows that sweep the scrape interval \
-         (`refreshMetricsInterval` set per replica, `pool.replicas` left at 1). Workloads: \
+         (`refreshMetricsInterval` set per replica, `pool.replicas` left at 1); in the rows with a \
+         CPU hog a busy loop spins in its own process beside the one Envoy for the whole load \
+         (one of the machine's cores, which the pods and the client share too). Workloads: \
          shared prefix ({groups}) at {SATURATION_RATE} req/s (about the pods' saturation) and \
          {HALF_RATE}; multi-turn chat ({conversations}) at {MULTI_TURN_RATE} req/s. Fleet \
          Envoy CPU is every replica's process CPU over the load, per request sent. The best \
@@ -354,6 +389,7 @@ fn find<'a>(
         r.workload == workload
             && r.setup.balancer == Balancer::RoundRobin
             && r.setup.scrape_interval_ms.is_none()
+            && !r.setup.cpu_hog
             && r.setup.replicas == replicas
             && r.setup.rate == rate
             && r.setup.seed == seed
@@ -449,7 +485,46 @@ fn goals(rows: &[FleetRow]) -> String {
         with_others,
         &measured.join("; "),
     );
-    format!("{shared_text}{chat_text}{scrape_text}")
+    format!(
+        "{shared_text}{chat_text}{scrape_text}{}",
+        contended_goal(rows)
+    )
+}
+
+/// One Envoy with a CPU hog beside it against the same Envoy alone, per seed.
+fn contended_goal(rows: &[FleetRow]) -> String {
+    let outcomes = SEEDS
+        .iter()
+        .map(|&seed| {
+            let alone = find(rows, SHARED_PREFIX, 1, SATURATION_RATE, seed);
+            let contended = rows.iter().find(|r| {
+                r.setup.cpu_hog && r.setup.seed == seed && r.setup.rate == SATURATION_RATE
+            });
+            let at = format!("seed {seed}");
+            match (alone, contended) {
+                (Some(alone), Some(contended)) => {
+                    let drop = (alone.hit_rate - contended.hit_rate) * 100.0;
+                    (
+                        Some(drop <= 5.0),
+                        format!(
+                            "{at}: hit {:.1} % with the hog vs {:.1} % without",
+                            contended.hit_rate * 100.0,
+                            alone.hit_rate * 100.0
+                        ),
+                    )
+                }
+                _ => (None, format!("{at}: not measured")),
+            }
+        })
+        .collect();
+    judged(
+        &format!(
+            "one Envoy, shared prefix at {SATURATION_RATE} req/s, a CPU hog beside it: hit rate \
+             drops by no more than 5 points"
+        ),
+        outcomes,
+    )
+    .1
 }
 
 /// Hit rate and TTFT p90 against the replica count, shared prefix near saturation, first seed.
@@ -461,6 +536,7 @@ fn chart(rows: &[FleetRow]) -> String {
                 r.workload == SHARED_PREFIX
                     && r.setup.balancer == Balancer::RoundRobin
                     && r.setup.scrape_interval_ms.is_none()
+                    && !r.setup.cpu_hog
                     && r.setup.rate == SATURATION_RATE
                     && r.setup.seed == SEEDS[0]
             })

@@ -62,7 +62,7 @@ fn jobs(shared: &mut Shared) -> (Duration, Vec<Job>) {
         let director = &mut slot.director;
         director.take_scrape_targets(&mut targets);
         let settings = director.settings();
-        interval = interval.min(settings.scrape_interval());
+        interval = interval.min(settings.refresh_metrics_interval);
         let (path, timeout) = (settings.metrics_path.clone(), settings.metrics_timeout);
         jobs.extend(targets.iter().filter_map(|&index| {
             let address = director.address(index)?.to_string();

@@ -627,13 +627,28 @@ impl Director {
             .enumerate()
             .zip(&self.pool.endpoints)
         {
-            if !*pending && !endpoint.removed && endpoint.next_probe_ms <= self.pool.now_ms() {
+            let due = endpoint.next_probe_ms.max(endpoint.next_scrape_ms) <= self.pool.now_ms();
+            if !*pending && !endpoint.removed && due {
                 *pending = true;
                 out.push(index);
             }
         }
+        // With several replicas each scrapes a pod once per `replicas` ticks (see
+        // `PoolConfig::replicas`); the ticks themselves keep the configured interval, so the
+        // workers still share their load and picks that often. Half a tick of slack: a tick
+        // may come a little early.
+        let rest_ms = if self.settings.replicas > 1 {
+            duration_ms(self.settings.scrape_interval())
+                .saturating_sub(duration_ms(self.settings.refresh_metrics_interval) / 2)
+        } else {
+            0
+        };
+        let next_ms = self.pool.now_ms().saturating_add(rest_ms);
         for &index in out.iter() {
             self.pool.mark_scrape_sent(index);
+            if let Some(endpoint) = self.pool.endpoints.get_mut(index) {
+                endpoint.next_scrape_ms = next_ms;
+            }
         }
     }
 
@@ -1302,6 +1317,28 @@ pool:
         scrape(&mut director, 1, 0, 0.0);
         director.take_scrape_targets(&mut targets);
         assert_eq!(targets, [1]);
+    }
+
+    #[test]
+    fn with_replicas_each_pod_is_scraped_once_per_replicas_ticks() {
+        let config = CONFIG.replace("pool:\n", "pool:\n  replicas: 4\n");
+        let mut director = Director::new(load(&config, 7).unwrap());
+        let mut targets = Vec::new();
+        director.on_tick(1000);
+        director.take_scrape_targets(&mut targets);
+        assert_eq!(targets, [0, 1, 2]);
+        for index in 0..3 {
+            scrape(&mut director, index, 0, 0.0);
+        }
+        // Ticks every 50ms; each pod is due again 4 x 50ms after its scrape was sent.
+        for now in [1050, 1100, 1150] {
+            director.on_tick(now);
+            director.take_scrape_targets(&mut targets);
+            assert!(targets.is_empty(), "{now}: {targets:?}");
+        }
+        director.on_tick(1200);
+        director.take_scrape_targets(&mut targets);
+        assert_eq!(targets, [0, 1, 2]);
     }
 
     #[test]

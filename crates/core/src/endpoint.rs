@@ -79,6 +79,9 @@ pub struct EndpointState {
     /// a dead pod is re-probed with back-off, not every interval.
     pub scrape_failures_in_a_row: u32,
     pub next_probe_ms: u64,
+    /// Host time before which this replica does not scrape it again, with several replicas
+    /// sharing the pods' refresh (see `PoolConfig::replicas`).
+    pub next_scrape_ms: u64,
     pub last_scrape_failed: bool,
     /// Requests this filter routed there that have not ended yet.
     pub in_flight: u32,
@@ -122,6 +125,7 @@ impl EndpointState {
             scrape_timeouts_in_a_row: 0,
             scrape_failures_in_a_row: 0,
             next_probe_ms: 0,
+            next_scrape_ms: 0,
             in_flight: 0,
             in_flight_tokens: 0,
             placed_tokens_since_scrape: 0,
@@ -171,28 +175,35 @@ impl EndpointState {
         f64::from(self.total_in_flight()) - f64::from(self.in_flight_at_scrape)
     }
 
-    /// [`Self::placed_since_scrape`] for the whole fleet of `replicas` Envoys: the others
-    /// are taken to place as this one does (a balancer spreads requests evenly, and prefix
-    /// homes send a prefix to the same pod from every replica).
-    fn fleet_placed_since_scrape(&self, replicas: f64) -> f64 {
-        self.placed_since_scrape() * replicas
-    }
-
     fn placed_tokens_since_metrics(&self) -> f64 {
         self.total_in_flight_tokens() as f64 - self.in_flight_tokens_at_scrape as f64
     }
 
-    /// Requests running and waiting there now, as far as the filter can tell: with `live`, the
-    /// scraped counts plus [`Self::placed_since_scrape`], the total split at the pod's
-    /// [`Self::running_capacity`] (a request placed at a pod with a free slot runs; one placed
-    /// at a full pod waits). A pod never seen full keeps its scraped queue: what was placed
-    /// since is taken to run. `None` when the pod reports neither count.
-    fn load_now(&self, live: bool, replicas: f64) -> (Option<f64>, Option<f64>) {
+    /// What `view` counts as placed there since the scrape: nothing when it reads the scrape
+    /// alone; with several replicas, this one's placements stand for each replica's (a
+    /// balancer spreads requests evenly, and prefix homes send a prefix to the same pod from
+    /// every replica).
+    fn placed_in_view(&self, view: LoadView) -> (f64, f64) {
+        if !view.live {
+            return (0.0, 0.0);
+        }
+        (
+            self.placed_since_scrape() * view.replicas,
+            self.placed_tokens_since_metrics() * view.replicas,
+        )
+    }
+
+    /// Requests running and waiting there now, as far as the filter can tell: with a live
+    /// `view`, the scraped counts plus what was placed since the scrape, the total split at the
+    /// pod's [`Self::running_capacity`] (a request placed at a pod with a free slot runs; one
+    /// placed at a full pod waits). A pod never seen full keeps its scraped queue: what was
+    /// placed since is taken to run. `None` when the pod reports neither count.
+    fn load_now(&self, view: LoadView) -> (Option<f64>, Option<f64>) {
         let (running, waiting) = (self.metrics.running(), self.metrics.waiting());
-        if !live {
+        if !view.live {
             return (running, waiting);
         }
-        let placed = self.fleet_placed_since_scrape(replicas);
+        let (placed, _) = self.placed_in_view(view);
         let (Some(running), Some(waiting)) = (running, waiting) else {
             return (running.map(|r| (r + placed).max(0.0)), waiting);
         };
@@ -204,18 +215,18 @@ impl EndpointState {
     }
 
     /// Waiting requests (see [`Self::load_now`]); `None` when the pod reports no queue.
-    pub fn waiting(&self, live: bool) -> Option<f64> {
-        self.load_now(live, 1.0).1
+    pub fn waiting(&self, view: LoadView) -> Option<f64> {
+        self.load_now(view).1
     }
 
     /// Running requests (see [`Self::load_now`]).
-    pub fn running(&self, live: bool) -> Option<f64> {
-        self.load_now(live, 1.0).0
+    pub fn running(&self, view: LoadView) -> Option<f64> {
+        self.load_now(view).0
     }
 
-    /// KV-cache utilisation in 0..1; with `live` and a pod that reports its cache size
+    /// KV-cache utilisation in 0..1; with a live `view` and a pod that reports its cache size
     /// (`vllm:cache_config_info`), plus the tokens placed since the scrape less those ended.
-    pub fn kv_usage(&self, live: bool) -> Option<f64> {
+    pub fn kv_usage(&self, view: LoadView) -> Option<f64> {
         let usage = self.metrics.kv_usage()?;
         let capacity = self
             .metrics
@@ -223,8 +234,9 @@ impl EndpointState {
             .map(|c| c.num_gpu_blocks.saturating_mul(u64::from(c.block_size)))
             .filter(|&tokens| tokens > 0);
         match capacity {
-            Some(tokens) if live => {
-                Some((usage + self.placed_tokens_since_metrics() / tokens as f64).clamp(0.0, 1.0))
+            Some(tokens) if view.live => {
+                let (_, placed_tokens) = self.placed_in_view(view);
+                Some((usage + placed_tokens / tokens as f64).clamp(0.0, 1.0))
             }
             _ => Some(usage),
         }
@@ -248,6 +260,23 @@ pub struct HealthTransition {
     pub address: String,
     pub from: Health,
     pub to: Health,
+}
+
+/// How load-reading code sees a pod between two scrapes.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LoadView {
+    /// Add what was placed since the scrape, less what ended (see [`Pool::live_load`]).
+    pub live: bool,
+    /// Envoy replicas placing requests on the pods, this one included (see [`Pool::replicas`]).
+    pub replicas: f64,
+}
+
+impl LoadView {
+    /// The last scrape as it was.
+    pub const SCRAPED: LoadView = LoadView {
+        live: false,
+        replicas: 1.0,
+    };
 }
 
 /// The endpoints the filter may route to, in configuration order.
@@ -332,15 +361,23 @@ impl Pool {
 
     /// `index`'s waiting queue as scorers should see it (see [`EndpointState::waiting`]).
     pub fn waiting(&self, index: usize) -> Option<f64> {
-        self.get(index)?.load_now(self.live_load, self.replicas).1
+        self.get(index)?.waiting(self.load_view())
     }
 
     pub fn running(&self, index: usize) -> Option<f64> {
-        self.get(index)?.load_now(self.live_load, self.replicas).0
+        self.get(index)?.running(self.load_view())
     }
 
     pub fn kv_usage(&self, index: usize) -> Option<f64> {
-        self.get(index)?.kv_usage(self.live_load)
+        self.get(index)?.kv_usage(self.load_view())
+    }
+
+    /// How scorers see the pods: see [`Pool::live_load`] and [`Pool::replicas`].
+    pub fn load_view(&self) -> LoadView {
+        LoadView {
+            live: self.live_load,
+            replicas: self.replicas,
+        }
     }
 
     /// Applies a membership list: listed addresses are (re)joined with their labels, new ones

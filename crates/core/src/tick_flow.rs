@@ -56,7 +56,7 @@ pub fn configure(text: &[u8], vm_seed: u64) -> Result<Configured, String> {
         for warning in &pool.config.warnings {
             log::warn!("inference-picker: pool {}: {warning}", pool.name);
         }
-        let interval_ms = duration_ms(pool.config.pool.scrape_interval());
+        let interval_ms = duration_ms(pool.config.pool.refresh_metrics_interval);
         // Each pool elects its own scraper and keeps its own shared state.
         let namespace = if many {
             format!("{base}/{}", pool.name)

@@ -17,7 +17,7 @@ pub use pool::{EndpointConfig, LoadSignals, ObjectiveConfig, PoolConfig};
 pub use pools::DEFAULT_POOL_NAME;
 
 use crate::metrics::MetricSelector;
-use crate::scheduling::Scheduler;
+use crate::scheduling::{Plugin, PluginInstance, Scheduler};
 use build::{
     build_plugins, build_profiles, flow_control, models_source, profile_handler, resolve_scorers,
     saturation_detector, wire_data_layer,
@@ -208,6 +208,7 @@ fn load_raw(
     warn_missing_prefix_scorer(&instances, &mut warnings);
     check_parsers(&raw, &instances)?;
     let detector = saturation_detector(&raw, &mut instances)?;
+    fit_detector(&mut instances, detector, &pool, &mut warnings);
     let flow_control = flow_control(&raw, &instances, &pool, &mut warnings)?;
     let effective = with_effective.then(|| {
         effective::document(
@@ -233,6 +234,25 @@ fn load_raw(
         models_source,
     };
     Ok((config, effective))
+}
+
+/// Tells the saturation detector how often this replica refreshes each pod (see
+/// [`PoolConfig::replicas`]), so that metrics a replica only refreshes that often are not read
+/// as stale.
+fn fit_detector(
+    instances: &mut [PluginInstance],
+    detector: usize,
+    pool: &PoolConfig,
+    warnings: &mut Vec<String>,
+) {
+    let interval_ms = crate::duration::duration_ms(pool.scrape_interval());
+    if let Some(PluginInstance {
+        plugin: Plugin::SaturationDetector(detector),
+        ..
+    }) = instances.get_mut(detector)
+    {
+        warnings.extend(detector.fit_scrape_interval(interval_ms));
+    }
 }
 
 #[cfg(test)]

@@ -217,6 +217,15 @@ fn replicas_share_the_refresh_so_each_scrapes_less_often() {
         std::time::Duration::from_millis(400),
         "8 x the default 50ms"
     );
+    assert!(
+        config.warnings.iter().any(|w| w.contains(
+            "utilization-detector: metricsStalenessThreshold 200ms is shorter than two of this replica's scrape intervals (400ms"
+        )),
+        "GIE's default detector is stretched, and says so: {:?}",
+        config.warnings
+    );
+    let one = load("pool:\n  endpoints: [{address: '10.0.0.1:8000'}]\n", 1).unwrap();
+    assert!(one.warnings.is_empty(), "{:?}", one.warnings);
     for (extra, expected) in [
         (
             "  replicas: 8\n  metricsStalenessThreshold: 300ms\n",

@@ -7,7 +7,7 @@ pub mod prefix_home;
 pub mod prefix_index;
 pub mod rng;
 
-use crate::endpoint::{EndpointState, Health, Pool};
+use crate::endpoint::{EndpointState, Health, LoadView, Pool};
 use crate::request::InferenceRequest;
 use rng::Rng;
 use std::fmt::Write;
@@ -199,11 +199,18 @@ pub trait PdDecider: Send {
 /// How loaded an endpoint is against its limit: 0 idle, 1 or more saturated. With `live`,
 /// the load includes what the filter placed since the last scrape.
 pub trait SaturationDetector: Send {
-    fn saturation(&self, endpoint: &EndpointState, live: bool, now_ms: u64) -> f64;
+    fn saturation(&self, endpoint: &EndpointState, view: LoadView, now_ms: u64) -> f64;
 
     /// Saturated by its last scrape alone.
     fn saturated(&self, endpoint: &EndpointState, now_ms: u64) -> bool {
-        self.saturation(endpoint, false, now_ms) >= 1.0
+        self.saturation(endpoint, LoadView::SCRAPED, now_ms) >= 1.0
+    }
+
+    /// Each pod's metrics are refreshed once per `interval_ms` by this replica (longer than
+    /// the configured refresh with `pool.replicas`): a detector that judges metrics stale
+    /// stretches its threshold to fit, and says so.
+    fn fit_scrape_interval(&mut self, _interval_ms: u64) -> Option<String> {
+        None
     }
 }
 
@@ -429,7 +436,7 @@ impl Scheduler {
         pool.endpoints
             .iter()
             .filter(|endpoint| !endpoint.removed)
-            .all(|endpoint| detector.saturation(endpoint, pool.live_load, now_ms) >= 1.0)
+            .all(|endpoint| detector.saturation(endpoint, pool.load_view(), now_ms) >= 1.0)
     }
 
     /// The pool's saturation as flow control gates on it (llm-d's): the mean of every
@@ -452,8 +459,12 @@ impl Scheduler {
         let Some(detector) = self.detector() else {
             return members.count().gt(&0).then_some(0.0);
         };
+        let view = LoadView {
+            live: true,
+            ..pool.load_view()
+        };
         let (sum, count) = members.fold((0.0, 0u32), |(sum, count), endpoint| {
-            (sum + detector.saturation(endpoint, true, now_ms), count + 1)
+            (sum + detector.saturation(endpoint, view, now_ms), count + 1)
         });
         (count > 0).then(|| sum / f64::from(count))
     }

@@ -3,7 +3,7 @@
 //! `tokens`) in flight there, raised by `headroom`. Counts are the filter's own, shared
 //! across workers, so it reacts before any scrape.
 
-use crate::endpoint::EndpointState;
+use crate::endpoint::{EndpointState, LoadView};
 use crate::scheduling::plugins::spec::{effective, Data, Kind, PluginSpec};
 use crate::scheduling::{Plugin, SaturationDetector};
 use serde_yaml::Value;
@@ -72,7 +72,7 @@ pub fn build(parameters: &Value) -> Result<Plugin, String> {
 
 impl SaturationDetector for ConcurrencyDetector {
     /// In-flight requests (or tokens) over the limit; counts are live by nature.
-    fn saturation(&self, endpoint: &EndpointState, _live: bool, _now_ms: u64) -> f64 {
+    fn saturation(&self, endpoint: &EndpointState, _view: LoadView, _now_ms: u64) -> f64 {
         let p = &self.parameters;
         let scale = 1.0 + p.headroom;
         match p.concurrency_mode {

@@ -5,7 +5,7 @@
 //! when every endpoint is; sheddable requests (priority < 0) then get 429.
 
 use crate::duration::serde_go;
-use crate::endpoint::{EndpointState, Health};
+use crate::endpoint::{EndpointState, Health, LoadView};
 use crate::scheduling::plugins::spec::{effective, Data, Kind, PluginSpec, Signal};
 use crate::scheduling::{Plugin, SaturationDetector};
 use serde_yaml::Value;
@@ -84,7 +84,7 @@ impl UtilizationDetector {
 impl SaturationDetector for UtilizationDetector {
     /// The larger of queue / `queueDepthThreshold` and KV / `kvCacheUtilThreshold`; stale
     /// metrics or an unknown queue or KV usage count as saturated (1).
-    fn saturation(&self, endpoint: &EndpointState, live: bool, now_ms: u64) -> f64 {
+    fn saturation(&self, endpoint: &EndpointState, view: LoadView, now_ms: u64) -> f64 {
         let p = &self.parameters;
         let stale = endpoint.health != Health::Fresh
             || endpoint
@@ -96,12 +96,25 @@ impl SaturationDetector for UtilizationDetector {
                 .filter(|v| v.is_finite())
                 .map_or(1.0, |v| v / (threshold * scale))
         };
-        let queue = ratio(endpoint.waiting(live), p.queue_depth_threshold);
-        let kv = ratio(endpoint.kv_usage(live), p.kv_cache_util_threshold);
+        let queue = ratio(endpoint.waiting(view), p.queue_depth_threshold);
+        let kv = ratio(endpoint.kv_usage(view), p.kv_cache_util_threshold);
         if stale {
             return queue.max(kv).max(1.0);
         }
         queue.max(kv)
+    }
+
+    fn fit_scrape_interval(&mut self, interval_ms: u64) -> Option<String> {
+        // Two intervals: one scrape late or slow must not read as saturation.
+        let needed = interval_ms.saturating_mul(2);
+        if self.staleness_ms >= needed {
+            return None;
+        }
+        let configured = self.staleness_ms;
+        self.staleness_ms = needed;
+        Some(format!(
+            "utilization-detector: metricsStalenessThreshold {configured}ms is shorter than two of this replica's scrape intervals ({interval_ms}ms with pool.replicas); using {needed}ms"
+        ))
     }
 }
 

@@ -807,11 +807,12 @@ mod tests {
     #[test]
     fn a_continuing_conversation_is_named_by_its_opening() {
         let pool = queues(&[0.0; 8]);
-        let turn = |user: &str, reply: &str| InferenceRequest {
-            opening_chars: Some(16),
-            ..request(&format!(
-                "sys: aaaa\nuser: {user}\nassistant: {reply}\nuser: more"
-            ))
+        let turn = |user: &str, reply: &str| {
+            let prompt = format!("sys: aaaa\nuser: {user}\nassistant: {reply}\nuser: more");
+            InferenceRequest {
+                opening_chars: prompt.find("assistant"),
+                ..request(&prompt)
+            }
         };
         // Two conversations of one system prompt: their later turns each follow their own
         // opening, whatever the reply and the rest.
@@ -834,7 +835,9 @@ mod tests {
             };
             let mut scores = vec![0.0; 8];
             scorer.score(&ctx, &(0..8).collect::<Vec<_>>(), &mut scores);
-            assert_eq!(scorer.key_blocks, 4, "16 characters of 4: four blocks");
+            // 21 characters before the assistant turn: the block holding the 21st (whose
+            // rest is the same in every later turn) ends the key.
+            assert_eq!(scorer.key_blocks, 6);
             scores.iter().position(|&s| s == 1.0).unwrap()
         })
         .collect();
