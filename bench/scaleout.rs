@@ -101,6 +101,14 @@ struct Setup {
     cpu_hog: bool,
 }
 
+impl Setup {
+    /// One of the rows that sweep the replica count: round robin, the fleet's shared
+    /// refresh, no CPU hog (the rows the goals and the chart compare).
+    fn in_replica_sweep(&self) -> bool {
+        self.balancer == Balancer::RoundRobin && self.scrape_interval_ms.is_none() && !self.cpu_hog
+    }
+}
+
 struct FleetRow {
     workload: &'static str,
     setup: Setup,
@@ -387,9 +395,7 @@ fn find<'a>(
 ) -> Option<&'a FleetRow> {
     rows.iter().find(|r| {
         r.workload == workload
-            && r.setup.balancer == Balancer::RoundRobin
-            && r.setup.scrape_interval_ms.is_none()
-            && !r.setup.cpu_hog
+            && r.setup.in_replica_sweep()
             && r.setup.replicas == replicas
             && r.setup.rate == rate
             && r.setup.seed == seed
@@ -534,9 +540,7 @@ fn chart(rows: &[FleetRow]) -> String {
             .iter()
             .filter(|r| {
                 r.workload == SHARED_PREFIX
-                    && r.setup.balancer == Balancer::RoundRobin
-                    && r.setup.scrape_interval_ms.is_none()
-                    && !r.setup.cpu_hog
+                    && r.setup.in_replica_sweep()
                     && r.setup.rate == SATURATION_RATE
                     && r.setup.seed == SEEDS[0]
             })
