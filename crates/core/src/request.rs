@@ -151,6 +151,10 @@ pub struct InferenceRequest {
     /// conversation's opening (its system prompt and first user message), the same in every
     /// later turn, which names the conversation for prefix homes.
     pub opening_chars: Option<usize>,
+    /// Characters of `prompt` in its leading system prompt (system or developer turns,
+    /// Anthropic's `system`, the Responses API's `instructions`) when a conversation follows
+    /// it: text every request of one application shares.
+    pub system_chars: Option<usize>,
     pub prompt_tokens: u32,
     pub max_tokens: Option<u32>,
     pub stream: bool,
@@ -240,6 +244,7 @@ pub fn parse_body_keeping(
     };
     let mut text = PromptText::new(keep_chars);
     let token_ids = prompt_text(kind, &parsed, &mut text)?;
+    let system_chars = text.system_prompt_chars();
     let (prompt, prompt_chars, opening_chars) = (text.text, text.chars, text.opening);
     let estimated = prompt_chars.div_ceil(CHARS_PER_TOKEN);
     let prompt_tokens = u32::try_from(token_ids.unwrap_or(estimated)).unwrap_or(u32::MAX);
@@ -264,6 +269,7 @@ pub fn parse_body_keeping(
         prompt,
         prompt_chars,
         opening_chars,
+        system_chars,
         prompt_tokens,
         max_tokens,
         stream: parsed.stream.unwrap_or(false),
@@ -280,6 +286,8 @@ struct PromptText {
     chars: usize,
     /// `chars` when the first assistant turn began.
     opening: Option<usize>,
+    /// `chars` when the first turn that is not a system prompt began.
+    conversation: Option<usize>,
 }
 
 impl PromptText {
@@ -290,7 +298,20 @@ impl PromptText {
             kept: 0,
             chars: 0,
             opening: None,
+            conversation: None,
         }
+    }
+
+    /// Marks where the conversation begins, if it has not yet: everything before is the
+    /// system prompt.
+    fn begin_conversation(&mut self) {
+        if self.conversation.is_none() {
+            self.conversation = Some(self.chars);
+        }
+    }
+
+    fn system_prompt_chars(&self) -> Option<usize> {
+        self.conversation.filter(|&chars| chars > 0)
     }
 
     fn push_str(&mut self, value: &str) {
@@ -371,6 +392,7 @@ fn prompt_text(
         ApiKind::Responses => {
             if let Some(instructions) = &body.instructions {
                 push_line(text, "system", instructions);
+                text.begin_conversation();
             }
             append_prompt(text, body.input.as_ref().ok_or_else(missing)?, field, true)?
         }
@@ -448,6 +470,9 @@ fn append_messages(text: &mut PromptText, messages: &[Message]) {
 }
 
 fn append_message(text: &mut PromptText, message: &Message) {
+    if !matches!(message.role.as_ref(), "system" | "developer") {
+        text.begin_conversation();
+    }
     if message.role == "assistant" && text.opening.is_none() {
         text.opening = Some(text.chars);
     }
@@ -563,6 +588,14 @@ mod tests {
         );
         assert!(request.stream);
         assert_eq!(request.max_tokens, Some(5));
+        assert_eq!(
+            request.system_chars,
+            Some("system: Be brief.\n".len()),
+            "the system prompt ends where the user's turn begins"
+        );
+        let unprompted = r#"{"model":"m","messages":[{"role":"user","content":"Hi"}]}"#;
+        let request = parse(ApiKind::ChatCompletions, unprompted).unwrap();
+        assert_eq!(request.system_chars, None, "no system prompt");
     }
 
     #[test]
@@ -573,6 +606,7 @@ mod tests {
         let request = parse(ApiKind::Responses, body).unwrap();
         assert_eq!(request.prompt, "system: Be kind.\nuser: Hey\n");
         assert_eq!(request.opening_chars, None, "no assistant turn yet");
+        assert_eq!(request.system_chars, Some("system: Be kind.\n".len()));
         assert_eq!(request.max_tokens, Some(9));
         let request = parse(ApiKind::Responses, r#"{"model":"r","input":"plain"}"#).unwrap();
         assert_eq!(request.prompt, "plain");
@@ -595,6 +629,7 @@ mod tests {
             Some("system: Be brief.\nuser: Hi\n".len()),
             "the conversation's opening ends where the assistant's first turn begins"
         );
+        assert_eq!(request.system_chars, Some("system: Be brief.\n".len()));
         assert_eq!(
             request.prompt_tokens,
             u32::try_from(request.prompt.len().div_ceil(CHARS_PER_TOKEN)).unwrap()

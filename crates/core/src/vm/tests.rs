@@ -56,7 +56,17 @@ fn send(host: &FakeVm, vm: &mut WorkerVm<FakeVm>, id: u32) -> (RequestFlow, Flow
 }
 
 fn send_body(host: &FakeVm, vm: &mut WorkerVm<FakeVm>, id: u32, body: &str) -> (RequestFlow, Flow) {
-    let headers = [(":path", "/v1/completions"), (":method", "POST")];
+    send_to(host, vm, id, "/v1/completions", body)
+}
+
+fn send_to(
+    host: &FakeVm,
+    vm: &mut WorkerVm<FakeVm>,
+    id: u32,
+    path: &str,
+    body: &str,
+) -> (RequestFlow, Flow) {
+    let headers = [(":path", path), (":method", "POST")];
     host.open_stream(id, &headers, body);
     let mut request = RequestFlow::new(id);
     assert_eq!(vm.on_request_headers(&mut request, false), Flow::Pause);
@@ -120,8 +130,10 @@ fn the_prefix_scorers_home_picks_reach_its_own_counters() {
     scrape_round(&host, &mut vm, &[0, 0]);
     let shared = "a system prompt every request shares ".repeat(8);
     for id in 10..13 {
-        let body = format!(r#"{{"model":"m","prompt":"{shared} question {id}"}}"#);
-        let (_, flow) = send_body(&host, &mut vm, id, &body);
+        let body = format!(
+            r#"{{"model":"m","messages":[{{"role":"system","content":"{shared}"}},{{"role":"user","content":"question {id}"}}]}}"#
+        );
+        let (_, flow) = send_to(&host, &mut vm, id, "/v1/chat/completions", &body);
         assert_eq!(flow, Flow::Continue);
     }
     let homes: Vec<Option<String>> = (10..13).map(|id| destination(&host, id)).collect();

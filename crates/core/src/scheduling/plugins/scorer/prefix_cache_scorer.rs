@@ -4,11 +4,13 @@
 //! Blocks are `blockSizeTokens * 4` characters; block hashes chain from the model name, so a
 //! block only matches when everything before it matched too.
 //!
-//! With `homeAffinity` (the default with live load signals) a prefix also has a home: the pod
-//! its leading blocks rank first by rendezvous hashing, within a load bound (see
-//! [`crate::scheduling::prefix_home`]). Every Envoy replica computes the same home, so a
-//! prefix no replica has seen yet still lands where the others sent it; what this replica
-//! learned refines that where it knows more.
+//! With `homeAffinity` (the default with live load signals) a prefix that other requests
+//! share also has a home: the pod its leading blocks rank first by rendezvous hashing, within
+//! a load bound (see [`crate::scheduling::prefix_home`]). Every Envoy replica computes the same
+//! home, so a prefix no replica has seen yet still lands where the others sent it; what this
+//! replica learned refines that where it knows more. The home scores the share of the prompt
+//! it is expected to hold, discounted by its queue as a learned hit is, so it wins only while
+//! the prefill it saves is worth more than the wait behind it.
 
 use crate::endpoint::Pool;
 use crate::hash::hash_bytes;
@@ -59,15 +61,16 @@ pub struct Parameters {
     /// square favours long matches, whose prefill (quadratic attention) costs most to redo.
     pub match_length_weight: f64,
     pub match_length_scale_tokens: usize,
-    /// Send a prefix to its home pod (see the module documentation) when no pod is known to
-    /// hold more of it. Off, or `pool.loadSignals: scraped`, scores learned matches only, as
-    /// GIE does.
+    /// Send a shared prefix to its home pod (see the module documentation) when no pod is
+    /// known to hold more of it. Off, or `pool.loadSignals: scraped`, scores learned matches
+    /// only, as GIE does.
     pub home_affinity: bool,
-    /// Leading blocks that name a prefix's home: prompts that share this many blocks share a
-    /// home; a shorter prompt is named by all of its blocks. A continuing conversation (a chat
-    /// with an assistant turn) is named by its opening instead, up to the block where its first
-    /// assistant turn begins, so that its later turns follow each other rather than its
-    /// system prompt's other conversations.
+    /// Leading blocks that name a prefix's home: a system prompt names its application by up to
+    /// this many of its blocks, and a prompt this replica has placed before by this many (all
+    /// of a shorter one). A continuing conversation (a chat with an assistant turn) is named by
+    /// its opening instead, up to the block where its first assistant turn begins, so that its
+    /// later turns follow each other rather than its system prompt's other conversations. A
+    /// prompt with neither, seen for the first time, has no home.
     pub home_key_blocks: usize,
     /// A pod is skipped as a home while its load (running plus waiting) is above this many
     /// times the candidates' mean, plus one request.
@@ -154,6 +157,9 @@ pub struct PrefixCacheScorer {
     home: PrefixHome,
     /// Leading blocks of the request being scheduled that name its home.
     key_blocks: usize,
+    /// The share of the request's prompt its home is expected to hold; 0 when nothing says
+    /// another request shares its start, and it has no home.
+    home_share: f64,
     home_picks: u64,
     home_spills: u64,
 }
@@ -235,6 +241,7 @@ impl PrefixCacheScorer {
             members: MemberHashes::default(),
             home: PrefixHome::default(),
             key_blocks: 0,
+            home_share: 0.0,
             home_picks: 0,
             home_spills: 0,
         })
@@ -246,14 +253,37 @@ impl PrefixCacheScorer {
         (self.home_picks, self.home_spills)
     }
 
-    /// How many leading blocks name `request`'s home (see [`Parameters::home_key_blocks`]).
-    fn key_blocks(&self, request: &InferenceRequest) -> usize {
+    /// How many leading blocks name `request`'s home and the share of its prompt the home is
+    /// expected to hold, when something says other requests share its start:
+    /// - a continuing conversation is named by its opening, and its home holds all of it but
+    ///   the latest turn;
+    /// - a system prompt of at least one block names its application (up to `homeKeyBlocks`),
+    ///   and the home holds the system prompt;
+    /// - a prompt whose key blocks this replica has already placed is shared, whatever it is.
+    ///
+    /// A prompt with none of these (one user message seen for the first time, say) has no
+    /// home: ranking pods for text nobody shares would only pull it against the load.
+    fn home_basis(&self, request: &InferenceRequest, best_match: usize) -> Option<(usize, f64)> {
+        let block_chars = self.parameters.block_chars().max(1);
+        let total = self.hashes.len();
+        let learned = best_match as f64 / total.max(1) as f64;
         let opening = request
             .opening_chars
-            .map(|chars| chars.div_ceil(self.parameters.block_chars().max(1)));
-        opening
-            .filter(|&blocks| blocks > 0)
-            .unwrap_or(self.parameters.home_key_blocks)
+            .map(|chars| chars.div_ceil(block_chars))
+            .filter(|&blocks| blocks > 0);
+        if let Some(blocks) = opening {
+            return Some((blocks, 1.0));
+        }
+        let key = self.parameters.home_key_blocks.min(total);
+        let system = request
+            .system_chars
+            .map(|chars| (chars / block_chars).min(total))
+            .filter(|&blocks| blocks > 0);
+        if let Some(blocks) = system {
+            let share = (blocks as f64 / total as f64).max(learned);
+            return Some((blocks.min(key), share));
+        }
+        (key > 0 && best_match >= key).then_some((key, learned))
     }
 
     /// The request's home key: the chained hash of the blocks that name it.
@@ -264,7 +294,7 @@ impl PrefixCacheScorer {
 
     /// Finds the request's home among `candidates`, when home affinity applies.
     fn locate_home(&mut self, ctx: &SchedulingContext<'_>, candidates: &[usize]) -> PrefixHome {
-        let applies = self.parameters.home_affinity && ctx.pool.live_load;
+        let applies = self.parameters.home_affinity && ctx.pool.live_load && self.home_share > 0.0;
         match self.home_key().filter(|_| applies) {
             Some(key) => {
                 self.members
@@ -274,14 +304,17 @@ impl PrefixCacheScorer {
         }
     }
 
-    /// `candidate`'s place in the prefix's order as a score: 1 for the home, then
-    /// `homeRankDecay` times the one before. Not lowered where this replica learned the prefix
-    /// went elsewhere: the other replicas did not learn that, and follow the order.
-    fn home_score(&self, candidate: usize) -> f64 {
+    /// `candidate`'s place in the prefix's order as a score: the share the home is expected to
+    /// hold, times `homeRankDecay` per place after the home, discounted by the candidate's
+    /// queue as a learned hit is. Not lowered where this replica learned the prefix went
+    /// elsewhere: the other replicas did not learn that, and follow the order.
+    fn home_score(&self, candidate: usize, queue_weight: f64) -> f64 {
         self.home.rank_of(candidate).map_or(0.0, |rank| {
-            self.parameters
+            let decay = self
+                .parameters
                 .home_rank_decay
-                .powi(i32::try_from(rank).unwrap_or(i32::MAX))
+                .powi(i32::try_from(rank).unwrap_or(i32::MAX));
+            self.home_share * decay * queue_weight
         })
     }
 
@@ -345,7 +378,6 @@ impl Scorer for PrefixCacheScorer {
     /// and the cost model see the same matches through the cycle state.
     fn prepare(&mut self, request: &InferenceRequest, pool: &Pool, cycle: &mut CycleState) {
         self.home = PrefixHome::default();
-        self.key_blocks = self.key_blocks(request);
         block_hashes(
             &request.model,
             &request.prompt,
@@ -367,6 +399,9 @@ impl Scorer for PrefixCacheScorer {
                 &mut matches.matched_blocks,
             );
         }
+        let best_match = matches.matched_blocks.iter().copied().max().unwrap_or(0);
+        (self.key_blocks, self.home_share) =
+            self.home_basis(request, best_match).unwrap_or((0, 0.0));
         cycle.prefix = Some(matches);
     }
 
@@ -380,6 +415,7 @@ impl Scorer for PrefixCacheScorer {
         } else {
             f64::INFINITY
         };
+        self.home = self.locate_home(ctx, candidates);
         for (score, &candidate) in scores.iter_mut().zip(candidates) {
             let weight = self
                 .parameters
@@ -388,13 +424,7 @@ impl Scorer for PrefixCacheScorer {
                 ctx.cycle.hit_ratio(candidate),
                 ctx.cycle.cached_tokens(candidate),
             );
-            *score = cache * weight;
-        }
-        self.home = self.locate_home(ctx, candidates);
-        if self.home.home().is_some() {
-            for (score, &candidate) in scores.iter_mut().zip(candidates) {
-                *score = score.max(self.home_score(candidate));
-            }
+            *score = (cache * weight).max(self.home_score(candidate, weight));
         }
     }
 
@@ -761,11 +791,26 @@ mod tests {
 
     /// Scores of `prompt` over every endpoint of `pool`, then the pick of the best one.
     fn score_and_pick(scorer: &mut PrefixCacheScorer, pool: &Pool, prompt: &str) -> Vec<f64> {
-        let req = request(prompt);
+        score_and_pick_request(scorer, pool, &request(prompt))
+    }
+
+    /// A prompt whose first `system` characters are its system prompt.
+    fn with_system(system: usize, prompt: &str) -> InferenceRequest {
+        InferenceRequest {
+            system_chars: Some(system),
+            ..request(prompt)
+        }
+    }
+
+    fn score_and_pick_request(
+        scorer: &mut PrefixCacheScorer,
+        pool: &Pool,
+        req: &InferenceRequest,
+    ) -> Vec<f64> {
         let mut cycle = CycleState::default();
-        scorer.prepare(&req, pool, &mut cycle);
+        scorer.prepare(req, pool, &mut cycle);
         let ctx = SchedulingContext {
-            request: &req,
+            request: req,
             pool,
             cycle: &cycle,
         };
@@ -792,16 +837,52 @@ mod tests {
     fn an_unseen_prefix_scores_its_order_of_homes() {
         let pool = queues(&[0.0; 6]);
         let mut scorer = home_scorer();
-        let scores = score_and_pick(&mut scorer, &pool, "aaaabbbbcccc");
+        // Two of three blocks are the system prompt: the home is expected to hold them.
+        let scores = score_and_pick_request(&mut scorer, &pool, &with_system(8, "aaaabbbbcccc"));
+        let share = 2.0 / 3.0;
         let mut sorted = scores.clone();
         sorted.sort_by(|a, b| b.total_cmp(a));
-        assert_eq!(sorted, [1.0, 0.5, 0.25, 0.125, 0.0, 0.0], "{scores:?}");
+        let order = [share, share * 0.5, share * 0.25, share * 0.125, 0.0, 0.0];
+        assert_eq!(sorted, order, "{scores:?}");
         assert_eq!(scorer.home_counts(), (1, 0));
-        let home = scores.iter().position(|&s| s == 1.0).unwrap();
-        // A prompt sharing the two key blocks shares the home, learned or not.
+        let home = scores.iter().position(|&s| s == share).unwrap();
+        // A prompt of the same system prompt shares the home, learned or not.
         let mut fresh = home_scorer();
-        let other = score_and_pick(&mut fresh, &pool, "aaaabbbbdddd");
-        assert_eq!(other[home], 1.0);
+        let other = score_and_pick_request(&mut fresh, &pool, &with_system(8, "aaaabbbbdddd"));
+        assert_eq!(other[home], share);
+    }
+
+    #[test]
+    fn a_prompt_nothing_says_is_shared_has_no_home_until_seen_again() {
+        let pool = queues(&[0.0; 6]);
+        let mut scorer = home_scorer();
+        let first = score_and_pick(&mut scorer, &pool, "aaaabbbbcccc");
+        assert_eq!(first, [0.0; 6], "one user message, never seen: no home");
+        assert_eq!(scorer.home_counts(), (0, 0));
+        // Placed once, its key blocks are known: the next request that starts the same way
+        // has a home, the same one every replica that has seen it computes.
+        let again = score_and_pick(&mut scorer, &pool, "aaaabbbbdddd");
+        let mut other = home_scorer();
+        score_and_pick(&mut other, &pool, "aaaabbbbeeee");
+        let there = score_and_pick(&mut other, &pool, "aaaabbbbdddd");
+        let home = |scores: &[f64]| scores.iter().position(|&s| s == 2.0 / 3.0);
+        assert!(home(&again).is_some(), "{again:?}");
+        assert_eq!(home(&again), home(&there));
+    }
+
+    #[test]
+    fn a_queue_at_the_home_discounts_its_prior_like_a_learned_hit() {
+        let mut scorer = home_scorer();
+        let calm =
+            score_and_pick_request(&mut scorer, &queues(&[0.0; 4]), &with_system(8, "aaaabbbb"));
+        let home = calm.iter().position(|&s| s == 1.0).unwrap();
+        let mut waiting = [0.0; 4];
+        waiting[home] = 2.0;
+        let mut fresh = home_scorer();
+        let busy =
+            score_and_pick_request(&mut fresh, &queues(&waiting), &with_system(8, "aaaabbbb"));
+        // Two requests beyond the shortest queue, of a limit of four: 1 - (2/4)^2.
+        assert_eq!(busy[home], 0.75, "{busy:?}");
     }
 
     #[test]
@@ -851,10 +932,11 @@ mod tests {
         let mut here = home_scorer();
         let mut there = home_scorer();
         for group in 0..50 {
-            let prompt = format!("{group:04}{group:04}{}", "x".repeat(group));
-            let a = score_and_pick(&mut here, &pool, &prompt);
-            let b = score_and_pick(&mut there, &pool, &prompt);
-            assert_eq!(a, b, "{prompt}");
+            let prompt = with_system(8, &format!("{group:04}{group:04}{}", "x".repeat(group)));
+            let a = score_and_pick_request(&mut here, &pool, &prompt);
+            let b = score_and_pick_request(&mut there, &pool, &prompt);
+            assert!(a.iter().any(|&s| s > 0.0), "a home");
+            assert_eq!(a, b, "{:?}", prompt.prompt);
         }
     }
 
@@ -862,38 +944,44 @@ mod tests {
     fn a_hit_learned_elsewhere_leaves_the_home_where_the_other_replicas_find_it() {
         let pool = queues(&[0.0; 6]);
         let mut first = home_scorer();
-        let scores = score_and_pick(&mut first, &pool, "aaaabbbbcccc");
-        let home = scores.iter().position(|&s| s == 1.0).unwrap();
+        let scores = score_and_pick_request(&mut first, &pool, &with_system(8, "aaaabbbbcccc"));
+        let home = scores.iter().position(|&s| s == 2.0 / 3.0).unwrap();
         let elsewhere = (0..6).find(|&c| scores[c] == 0.0).unwrap();
         let mut scorer = home_scorer();
         scorer.index.insert(elsewhere, &first.hashes);
-        let longer = score_and_pick(&mut scorer, &pool, "aaaabbbbccccdddd");
+        let longer =
+            score_and_pick_request(&mut scorer, &pool, &with_system(8, "aaaabbbbccccdddd"));
         assert_eq!(longer[elsewhere], 0.75, "three of four blocks held there");
-        assert_eq!(longer[home], 1.0, "{longer:?}");
+        assert_eq!(
+            longer[home], 0.75,
+            "the home is expected to hold as much: {longer:?}"
+        );
     }
 
     #[test]
     fn a_loaded_home_spills_to_the_second_home_and_counts_it() {
         let mut scorer = home_scorer();
-        let calm = score_and_pick(&mut scorer, &queues(&[0.0; 4]), "aaaabbbb");
+        let prompt = with_system(8, "aaaabbbb");
+        let calm = score_and_pick_request(&mut scorer, &queues(&[0.0; 4]), &prompt);
         let home = calm.iter().position(|&s| s == 1.0).unwrap();
         let second = calm.iter().position(|&s| s == 0.5).unwrap();
         let mut waiting = [0.0; 4];
         waiting[home] = 8.0;
-        let busy = score_and_pick(&mut scorer, &queues(&waiting), "aaaabbbb");
+        let busy = score_and_pick_request(&mut scorer, &queues(&waiting), &prompt);
         assert_eq!(busy[second], 1.0, "{busy:?}");
         assert_eq!(scorer.home_counts(), (1, 1));
     }
 
     #[test]
     fn scraped_load_signals_or_the_switch_turn_homes_off() {
+        let prompt = with_system(8, "aaaabbbb");
         let scraped = queues(&[0.0; 4]).with_live_load(false);
-        let scores = score_and_pick(&mut home_scorer(), &scraped, "aaaabbbb");
+        let scores = score_and_pick_request(&mut home_scorer(), &scraped, &prompt);
         assert_eq!(scores, [0.0; 4]);
         let mut off = home_scorer();
         off.parameters.home_affinity = false;
         assert_eq!(
-            score_and_pick(&mut off, &queues(&[0.0; 4]), "aaaabbbb"),
+            score_and_pick_request(&mut off, &queues(&[0.0; 4]), &prompt),
             [0.0; 4]
         );
         for bad in [
