@@ -25,6 +25,7 @@ pub fn all(points: &[Point], goodput: &[GoodputRow], ceiling: &Ceiling) -> Strin
         goodput_at_least(goodput, SGLANG, 1.5, &[50.0, 100.0]),
         ceiling_goal(goodput, ceiling),
         saturation_goals(points, ceiling.best_hit),
+        up_to_saturation_goal(points, ceiling.best_hit),
         tail_goals(points, HOT_PREFIX),
         tail_goals(points, MULTI_TURN),
         no_worse_goal(points, MIXED),
@@ -125,12 +126,8 @@ fn ceiling_goal(rows: &[GoodputRow], ceiling: &Ceiling) -> String {
 /// the highest swept rate if it never does): TTFT p90 against ROUND_ROBIN's and
 /// LEAST_REQUEST's, hit rate, balance.
 fn saturation_goals(points: &[Point], best_hit: f64) -> String {
-    let rr = swept(points, SHARED_PREFIX, ROUND_ROBIN);
-    let saturated = rr
-        .iter()
-        .find(|p| p.ttft.p90 > SATURATED_P90_MS)
-        .or(rr.last());
-    let at = |gateway| saturated.and_then(|s| point_at(points, SHARED_PREFIX, gateway, s.rate));
+    let saturated = round_robin_saturation(points);
+    let at = |gateway| saturated.and_then(|rate| point_at(points, SHARED_PREFIX, gateway, rate));
     let (Some(ours), Some(rr), Some(lr)) = (at(OURS), at(ROUND_ROBIN), at(LEAST_REQUEST)) else {
         return goal("shared prefix at ROUND_ROBIN's saturation", None, "not run");
     };
@@ -162,6 +159,59 @@ fn saturation_goals(points: &[Point], best_hit: f64) -> String {
             Some(ours.busiest_over_mean <= 1.25),
             &format!("{:.2}x", ours.busiest_over_mean),
         )
+}
+
+/// The shared-prefix rate where ROUND_ROBIN saturates (its TTFT p90 first passes 500 ms; the
+/// highest swept rate if it never does).
+fn round_robin_saturation(points: &[Point]) -> Option<f64> {
+    let rr = swept(points, SHARED_PREFIX, ROUND_ROBIN);
+    rr.iter()
+        .find(|p| p.ttft.p90 > SATURATED_P90_MS)
+        .or(rr.last())
+        .map(|p| p.rate)
+}
+
+/// Issue 26's one-Envoy goal: shared prefix, every swept rate up to ROUND_ROBIN's saturation,
+/// each figure the worse seed's: hit rate within 5 % of the best achievable and at least
+/// SGLang's, TTFT p50 and p90 no worse than SGLang's.
+fn up_to_saturation_goal(points: &[Point], best_hit: f64) -> String {
+    let text = format!(
+        "shared prefix, every swept rate up to saturation: hit rate within 5 % of the best \
+         achievable and at least {SGLANG}'s, TTFT p50 and p90 no worse than {SGLANG}'s"
+    );
+    let Some(saturated) = round_robin_saturation(points) else {
+        return goal(&text, None, "ROUND_ROBIN did not run");
+    };
+    let ours: Vec<&Point> = swept(points, SHARED_PREFIX, OURS)
+        .into_iter()
+        .filter(|p| p.rate <= saturated)
+        .collect();
+    let mut figures = Vec::new();
+    let mut verdicts = Vec::new();
+    for p in ours {
+        let Some(sg) = point_at(points, SHARED_PREFIX, SGLANG, p.rate) else {
+            figures.push(format!("{}: {SGLANG} did not run", at_rate(p.rate)));
+            verdicts.push(None);
+            continue;
+        };
+        figures.push(format!(
+            "{}: hit {:.1} % vs {:.1} % ({:.1} % achievable), p50 {:.1} vs {:.1} ms, p90 {:.1} vs {:.1} ms",
+            at_rate(p.rate),
+            p.hit_rate * 100.0,
+            sg.hit_rate * 100.0,
+            best_hit * 100.0,
+            p.ttft.p50,
+            sg.ttft.p50,
+            p.ttft.p90,
+            sg.ttft.p90
+        ));
+        let holds = p.hit_rate >= 0.95 * best_hit
+            && p.hit_rate >= sg.hit_rate
+            && p.ttft.p50 <= sg.ttft.p50
+            && p.ttft.p90 <= sg.ttft.p90;
+        verdicts.push(Some(holds));
+    }
+    goal(&text, all_of(verdicts), &figures.join("; "))
 }
 
 /// Our rates on `workload` with errors under 1 % and TTFT p90 under 1 s.
@@ -287,6 +337,55 @@ mod tests {
             goodput: goodput.to_vec(),
             ceiling_share: None,
         }
+    }
+
+    fn point(gateway: &str, rate: f64, p90: f64, hit_rate: f64) -> Point {
+        use crate::load::Percentiles;
+        let ttft = Percentiles {
+            p50: p90 / 4.0,
+            p90,
+            p99: p90 * 2.0,
+        };
+        Point {
+            workload: SHARED_PREFIX,
+            gateway: gateway.into(),
+            rate,
+            seeds: 2,
+            ttft,
+            tpot: ttft,
+            throughput: rate,
+            sent: 100,
+            errors: 0,
+            hit_rate,
+            busiest_over_mean: 1.0,
+        }
+    }
+
+    #[test]
+    fn up_to_saturation_judges_every_rate_to_round_robins_knee() {
+        let sweep = |ours_at_80: f64| {
+            vec![
+                point(ROUND_ROBIN, 40.0, 300.0, 0.4),
+                point(ROUND_ROBIN, 80.0, 900.0, 0.4),
+                point(ROUND_ROBIN, 120.0, 2000.0, 0.4),
+                point(SGLANG, 40.0, 200.0, 0.88),
+                point(SGLANG, 80.0, 400.0, 0.88),
+                point(OURS, 40.0, 150.0, 0.89),
+                point(OURS, 80.0, ours_at_80, 0.89),
+                // Past ROUND_ROBIN's knee: not judged.
+                point(OURS, 120.0, 5000.0, 0.5),
+            ]
+        };
+        let met = up_to_saturation_goal(&sweep(380.0), 0.9);
+        assert!(met.contains("**met**"), "{met}");
+        let lost = up_to_saturation_goal(&sweep(420.0), 0.9);
+        assert!(lost.contains("**not met**"), "{lost}");
+        let alone: Vec<Point> = sweep(380.0)
+            .into_iter()
+            .filter(|p| p.gateway != SGLANG)
+            .collect();
+        let unmeasured = up_to_saturation_goal(&alone, 0.9);
+        assert!(unmeasured.contains("**not measured**"), "{unmeasured}");
     }
 
     #[test]

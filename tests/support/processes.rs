@@ -283,13 +283,19 @@ impl SimPool {
     pub const PER_PROCESS: usize = 1024;
 
     pub fn start(count: usize) -> SimPool {
+        Self::start_in(count, Self::PER_PROCESS)
+    }
+
+    /// `count` pods in processes of at most `per_process` pods each.
+    pub fn start_in(count: usize, per_process: usize) -> SimPool {
+        let per_process = per_process.max(1);
         let mut pool = SimPool {
             children: Vec::new(),
             addresses: Vec::with_capacity(count),
         };
         let mut left = count;
         while left > 0 {
-            let listeners = left.min(Self::PER_PROCESS);
+            let listeners = left.min(per_process);
             let mut child = Command::new(sim_binary())
                 .args(["--port", "0", "--name", "pod", "--time-scale", "0"])
                 .args(["--listeners", &listeners.to_string()])

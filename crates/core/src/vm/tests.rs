@@ -12,6 +12,12 @@ const TWO_PODS: &str = "pool:
   refreshMetricsInterval: 50ms
   endpoints: [{address: '10.0.0.1:8000'}, {address: '10.0.0.2:8000'}]
 ";
+/// The same pods behind two Envoy replicas: prefix homes apply.
+const TWO_PODS_TWO_REPLICAS: &str = "pool:
+  refreshMetricsInterval: 50ms
+  replicas: 2
+  endpoints: [{address: '10.0.0.1:8000'}, {address: '10.0.0.2:8000'}]
+";
 /// One pod that takes one request at a time; others wait up to a second.
 const ONE_SLOT: &str = "
 featureGates: [flowControl]
@@ -125,7 +131,7 @@ fn scrape_answers_reach_the_pick_and_the_stats() {
 
 #[test]
 fn the_prefix_scorers_home_picks_reach_its_own_counters() {
-    let (host, mut vm) = configured(TWO_PODS);
+    let (host, mut vm) = configured(TWO_PODS_TWO_REPLICAS);
     scrape_round(&host, &mut vm, &[0, 0]);
     scrape_round(&host, &mut vm, &[0, 0]);
     let shared = "a system prompt every request shares ".repeat(8);

@@ -294,7 +294,12 @@ impl PrefixCacheScorer {
 
     /// Finds the request's home among `candidates`, when home affinity applies.
     fn locate_home(&mut self, ctx: &SchedulingContext<'_>, candidates: &[usize]) -> PrefixHome {
-        let applies = self.parameters.home_affinity && ctx.pool.live_load && self.home_share > 0.0;
+        // One Envoy knows every placement itself and places a new prefix by load, which
+        // spreads prefixes more evenly than a hash; homes are for what other replicas place.
+        let applies = self.parameters.home_affinity
+            && ctx.pool.live_load
+            && ctx.pool.replicas > 1.0
+            && self.home_share > 0.0;
         match self.home_key().filter(|_| applies) {
             Some(key) => {
                 self.members
@@ -824,6 +829,11 @@ mod tests {
         scores
     }
 
+    /// Pods with these queues behind three Envoy replicas.
+    fn fleet(waiting: &[f64]) -> Pool {
+        queues(waiting).with_replicas(3)
+    }
+
     fn home_scorer() -> PrefixCacheScorer {
         PrefixCacheScorer::new(Parameters {
             block_size_tokens: 1,
@@ -835,7 +845,7 @@ mod tests {
 
     #[test]
     fn an_unseen_prefix_scores_its_order_of_homes() {
-        let pool = queues(&[0.0; 6]);
+        let pool = fleet(&[0.0; 6]);
         let mut scorer = home_scorer();
         // Two of three blocks are the system prompt: the home is expected to hold them.
         let scores = score_and_pick_request(&mut scorer, &pool, &with_system(8, "aaaabbbbcccc"));
@@ -854,7 +864,7 @@ mod tests {
 
     #[test]
     fn a_prompt_nothing_says_is_shared_has_no_home_until_seen_again() {
-        let pool = queues(&[0.0; 6]);
+        let pool = fleet(&[0.0; 6]);
         let mut scorer = home_scorer();
         let first = score_and_pick(&mut scorer, &pool, "aaaabbbbcccc");
         assert_eq!(first, [0.0; 6], "one user message, never seen: no home");
@@ -874,20 +884,20 @@ mod tests {
     fn a_queue_at_the_home_discounts_its_prior_like_a_learned_hit() {
         let mut scorer = home_scorer();
         let calm =
-            score_and_pick_request(&mut scorer, &queues(&[0.0; 4]), &with_system(8, "aaaabbbb"));
+            score_and_pick_request(&mut scorer, &fleet(&[0.0; 4]), &with_system(8, "aaaabbbb"));
         let home = calm.iter().position(|&s| s == 1.0).unwrap();
         let mut waiting = [0.0; 4];
         waiting[home] = 2.0;
         let mut fresh = home_scorer();
         let busy =
-            score_and_pick_request(&mut fresh, &queues(&waiting), &with_system(8, "aaaabbbb"));
+            score_and_pick_request(&mut fresh, &fleet(&waiting), &with_system(8, "aaaabbbb"));
         // Two requests beyond the shortest queue, of a limit of four: 1 - (2/4)^2.
         assert_eq!(busy[home], 0.75, "{busy:?}");
     }
 
     #[test]
     fn a_continuing_conversation_is_named_by_its_opening() {
-        let pool = queues(&[0.0; 8]);
+        let pool = fleet(&[0.0; 8]);
         let turn = |user: &str, reply: &str| {
             let prompt = format!("sys: aaaa\nuser: {user}\nassistant: {reply}\nuser: more");
             InferenceRequest {
@@ -928,7 +938,7 @@ mod tests {
 
     #[test]
     fn two_replicas_that_never_talk_send_a_prefix_to_the_same_pod() {
-        let pool = queues(&[0.0; 8]);
+        let pool = fleet(&[0.0; 8]);
         let mut here = home_scorer();
         let mut there = home_scorer();
         for group in 0..50 {
@@ -942,7 +952,7 @@ mod tests {
 
     #[test]
     fn a_hit_learned_elsewhere_leaves_the_home_where_the_other_replicas_find_it() {
-        let pool = queues(&[0.0; 6]);
+        let pool = fleet(&[0.0; 6]);
         let mut first = home_scorer();
         let scores = score_and_pick_request(&mut first, &pool, &with_system(8, "aaaabbbbcccc"));
         let home = scores.iter().position(|&s| s == 2.0 / 3.0).unwrap();
@@ -962,26 +972,28 @@ mod tests {
     fn a_loaded_home_spills_to_the_second_home_and_counts_it() {
         let mut scorer = home_scorer();
         let prompt = with_system(8, "aaaabbbb");
-        let calm = score_and_pick_request(&mut scorer, &queues(&[0.0; 4]), &prompt);
+        let calm = score_and_pick_request(&mut scorer, &fleet(&[0.0; 4]), &prompt);
         let home = calm.iter().position(|&s| s == 1.0).unwrap();
         let second = calm.iter().position(|&s| s == 0.5).unwrap();
         let mut waiting = [0.0; 4];
         waiting[home] = 8.0;
-        let busy = score_and_pick_request(&mut scorer, &queues(&waiting), &prompt);
+        let busy = score_and_pick_request(&mut scorer, &fleet(&waiting), &prompt);
         assert_eq!(busy[second], 1.0, "{busy:?}");
         assert_eq!(scorer.home_counts(), (1, 1));
     }
 
     #[test]
-    fn scraped_load_signals_or_the_switch_turn_homes_off() {
+    fn one_envoy_scraped_load_signals_or_the_switch_turn_homes_off() {
         let prompt = with_system(8, "aaaabbbb");
-        let scraped = queues(&[0.0; 4]).with_live_load(false);
+        let alone = score_and_pick_request(&mut home_scorer(), &queues(&[0.0; 4]), &prompt);
+        assert_eq!(alone, [0.0; 4], "one Envoy places new prefixes by load");
+        let scraped = fleet(&[0.0; 4]).with_live_load(false);
         let scores = score_and_pick_request(&mut home_scorer(), &scraped, &prompt);
         assert_eq!(scores, [0.0; 4]);
         let mut off = home_scorer();
         off.parameters.home_affinity = false;
         assert_eq!(
-            score_and_pick_request(&mut off, &queues(&[0.0; 4]), &prompt),
+            score_and_pick_request(&mut off, &fleet(&[0.0; 4]), &prompt),
             [0.0; 4]
         );
         for bad in [
