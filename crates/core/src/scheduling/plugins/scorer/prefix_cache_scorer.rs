@@ -9,8 +9,8 @@
 //! a load bound (see [`crate::scheduling::prefix_home`]). Every Envoy replica computes the same
 //! home, so a prefix no replica has seen yet still lands where the others sent it; what this
 //! replica learned refines that where it knows more. The home scores the share of the prompt
-//! it is expected to hold, discounted by its queue as a learned hit is, so it wins only while
-//! the prefill it saves is worth more than the wait behind it.
+//! it is expected to hold, so a short shared start pulls less against the load scorers than a
+//! long one.
 
 use crate::endpoint::Pool;
 use crate::hash::hash_bytes;
@@ -310,16 +310,18 @@ impl PrefixCacheScorer {
     }
 
     /// `candidate`'s place in the prefix's order as a score: the share the home is expected to
-    /// hold, times `homeRankDecay` per place after the home, discounted by the candidate's
-    /// queue as a learned hit is. Not lowered where this replica learned the prefix went
-    /// elsewhere: the other replicas did not learn that, and follow the order.
-    fn home_score(&self, candidate: usize, queue_weight: f64) -> f64 {
+    /// hold, times `homeRankDecay` per place after the home. Not discounted by the queue as a
+    /// learned hit is: between scrapes a replica reads a pod's queue as its own placements
+    /// times `pool.replicas`, so one placement would read the home as full; the load bound
+    /// spills it instead. Not lowered where this replica learned the prefix went elsewhere:
+    /// the other replicas did not learn that, and follow the order.
+    fn home_score(&self, candidate: usize) -> f64 {
         self.home.rank_of(candidate).map_or(0.0, |rank| {
             let decay = self
                 .parameters
                 .home_rank_decay
                 .powi(i32::try_from(rank).unwrap_or(i32::MAX));
-            self.home_share * decay * queue_weight
+            self.home_share * decay
         })
     }
 
@@ -429,7 +431,7 @@ impl Scorer for PrefixCacheScorer {
                 ctx.cycle.hit_ratio(candidate),
                 ctx.cycle.cached_tokens(candidate),
             );
-            *score = (cache * weight).max(self.home_score(candidate, weight));
+            *score = (cache * weight).max(self.home_score(candidate));
         }
     }
 
@@ -881,18 +883,15 @@ mod tests {
     }
 
     #[test]
-    fn a_queue_at_the_home_discounts_its_prior_like_a_learned_hit() {
-        let mut scorer = home_scorer();
-        let calm =
-            score_and_pick_request(&mut scorer, &fleet(&[0.0; 4]), &with_system(8, "aaaabbbb"));
+    fn a_short_queue_keeps_the_home_and_only_the_load_bound_moves_it() {
+        let prompt = with_system(8, "aaaabbbb");
+        let calm = score_and_pick_request(&mut home_scorer(), &fleet(&[0.0; 4]), &prompt);
         let home = calm.iter().position(|&s| s == 1.0).unwrap();
         let mut waiting = [0.0; 4];
         waiting[home] = 2.0;
-        let mut fresh = home_scorer();
-        let busy =
-            score_and_pick_request(&mut fresh, &fleet(&waiting), &with_system(8, "aaaabbbb"));
-        // Two requests beyond the shortest queue, of a limit of four: 1 - (2/4)^2.
-        assert_eq!(busy[home], 0.75, "{busy:?}");
+        // Two waiting, against a bound of 2 x the mean (0.5) + 1: still the home.
+        let busy = score_and_pick_request(&mut home_scorer(), &fleet(&waiting), &prompt);
+        assert_eq!(busy[home], 1.0, "{busy:?}");
     }
 
     #[test]
