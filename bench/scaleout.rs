@@ -176,6 +176,16 @@ fn picker_config(sims: &[&Sim], setup: &Setup) -> String {
         Some(ms) => pool["refreshMetricsInterval"] = format!("{ms}ms").into(),
         None => pool["replicas"] = (setup.replicas as u64).into(),
     }
+    if setup.scrape_interval_ms.is_some() && setup.replicas > 1 {
+        // `pool.replicas` stays 1 so that the interval is each replica's own; the prefix
+        // homes it would turn on are asked for instead.
+        let plugins = config["plugins"].as_sequence_mut().expect("plugins");
+        for plugin in plugins {
+            if plugin["type"].as_str() == Some("prefix-cache-scorer") {
+                plugin["parameters"]["homeAffinity"] = true.into();
+            }
+        }
+    }
     serde_yaml::to_string(&config).expect("config")
 }
 
@@ -372,7 +382,8 @@ fn intro(quick: bool, best: &[f64]) -> String {
          conversation to one replica. Every replica runs the shipped `envoy.yaml` \
          configuration with `pool.replicas` set to the fleet size, so each scrapes every pod \
          once per `r x 50 ms`, except in the rows that sweep the scrape interval \
-         (`refreshMetricsInterval` set per replica, `pool.replicas` left at 1); in the rows with a \
+         (`refreshMetricsInterval` set per replica, `pool.replicas` left at 1, and the prefix \
+         scorer's `homeAffinity: true`, which more than one replica turns on); in the rows with a \
          CPU hog a busy loop spins in its own process beside the one Envoy for the whole load \
          (one of the machine's cores, which the pods and the client share too). Workloads: \
          shared prefix ({groups}) at {SATURATION_RATE} req/s (about the pods' saturation) and \

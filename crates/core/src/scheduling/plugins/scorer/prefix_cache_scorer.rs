@@ -62,9 +62,12 @@ pub struct Parameters {
     pub match_length_weight: f64,
     pub match_length_scale_tokens: usize,
     /// Send a shared prefix to its home pod (see the module documentation) when no pod is
-    /// known to hold more of it. Off, or `pool.loadSignals: scraped`, scores learned matches
-    /// only, as GIE does.
-    pub home_affinity: bool,
+    /// known to hold more of it. Unset: only behind several Envoy replicas (`pool.replicas`
+    /// above one), since one Envoy knows every placement itself and places a new prefix by
+    /// load, which spreads prefixes more evenly than a hash. `true`: always. `false`, or
+    /// `pool.loadSignals: scraped`: never, scoring learned matches only, as GIE does.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub home_affinity: Option<bool>,
     /// Leading blocks that name a prefix's home: a system prompt names its application by up to
     /// this many of its blocks, and a prompt this replica has placed before by this many (all
     /// of a shorter one). A continuing conversation (a chat with an assistant turn) is named by
@@ -96,7 +99,7 @@ impl Default for Parameters {
             affinity_queue_limit: DEFAULT_AFFINITY_QUEUE_LIMIT,
             match_length_weight: 0.0,
             match_length_scale_tokens: 8192,
-            home_affinity: true,
+            home_affinity: None,
             home_key_blocks: 16,
             home_load_factor: 2.0,
             home_rank_decay: 0.5,
@@ -294,12 +297,11 @@ impl PrefixCacheScorer {
 
     /// Finds the request's home among `candidates`, when home affinity applies.
     fn locate_home(&mut self, ctx: &SchedulingContext<'_>, candidates: &[usize]) -> PrefixHome {
-        // One Envoy knows every placement itself and places a new prefix by load, which
-        // spreads prefixes more evenly than a hash; homes are for what other replicas place.
-        let applies = self.parameters.home_affinity
-            && ctx.pool.live_load
-            && ctx.pool.replicas > 1.0
-            && self.home_share > 0.0;
+        let wanted = self
+            .parameters
+            .home_affinity
+            .unwrap_or(ctx.pool.replicas > 1.0);
+        let applies = wanted && ctx.pool.live_load && self.home_share > 0.0;
         match self.home_key().filter(|_| applies) {
             Some(key) => {
                 self.members
@@ -557,7 +559,7 @@ mod tests {
         let pool = pool_with(vec![EndpointMetrics::default(), EndpointMetrics::default()]);
         let mut scorer = PrefixCacheScorer::new(Parameters {
             block_size_tokens: 1,
-            home_affinity: false,
+            home_affinity: Some(false),
             ..Parameters::default()
         })
         .unwrap();
@@ -615,7 +617,7 @@ mod tests {
         let mut pool = queues(&[6.0, 2.0, 3.0]);
         let mut scorer = PrefixCacheScorer::new(Parameters {
             block_size_tokens: 1,
-            home_affinity: false,
+            home_affinity: Some(false),
             ..Parameters::default()
         })
         .unwrap();
@@ -986,11 +988,18 @@ mod tests {
         let prompt = with_system(8, "aaaabbbb");
         let alone = score_and_pick_request(&mut home_scorer(), &queues(&[0.0; 4]), &prompt);
         assert_eq!(alone, [0.0; 4], "one Envoy places new prefixes by load");
+        let mut on = home_scorer();
+        on.parameters.home_affinity = Some(true);
+        let asked = score_and_pick_request(&mut on, &queues(&[0.0; 4]), &prompt);
+        assert!(
+            asked.contains(&1.0),
+            "asked for, one Envoy uses homes too: {asked:?}"
+        );
         let scraped = fleet(&[0.0; 4]).with_live_load(false);
         let scores = score_and_pick_request(&mut home_scorer(), &scraped, &prompt);
         assert_eq!(scores, [0.0; 4]);
         let mut off = home_scorer();
-        off.parameters.home_affinity = false;
+        off.parameters.home_affinity = Some(false);
         assert_eq!(
             score_and_pick_request(&mut off, &fleet(&[0.0; 4]), &prompt),
             [0.0; 4]
