@@ -186,6 +186,9 @@ fn up_to_saturation_goal(points: &[Point], best_hit: f64) -> String {
         .into_iter()
         .filter(|p| p.rate <= saturated)
         .collect();
+    if ours.is_empty() {
+        return goal(&text, None, &format!("{OURS} did not run"));
+    }
     let mut figures = Vec::new();
     let mut verdicts = Vec::new();
     for p in ours {
@@ -205,7 +208,19 @@ fn up_to_saturation_goal(points: &[Point], best_hit: f64) -> String {
             p.ttft.p90,
             sg.ttft.p90
         ));
-        let holds = p.hit_rate >= 0.95 * best_hit
+        if !p.served() {
+            figures.push(format!(
+                "{}: {:.1} % errors",
+                at_rate(p.rate),
+                p.error_share() * 100.0
+            ));
+        }
+        if !(sg.hit_rate.is_finite() && best_hit.is_finite()) {
+            verdicts.push(None);
+            continue;
+        }
+        let holds = p.served()
+            && p.hit_rate >= 0.95 * best_hit
             && p.hit_rate >= sg.hit_rate
             && p.ttft.p50 <= sg.ttft.p50
             && p.ttft.p90 <= sg.ttft.p90;
