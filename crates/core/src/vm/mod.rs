@@ -101,7 +101,7 @@ impl<H: VmHost> WorkerVm<H> {
         let defined_ns = host.now_ns().unwrap_or(loaded_ns);
         let endpoints: usize = picker.slots().iter().map(|s| s.director.pool().len()).sum();
         log::info!(
-            "inference-picker: configured with {endpoints} endpoints in {}ms (stats {}ms), scraping every {}ms, {} pool(s)",
+            "inference-picker: configured with {endpoints} endpoints in {}ms (stats {}ms), scraping every {}ms, {} pool(s), VM id {seed:016x}",
             defined_ns.saturating_sub(started_ns) / 1_000_000,
             defined_ns.saturating_sub(loaded_ns) / 1_000_000,
             configured.tick_ms,
