@@ -256,6 +256,20 @@ impl PoolRow {
         self.per_process == SimPool::PER_PROCESS
     }
 
+    /// When every endpoint was first fresh, the lowest share after, and the share at the end.
+    fn freshness(&self) -> String {
+        let reached = if self.all_fresh_s.is_nan() {
+            "never all fresh".to_string()
+        } else {
+            format!(
+                "all fresh after {:.1} s, lowest {:.1} % after",
+                self.all_fresh_s,
+                self.fresh_min * 100.0
+            )
+        };
+        format!("{reached}, end {:.1} %", self.fresh_end * 100.0)
+    }
+
     fn round_median(&self) -> f64 {
         percentile(&sorted(self.round_ms.clone()), 50.0)
     }
@@ -398,20 +412,12 @@ fn not_run(rows: &[PoolRow], sizes: &[usize]) -> String {
 /// simulator process (how it was first tried) follows, to tell the simulator's share from ours.
 fn under_load_goal(spread: &[PoolRow], one_process: &[PoolRow]) -> String {
     let outcome = |r: &PoolRow| {
-        let fresh = if r.all_fresh_s.is_nan() {
-            format!("never all fresh, end {:.1} %", r.fresh_end * 100.0)
-        } else {
-            format!(
-                "all fresh after {:.1} s, lowest {:.1} % after",
-                r.all_fresh_s,
-                r.fresh_min * 100.0
-            )
-        };
         format!(
-            "{} simulator process(es): {} of {} requests lost, {fresh}, scrape rounds {:.0} ms median",
+            "{} simulator process(es): {} of {} requests lost, {}, scrape rounds {:.0} ms median",
             r.sim_processes(),
             r.errors,
             r.requests,
+            r.freshness(),
             r.round_median()
         )
     };
@@ -479,18 +485,7 @@ fn large_pool_goals(rows: &[PoolRow]) -> String {
         &format!(
             "{}{}",
             not_run(rows, &[PACED_AT]),
-            listed(&|r| {
-                let reached = if r.all_fresh_s.is_nan() {
-                    "never all fresh".to_string()
-                } else {
-                    format!(
-                        "all fresh after {:.1} s, lowest {:.1} % after",
-                        r.all_fresh_s,
-                        r.fresh_min * 100.0
-                    )
-                };
-                format!("{reached}, end {:.1} %", r.fresh_end * 100.0)
-            })
+            listed(&PoolRow::freshness)
         ),
     );
     let configure = goal(

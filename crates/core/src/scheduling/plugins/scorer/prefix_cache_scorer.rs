@@ -5,12 +5,12 @@
 //! block only matches when everything before it matched too.
 //!
 //! With `homeAffinity` (by default when `pool.replicas` is above 1, with live load signals) a
-//! prefix that other requests share also has a home: the pod its leading blocks rank first by rendezvous hashing, within
-//! a load bound (see [`crate::scheduling::prefix_home`]). Every Envoy replica computes the same
-//! home, so a prefix no replica has seen yet still lands where the others sent it; what this
-//! replica learned refines that where it knows more. The home scores the share of the prompt
-//! it is expected to hold, so a short shared start pulls less against the load scorers than a
-//! long one.
+//! prefix that other requests share also has a home: the pod its leading blocks rank first by
+//! rendezvous hashing, within a load bound (see [`crate::scheduling::prefix_home`]). Every
+//! Envoy replica computes the same home, so a prefix no replica has seen yet still lands where
+//! the others sent it; what this replica learned refines that where it knows more. The home
+//! scores the share of the prompt it is expected to hold, so a short shared start pulls less
+//! against the load scorers than a long one.
 
 use crate::endpoint::Pool;
 use crate::hash::hash_bytes;
