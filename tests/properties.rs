@@ -83,6 +83,7 @@ fn pool_of(specs: &[PodSpec]) -> Pool {
                         num_gpu_blocks: 1 + i as u64 * 100,
                     }),
                     custom: vec![Some(spec.running)],
+                    work: None,
                 };
                 endpoint.health = Health::Fresh;
                 endpoint.last_scrape_ok_ms = Some(0);
@@ -158,6 +159,7 @@ fn hostile_metrics(
             num_gpu_blocks,
         }),
         custom: vec![custom],
+        work: None,
     }
 }
 

@@ -16,6 +16,7 @@
 use crate::engine::Engine;
 use std::collections::VecDeque;
 use std::sync::mpsc::Sender;
+use std::time::Instant;
 
 /// What one engine step costs, in unscaled milliseconds.
 ///
@@ -83,6 +84,8 @@ pub struct Sequence {
     blocks: Vec<u32>,
     /// Tokens this step computes for it.
     scheduled: usize,
+    /// When it was first admitted: its prefill time runs from here to its first token.
+    admitted_at: Option<Instant>,
     /// The number of tokens sampled so far, after each new one; closed when the client left.
     tokens: Sender<usize>,
 }
@@ -104,6 +107,7 @@ impl Sequence {
             generated: 0,
             blocks: Vec::new(),
             scheduled: 0,
+            admitted_at: None,
             tokens,
         }
     }
@@ -263,6 +267,7 @@ impl Engine {
         let loaded = self.start_running(sequence.adapter.as_deref(), context, &allocation);
         sequence.computed = allocation.hit_tokens;
         sequence.blocks = allocation.blocks;
+        sequence.admitted_at.get_or_insert_with(Instant::now);
         self.batch.running.push(sequence);
         Some(loaded)
     }
@@ -282,6 +287,11 @@ impl Engine {
             }
             sequence.generated += 1;
             self.generation_tokens += 1;
+            if sequence.generated == 1 {
+                let admitted_at = sequence.admitted_at.unwrap_or_else(Instant::now);
+                self.prefill_time
+                    .observe(admitted_at.elapsed().as_secs_f64());
+            }
             let client_left = sequence.tokens.send(sequence.generated).is_err();
             if client_left || sequence.done() {
                 ended.push(index);

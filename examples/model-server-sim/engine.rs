@@ -9,6 +9,7 @@
 
 use crate::batching::Batch;
 use crate::kv_cache::{Allocation, KvCache};
+use crate::metrics::PrefillHistogram;
 use crate::metrics::Snapshot;
 use std::collections::{HashMap, VecDeque};
 
@@ -71,6 +72,8 @@ pub struct Engine {
     pub prefix_hits: u64,
     pub generation_tokens: u64,
     pub requests_total: u64,
+    /// Prefill times (admission to first token), as vLLM's histogram counts them.
+    pub prefill_time: PrefillHistogram,
     /// The longest the waiting queue has been after a scheduling pass.
     pub peak_waiting: usize,
     /// Running sequences the batching engine preempted for KV blocks.
@@ -98,6 +101,7 @@ impl Engine {
             background_kv: 0.0,
             extra_metrics: String::new(),
             metrics_padding_bytes: 0,
+            prefill_time: PrefillHistogram::default(),
             prefillers_seen: HashMap::new(),
             prefix_queries: 0,
             prefix_hits: 0,
@@ -293,6 +297,7 @@ impl Engine {
             prefix_hits: self.prefix_hits,
             generation_tokens: self.generation_tokens,
             finished: self.requests_total,
+            prefill_time: self.prefill_time.clone(),
             max_lora: self.limits.max_lora,
             running_adapters: self.loaded_adapters.clone(),
             waiting_adapters,

@@ -1,7 +1,8 @@
 //! `/metrics` in the shape of a real vLLM 0.32 (see `tests/fixtures/vllm/`): `engine` and
 //! `model_name` labels, `_created` samples beside counters, Python float formatting, the
 //! waiting queue split by reason, prefix-cache counters in tokens, and `cache_config_info`
-//! with its full label set. Histograms and process metrics are left out.
+//! with its full label set. Of the histograms, only the prefill time's (which the picker reads)
+//! is there; process metrics are left out.
 
 use std::fmt::Write as _;
 
@@ -21,6 +22,7 @@ pub struct Snapshot {
     pub generation_tokens: u64,
     /// Requests finished (all stop at `max_tokens`: `finished_reason="length"`).
     pub finished: u64,
+    pub prefill_time: PrefillHistogram,
     pub max_lora: usize,
     pub running_adapters: Vec<String>,
     pub waiting_adapters: Vec<String>,
@@ -33,6 +35,31 @@ pub struct Snapshot {
     pub extra: String,
     /// Filler series appended after those until the page is at least this many bytes.
     pub padding_bytes: usize,
+}
+
+/// vLLM 0.32's bucket bounds (seconds) for `vllm:request_prefill_time_seconds`.
+const PREFILL_BUCKETS: [f64; 21] = [
+    0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
+    480.0, 960.0, 1920.0, 7680.0,
+];
+
+/// Prefill times observed, as `vllm:request_prefill_time_seconds` counts them.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct PrefillHistogram {
+    /// Observations at or below each bound of [`PREFILL_BUCKETS`] (not cumulative).
+    in_bucket: [u64; PREFILL_BUCKETS.len()],
+    pub count: u64,
+    pub sum_seconds: f64,
+}
+
+impl PrefillHistogram {
+    pub fn observe(&mut self, seconds: f64) {
+        self.count += 1;
+        self.sum_seconds += seconds;
+        if let Some(bucket) = PREFILL_BUCKETS.iter().position(|&bound| seconds <= bound) {
+            self.in_bucket[bucket] += 1;
+        }
+    }
 }
 
 /// A float as Python's `prometheus_client` writes it: `4.0`, `0.34042553191489366`,
@@ -226,6 +253,7 @@ pub fn render(s: &Snapshot) -> String {
             py_float(count as f64)
         );
     }
+    prefill_histogram(&mut w, &s.prefill_time, &escape(&s.model), created);
     w.header(
         "vllm:lora_requests_info",
         "gauge",
@@ -264,6 +292,35 @@ pub fn render(s: &Snapshot) -> String {
         }
     }
     w.out
+}
+
+/// `vllm:request_prefill_time_seconds` as vLLM writes it: labels in alphabetical order
+/// (`engine`, `le`, `model_name`), cumulative buckets, then count, sum and `_created`.
+fn prefill_histogram(w: &mut Writer, histogram: &PrefillHistogram, model: &str, created: f64) {
+    const NAME: &str = "vllm:request_prefill_time_seconds";
+    const HELP: &str = "Histogram of time spent in PREFILL phase for request.";
+    w.header(NAME, "histogram", HELP);
+    let mut cumulative = 0;
+    let bounds = PREFILL_BUCKETS.iter().map(|&b| py_float(b));
+    for (bound, count) in bounds
+        .chain(["+Inf".to_string()])
+        .zip(histogram.in_bucket.iter().copied().chain([histogram.count]))
+    {
+        cumulative = if bound == "+Inf" {
+            count
+        } else {
+            cumulative + count
+        };
+        let _ = writeln!(
+            w.out,
+            "{NAME}_bucket{{engine=\"0\",le=\"{bound}\",model_name=\"{model}\"}} {}",
+            py_float(cumulative as f64)
+        );
+    }
+    w.sample(&format!("{NAME}_count"), "", histogram.count as f64);
+    w.sample(&format!("{NAME}_sum"), "", histogram.sum_seconds);
+    w.header(&format!("{NAME}_created"), "gauge", HELP);
+    w.sample(&format!("{NAME}_created"), "", created);
 }
 
 /// Bytes of KV cache per token of Llama-3.1-8B (32 layers x 8 KV heads x 128 x 2 x fp16).
@@ -368,6 +425,13 @@ mod tests {
             prefix_hits: 6272,
             generation_tokens: 1021,
             finished: 21,
+            prefill_time: {
+                let mut histogram = PrefillHistogram::default();
+                for seconds in [0.02, 0.4, 0.4, 3.0] {
+                    histogram.observe(seconds);
+                }
+                histogram
+            },
             max_lora: 2,
             running_adapters: vec!["sql-lora".into()],
             waiting_adapters: vec!["chat-lora".into()],
@@ -448,6 +512,10 @@ mod tests {
             format!("vllm:prefix_cache_hits_total{{{model}}} 6272.0"),
             format!("vllm:prefix_cache_hits_created{{{model}}} 1.7954260310439143e+09"),
             format!("vllm:prompt_tokens_by_source_total{{{model},source=\"local_compute\"}} 3371.0"),
+            "vllm:request_prefill_time_seconds_bucket{engine=\"0\",le=\"0.3\",model_name=\"meta-llama/Llama-3.1-8B-Instruct\"} 1.0".into(),
+            "vllm:request_prefill_time_seconds_bucket{engine=\"0\",le=\"2.5\",model_name=\"meta-llama/Llama-3.1-8B-Instruct\"} 3.0".into(),
+            "vllm:request_prefill_time_seconds_bucket{engine=\"0\",le=\"+Inf\",model_name=\"meta-llama/Llama-3.1-8B-Instruct\"} 4.0".into(),
+            format!("vllm:request_prefill_time_seconds_sum{{{model}}} 3.8200000000000003"),
             "vllm:lora_requests_info{max_lora=\"2\",running_lora_adapters=\"sql-lora\",waiting_lora_adapters=\"chat-lora\"} 1.7954260808892508e+09".into(),
         ] {
             assert!(text.lines().any(|l| l == line), "{line}\n{text}");

@@ -322,11 +322,13 @@ impl Pod {
                     .unwrap_or_else(|poisoned| poisoned.into_inner());
             }
         };
+        let prefill_started = Instant::now();
         if admitted.lora_loaded {
             thread::sleep(self.scaled(self.settings.lora_load_ms));
         }
         let uncached = prompt_tokens.saturating_sub(admitted.allocation.hit_tokens);
         thread::sleep(self.scaled(uncached as f64 * self.settings.prefill_us_per_token / 1000.0));
+        let prefill_seconds = prefill_started.elapsed().as_secs_f64();
         let id = self.response_id(api, request);
         let ok = if parsed.stream && api != Api::Embeddings {
             let mut next_token = || {
@@ -349,6 +351,7 @@ impl Pod {
             self.respond_json(out, 200, &body)
         };
         let mut engine = self.lock();
+        engine.prefill_time.observe(prefill_seconds);
         engine.finish(adapter, &admitted.allocation.blocks, output_tokens);
         if engine.schedule() {
             self.admitted.notify_all();

@@ -1,6 +1,7 @@
 //! Pool members: their identity, labels, latest metrics, health and the filter's own load.
 
 use crate::metrics::{EndpointMetrics, Engine};
+use crate::pace::Pace;
 use hashbrown::{HashMap, HashSet};
 use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
@@ -103,6 +104,8 @@ pub struct EndpointState {
     /// Requests the pod ran at the last scrape that showed a queue: an engine queues only
     /// when its sequence slots (or its KV cache) are full, so that is how many it runs at once.
     pub running_capacity: Option<f64>,
+    /// How fast the pod works, learned from its counters (vLLM only).
+    pub pace: Pace,
     /// Host time (ms) until which the endpoint is avoided after answering a request with 5xx
     /// or refusing the connection (passive health).
     pub backoff_until_ms: u64,
@@ -135,6 +138,7 @@ impl EndpointState {
             in_flight_tokens_at_scrape: 0,
             in_flight_at_scrape_sent: None,
             running_capacity: None,
+            pace: Pace::default(),
             backoff_until_ms: 0,
             removed: false,
         }
@@ -445,6 +449,9 @@ impl Pool {
                 if waiting > 0.0 && running > 0.0 {
                     endpoint.running_capacity = Some(running);
                 }
+            }
+            if let (Some(work), Some(running)) = (metrics.work, metrics.running()) {
+                endpoint.pace.observe(now_ms, work, running);
             }
             endpoint.metrics = metrics;
             endpoint.placed_tokens_since_scrape = 0;

@@ -20,6 +20,7 @@ pub mod host;
 pub mod label_selector;
 pub mod limits;
 pub mod metrics;
+pub mod pace;
 pub mod picker;
 pub mod prometheus;
 pub mod protocol;

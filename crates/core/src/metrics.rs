@@ -1,6 +1,7 @@
 //! Model-server metrics: which series each engine exposes, and the compact snapshot the
 //! scorers read.
 
+use crate::pace::WorkTotals;
 use crate::prometheus::{for_each_named_sample_within, ParseSummary, Sample};
 
 /// Metric-name profile, chosen per pod by its `engine-type` label.
@@ -60,6 +61,10 @@ pub struct LoraInfo {
 const LORA_INFO: &str = "vllm:lora_requests_info";
 /// vLLM's cache geometry series, as labels.
 const CACHE_CONFIG_INFO: &str = "vllm:cache_config_info";
+/// vLLM's work counters (see [`WorkTotals`]).
+const FINISHED: &str = "vllm:request_success_total";
+const PREFILL_SECONDS: &str = "vllm:request_prefill_time_seconds_sum";
+const PROMPT_TOKENS_BY_SOURCE: &str = "vllm:prompt_tokens_by_source_total";
 
 /// vLLM's `vllm:cache_config_info`: used to size the prefix index per pod.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -100,6 +105,8 @@ pub struct EndpointMetrics {
     pub kv_cache_usage: Option<f64>,
     pub lora: Option<LoraInfo>,
     pub cache_config: Option<CacheConfig>,
+    /// vLLM's work counters, when the page has all of them.
+    pub work: Option<WorkTotals>,
     /// Values of the configured custom selectors, in their order; `None` when absent or
     /// unknown (a non-finite value, or a sum that overflows).
     pub custom: Vec<Option<f64>>,
@@ -228,6 +235,33 @@ struct Accumulator {
     running: Gauge,
     kv_usage: Gauge,
     lora_timestamp: f64,
+    finished: Gauge,
+    prefill_seconds: Gauge,
+    computed_prompt_tokens: Gauge,
+}
+
+impl Accumulator {
+    /// A work counter's sample, when `sample` is one.
+    fn work_counter(&mut self, sample: &Sample<'_>) -> Option<&mut Gauge> {
+        match sample.name {
+            FINISHED => Some(&mut self.finished),
+            PREFILL_SECONDS => Some(&mut self.prefill_seconds),
+            PROMPT_TOKENS_BY_SOURCE
+                if sample.label("source").as_deref() == Some("local_compute") =>
+            {
+                Some(&mut self.computed_prompt_tokens)
+            }
+            _ => None,
+        }
+    }
+
+    fn work(&self) -> Option<WorkTotals> {
+        Some(WorkTotals {
+            finished: self.finished.value()?,
+            prefill_seconds: self.prefill_seconds.value()?,
+            computed_prompt_tokens: self.computed_prompt_tokens.value()?,
+        })
+    }
 }
 
 /// [`extract_within`] with no size limit.
@@ -262,6 +296,8 @@ pub fn extract_within(
             || names.kv_usage.contains(&name)
             || name == LORA_INFO
             || name == CACHE_CONFIG_INFO
+            || (engine == Engine::Vllm
+                && [FINISHED, PREFILL_SECONDS, PROMPT_TOKENS_BY_SOURCE].contains(&name))
             || selectors
                 .iter()
                 .any(|selector| selector.metric_name == name)
@@ -279,6 +315,8 @@ pub fn extract_within(
             metrics.lora = Some(lora_info(sample));
         } else if sample.name == CACHE_CONFIG_INFO {
             metrics.cache_config = cache_config(sample);
+        } else if let Some(counter) = acc.work_counter(sample) {
+            counter.add(value, false);
         }
         for ((slot, seen), selector) in custom.iter_mut().zip(name_seen.iter_mut()).zip(selectors) {
             if sample.name == selector.metric_name {
@@ -302,6 +340,7 @@ pub fn extract_within(
     metrics.waiting_queue = acc.waiting.or_zero();
     metrics.running_requests = acc.running.or_zero();
     metrics.kv_cache_usage = acc.kv_usage.or_zero().map(|kv| kv.min(1.0));
+    metrics.work = acc.work();
     metrics.custom = custom.iter().map(|gauge| gauge.value()).collect();
     let unmatched = custom
         .iter()
@@ -380,6 +419,22 @@ vllm:cache_config_info{block_size=\"16\",num_gpu_blocks=\"4096\"} 1
                 num_gpu_blocks: 4096
             })
         );
+    }
+
+    #[test]
+    fn work_counters_of_a_real_vllm() {
+        let busy = include_str!("../../../tests/fixtures/vllm/vllm-0.32.0-metrics-busy.txt");
+        let (metrics, _, _) = extract(Engine::Vllm, busy, &[]).unwrap();
+        assert_eq!(
+            metrics.work,
+            Some(WorkTotals {
+                finished: 21.0,
+                prefill_seconds: 0.424920353001653,
+                computed_prompt_tokens: 3371.0,
+            })
+        );
+        let (metrics, _, _) = extract(Engine::Vllm, VLLM, &[]).unwrap();
+        assert_eq!(metrics.work, None, "a page without the counters");
     }
 
     #[test]

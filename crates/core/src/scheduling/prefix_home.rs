@@ -4,9 +4,12 @@
 //! group's requests reach many replicas, and each would place it on its own. What every
 //! replica does share is the prompt, the pool's members and the pods' scraped load. A prefix's
 //! home is the member that ranks it highest by rendezvous hashing of its leading blocks over
-//! the members' addresses, skipping members loaded well beyond the candidates' mean (bounded
-//! load): every replica computes the same home and, when it is loaded, the same next one.
-//! A member joining or leaving only moves the prefixes it ranks first.
+//! the members' addresses. It moves to the next member in that order only when that pays: when
+//! the expected wait behind it is longer than the cold prefill of the shared prefix at the
+//! next (see [`crate::pace`]); for a pod whose pace is not known yet, when it is loaded well
+//! beyond the candidates' mean (bounded load). Every replica reads the same scrapes, so it
+//! computes the same home and, when that one is busy, the same next one. A member joining or
+//! leaving only moves the prefixes it ranks first.
 
 use crate::endpoint::Pool;
 use crate::hash::{hash_bytes, rendezvous_weight};
@@ -56,26 +59,23 @@ impl MemberHashes {
         }
     }
 
-    /// The home of `key` among `candidates`: see the module documentation. A candidate is
-    /// within the bound when its load (running plus waiting, with what was placed since the
-    /// scrape) is at most `load_factor` times the candidates' mean plus one request, so an
-    /// idle pool never spills and a busy one keeps each pod within a share of the mean.
+    /// The home of `key` among `candidates`: see the module documentation. A pod of unknown
+    /// pace is within the bound when its load (running plus waiting, with what was placed
+    /// since the scrape) is at most `rule.load_factor` times the candidates' mean plus one
+    /// request, so an idle pool never spills and a busy one keeps each pod within a share of
+    /// the mean.
     pub fn home(
         &mut self,
         pool: &Pool,
         key: u64,
         candidates: &[usize],
-        load_factor: f64,
+        rule: SpillRule,
     ) -> PrefixHome {
         self.refresh(pool);
-        let load = |c: usize| {
-            let running = pool.running(c).unwrap_or(0.0);
-            let waiting = pool.waiting(c).unwrap_or(0.0);
-            running + waiting
-        };
-        let total: f64 = candidates.iter().map(|&c| load(c)).sum();
+        let total: f64 = candidates.iter().map(|&c| load(pool, c)).sum();
         let mean = total / candidates.len().max(1) as f64;
-        let bound = load_factor * mean + 1.0;
+        let bound = rule.load_factor * mean + 1.0;
+        let within_bound = |c: usize| paced(pool, c) || load(pool, c) <= bound;
         let mut ranked = Ranked::default();
         let mut first: Option<(usize, u64)> = None;
         for &candidate in candidates {
@@ -86,14 +86,72 @@ impl MemberHashes {
             if first.is_none_or(|(_, w)| weight > w) {
                 first = Some((candidate, weight));
             }
-            if load(candidate) <= bound {
+            if within_bound(candidate) {
                 ranked.offer(candidate, weight);
             }
         }
+        let mut homes = ranked.top.map(|slot| slot.map(|(c, _)| c));
+        let mut start = 0;
+        while let (Some(Some(here)), Some(Some(next))) = (homes.get(start), homes.get(start + 1)) {
+            if !spill_pays(pool, *here, *next, rule, bound) {
+                break;
+            }
+            start += 1;
+        }
+        homes.rotate_left(start);
+        for slot in homes.iter_mut().rev().take(start) {
+            *slot = None;
+        }
         PrefixHome {
             first: first.map(|(c, _)| c),
-            homes: ranked.top.map(|slot| slot.map(|(c, _)| c)),
+            homes,
         }
+    }
+}
+
+/// What decides whether a prefix leaves its home for the next pod in its order.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SpillRule {
+    /// For pods of unknown pace: the bound on load, in multiples of the candidates' mean.
+    pub load_factor: f64,
+    /// Prompt tokens the home is expected to hold, which the next pod would prefill cold.
+    pub shared_tokens: f64,
+}
+
+/// Running plus waiting at `c`, as the pool sees it now.
+fn load(pool: &Pool, c: usize) -> f64 {
+    pool.running(c).unwrap_or(0.0) + pool.waiting(c).unwrap_or(0.0)
+}
+
+/// The pod's pace is known: both its service time and its prefill speed.
+fn paced(pool: &Pool, c: usize) -> bool {
+    pool.get(c)
+        .is_some_and(|e| e.pace.service_s.is_some() && e.pace.prefill_s_per_token.is_some())
+}
+
+/// Seconds a request placed at `c` now would wait for a running slot.
+fn wait_s(pool: &Pool, c: usize) -> Option<f64> {
+    let endpoint = pool.get(c)?;
+    let slots = endpoint
+        .running_capacity
+        .or_else(|| pool.running(c))
+        .unwrap_or(1.0);
+    endpoint.pace.wait_s(pool.waiting(c)?, slots)
+}
+
+/// Moving from `here` to `next` pays when the wait it saves is longer than the cold prefill
+/// it causes there; without both paces, when `here` is beyond the load bound.
+fn spill_pays(pool: &Pool, here: usize, next: usize, rule: SpillRule, bound: f64) -> bool {
+    let cold_prefill = pool
+        .get(next)
+        .and_then(|e| e.pace.prefill_s(rule.shared_tokens));
+    match (wait_s(pool, here), wait_s(pool, next), cold_prefill) {
+        (Some(wait_here), Some(wait_next), Some(prefill))
+            if paced(pool, here) && paced(pool, next) =>
+        {
+            wait_here - wait_next > prefill
+        }
+        _ => load(pool, here) > bound,
     }
 }
 
@@ -152,9 +210,16 @@ mod tests {
         "10.0.0.8:8000",
     ];
 
+    fn bound(load_factor: f64) -> SpillRule {
+        SpillRule {
+            load_factor,
+            shared_tokens: 1_000.0,
+        }
+    }
+
     fn home_address(pool: &Pool, key: u64, factor: f64) -> Option<&str> {
         let candidates: Vec<usize> = (0..pool.len()).collect();
-        let home = MemberHashes::default().home(pool, key, &candidates, factor);
+        let home = MemberHashes::default().home(pool, key, &candidates, bound(factor));
         home.home()
             .and_then(|h| pool.get(h))
             .map(|e| e.address.as_str())
@@ -201,13 +266,13 @@ mod tests {
         let idle = pool(&ADDRESSES, &[0.0; 8]);
         let candidates: Vec<usize> = (0..8).collect();
         let mut hashes = MemberHashes::default();
-        let calm = hashes.home(&idle, key, &candidates, 1.25);
+        let calm = hashes.home(&idle, key, &candidates, bound(1.25));
         let (home, second) = (calm.homes[0].unwrap(), calm.homes[1].unwrap());
         assert!(!calm.spilled());
         let mut loads = [2.0; 8];
         loads[home] = 6.0; // beyond 1.25 x the mean (2.5) + 1
         let busy = pool(&ADDRESSES, &loads);
-        let spilled = hashes.home(&busy, key, &candidates, 1.25);
+        let spilled = hashes.home(&busy, key, &candidates, bound(1.25));
         assert_eq!(spilled.first, Some(home));
         assert_eq!(spilled.home(), Some(second), "the prefix's own next member");
         assert_eq!(
@@ -217,8 +282,49 @@ mod tests {
         );
         assert!(spilled.spilled());
         loads[home] = 3.5; // within 1.25 x 2.19 + 1
-        let within = hashes.home(&pool(&ADDRESSES, &loads), key, &candidates, 1.25);
+        let within = hashes.home(&pool(&ADDRESSES, &loads), key, &candidates, bound(1.25));
         assert_eq!(within.home(), Some(home));
+    }
+
+    #[test]
+    fn a_paced_home_spills_only_when_its_wait_outlasts_the_cold_prefill() {
+        let key = 42;
+        let candidates: Vec<usize> = (0..8).collect();
+        let mut hashes = MemberHashes::default();
+        let calm = hashes.home(&pool(&ADDRESSES, &[0.0; 8]), key, &candidates, bound(1.25));
+        let (home, second) = (calm.homes[0].unwrap(), calm.homes[1].unwrap());
+        // Every pod runs 2 at once, a request holds a slot 1 s, and prefills 1 ms a token.
+        let mut busy = pool(&ADDRESSES, &[2.0; 8]);
+        for endpoint in &mut busy.endpoints {
+            endpoint.running_capacity = Some(2.0);
+            endpoint.pace.service_s = Some(1.0);
+            endpoint.pace.prefill_s_per_token = Some(0.001);
+        }
+        let queue_at_home = |pool: &mut Pool, waiting: f64| {
+            pool.endpoints[home].metrics.waiting_queue = Some(waiting);
+        };
+        // Three waiting at the home: 1.5 s behind it, far beyond the load bound.
+        queue_at_home(&mut busy, 3.0);
+        let long_prefix = SpillRule {
+            load_factor: 1.25,
+            shared_tokens: 2_000.0,
+        };
+        let kept = hashes.home(&busy, key, &candidates, long_prefix);
+        assert_eq!(kept.home(), Some(home), "a 2 s cold prefill costs more");
+        let spilled = hashes.home(&busy, key, &candidates, bound(1.25));
+        assert_eq!(
+            spilled.home(),
+            Some(second),
+            "a 1 s cold prefill costs less"
+        );
+        assert_eq!(spilled.homes[HOMES - 1], None, "the order moved up by one");
+        queue_at_home(&mut busy, 1.0);
+        let short_queue = hashes.home(&busy, key, &candidates, bound(1.25));
+        assert_eq!(
+            short_queue.home(),
+            Some(home),
+            "0.5 s of wait is worth keeping"
+        );
     }
 
     #[test]
@@ -226,15 +332,18 @@ mod tests {
         let idle = pool(&ADDRESSES, &[0.0; 8]);
         let mut hashes = MemberHashes::default();
         let all: Vec<usize> = (0..8).collect();
-        let order = hashes.home(&idle, 7, &all, 1.25);
+        let order = hashes.home(&idle, 7, &all, bound(1.25));
         let home = order.home().unwrap();
         let others: Vec<usize> = (0..8).filter(|&c| c != home).collect();
-        let elsewhere = hashes.home(&idle, 7, &others, 1.25);
+        let elsewhere = hashes.home(&idle, 7, &others, bound(1.25));
         assert_eq!(
             elsewhere.homes[..3],
             order.homes[1..],
             "the same order, less one"
         );
-        assert_eq!(hashes.home(&idle, 7, &[], 1.25), PrefixHome::default());
+        assert_eq!(
+            hashes.home(&idle, 7, &[], bound(1.25)),
+            PrefixHome::default()
+        );
     }
 }

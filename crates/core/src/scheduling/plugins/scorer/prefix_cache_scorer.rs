@@ -18,7 +18,7 @@ use crate::limits;
 use crate::request::InferenceRequest;
 use crate::request::CHARS_PER_TOKEN;
 use crate::scheduling::plugins::spec::{effective, Data, Kind, PluginSpec, Signal};
-use crate::scheduling::prefix_home::{MemberHashes, PrefixHome};
+use crate::scheduling::prefix_home::{MemberHashes, PrefixHome, SpillRule};
 use crate::scheduling::prefix_index::PrefixIndex;
 use crate::scheduling::{CycleState, LearnedPrefix, Plugin, SchedulingContext, Scorer};
 use serde_yaml::Value;
@@ -75,8 +75,10 @@ pub struct Parameters {
     /// later turns follow each other rather than its system prompt's other conversations. A
     /// prompt with neither, seen for the first time, has no home.
     pub home_key_blocks: usize,
-    /// A pod is skipped as a home while its load (running plus waiting) is above this many
-    /// times the candidates' mean, plus one request.
+    /// A home is let go of when the wait behind it is longer than the cold prefill of the
+    /// shared prefix at the next pod in the prefix's order, from each pod's pace (learned from
+    /// vLLM's counters). A pod whose pace is not known yet is skipped as a home while its load
+    /// (running plus waiting) is above this many times the candidates' mean, plus one request.
     pub home_load_factor: f64,
     /// The score of each next pod in the prefix's order (within the bound) is this times
     /// the one before's: what spills from a busy home goes to the same few pods from every
@@ -304,8 +306,12 @@ impl PrefixCacheScorer {
         let applies = wanted && ctx.pool.live_load && self.home_share > 0.0;
         match self.home_key().filter(|_| applies) {
             Some(key) => {
-                self.members
-                    .home(ctx.pool, key, candidates, self.parameters.home_load_factor)
+                let prompt_tokens = (self.hashes.len() * self.parameters.block_tokens()) as f64;
+                let rule = SpillRule {
+                    load_factor: self.parameters.home_load_factor,
+                    shared_tokens: self.home_share * prompt_tokens,
+                };
+                self.members.home(ctx.pool, key, candidates, rule)
             }
             None => PrefixHome::default(),
         }
