@@ -333,6 +333,15 @@ impl PrefixCacheScorer {
         })
     }
 
+    /// Whether a hit this replica learned counts beside the prefix's home: always without a
+    /// home; with one, only when it holds more of the prompt than the home is expected to.
+    /// What this replica alone placed elsewhere (a spill, a pick before the home was known) is
+    /// unknown to the other replicas, so a hit no longer than the home's would pull this
+    /// replica's requests away from where every other replica sends them.
+    fn learned_hit_counts(&self, ratio: f64) -> bool {
+        self.home.home().is_none() || ratio > self.home_share + f64::EPSILON
+    }
+
     pub fn parameters(&self) -> &Parameters {
         &self.parameters
     }
@@ -432,13 +441,17 @@ impl Scorer for PrefixCacheScorer {
         };
         self.home = self.locate_home(ctx, candidates);
         for (score, &candidate) in scores.iter_mut().zip(candidates) {
+            let ratio = ctx.cycle.hit_ratio(candidate);
+            if !self.learned_hit_counts(ratio) {
+                *score = self.home_score(candidate);
+                continue;
+            }
             let weight = self
                 .parameters
                 .affinity_weight(ctx.pool.waiting(candidate), shortest);
-            let cache = self.parameters.cache_score(
-                ctx.cycle.hit_ratio(candidate),
-                ctx.cycle.cached_tokens(candidate),
-            );
+            let cache = self
+                .parameters
+                .cache_score(ratio, ctx.cycle.cached_tokens(candidate));
             *score = (cache * weight).max(self.home_score(candidate));
         }
     }
@@ -958,7 +971,7 @@ mod tests {
     }
 
     #[test]
-    fn a_hit_learned_elsewhere_leaves_the_home_where_the_other_replicas_find_it() {
+    fn a_hit_learned_elsewhere_raises_the_homes_share_and_does_not_pull_away_from_it() {
         let pool = fleet(&[0.0; 6]);
         let mut first = home_scorer();
         let scores = score_and_pick_request(&mut first, &pool, &with_system(8, "aaaabbbbcccc"));
@@ -968,10 +981,13 @@ mod tests {
         scorer.index.insert(elsewhere, &first.hashes);
         let longer =
             score_and_pick_request(&mut scorer, &pool, &with_system(8, "aaaabbbbccccdddd"));
-        assert_eq!(longer[elsewhere], 0.75, "three of four blocks held there");
         assert_eq!(
             longer[home], 0.75,
-            "the home is expected to hold as much: {longer:?}"
+            "the home is expected to hold as much as was learned: {longer:?}"
+        );
+        assert_eq!(
+            longer[elsewhere], 0.0,
+            "the other replicas do not know of the copy elsewhere: {longer:?}"
         );
     }
 
