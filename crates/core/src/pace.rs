@@ -16,7 +16,10 @@ pub struct WorkTotals {
 
 /// Counters are read over windows at least this long and holding a finished request, so that
 /// a 50 ms scrape interval, which sees a finish or none, still gives a rate.
-pub const WINDOW_MS: u64 = 1_000;
+const WINDOW_MS: u64 = 1_000;
+/// Scrapes further apart than this (failed ones between, or pages without the counters) say
+/// nothing about the time between: the window starts again.
+const MAX_GAP_MS: u64 = 10_000;
 /// Weight of the newest window in the smoothed values: a late tick or one odd window moves
 /// them by a fraction, a lasting change within a few seconds.
 const NEWEST_WEIGHT: f64 = 0.3;
@@ -28,13 +31,14 @@ const MIN_TOKENS: f64 = 64.0;
 pub struct Pace {
     /// The counters and their time at the start of the current window.
     window: Option<(u64, WorkTotals)>,
-    /// The last scrape's time and running count, and the running slot-seconds since the
-    /// window began (Little's law: slot-seconds over finishes is a request's service time,
-    /// whatever share of the window the pod sat idle).
+    /// The last scrape's time and running count.
     last: Option<(u64, f64)>,
+    /// Running slot-seconds since the window began (Little's law: slot-seconds over finishes
+    /// is a request's service time, whatever share of the window the pod sat idle).
     busy_slot_s: f64,
     /// Seconds a request holds a running slot, start to finish.
     pub service_s: Option<f64>,
+    /// Seconds of prefill per prompt token the pod computed (not served from its cache).
     pub prefill_s_per_token: Option<f64>,
 }
 
@@ -43,11 +47,23 @@ impl Pace {
     /// enough and saw a request finish. Counters that went down (the pod restarted) start a
     /// new window and keep what was learned.
     pub fn observe(&mut self, at_ms: u64, totals: WorkTotals, running: f64) {
-        if let Some((last_ms, last_running)) = self.last {
-            self.busy_slot_s += last_running * at_ms.saturating_sub(last_ms) as f64 / 1000.0;
-        }
-        self.last = Some((at_ms, running.max(0.0)));
-        let Some((start_ms, start)) = self.window else {
+        let running = if running.is_finite() {
+            running.max(0.0)
+        } else {
+            0.0
+        };
+        let gap_ms = match self.last {
+            // An older scrape (another worker's, after a failure) is not a later one.
+            Some((last_ms, _)) if at_ms <= last_ms => return,
+            Some((last_ms, last_running)) => {
+                let gap_ms = at_ms - last_ms;
+                self.busy_slot_s += last_running * gap_ms as f64 / 1000.0;
+                gap_ms
+            }
+            None => 0,
+        };
+        self.last = Some((at_ms, running));
+        let Some((start_ms, start)) = self.window.filter(|_| gap_ms <= MAX_GAP_MS) else {
             self.restart(at_ms, totals);
             return;
         };
@@ -61,9 +77,9 @@ impl Pace {
         if at_ms.saturating_sub(start_ms) < WINDOW_MS || finished < 1.0 {
             return;
         }
-        self.service_s = Some(smooth(self.service_s, self.busy_slot_s / finished));
+        self.service_s = smooth(self.service_s, self.busy_slot_s / finished);
         if tokens >= MIN_TOKENS {
-            self.prefill_s_per_token = Some(smooth(self.prefill_s_per_token, seconds / tokens));
+            self.prefill_s_per_token = smooth(self.prefill_s_per_token, seconds / tokens);
         }
         self.restart(at_ms, totals);
     }
@@ -76,10 +92,8 @@ impl Pace {
     /// Seconds a request placed now waits behind `waiting` requests for one of `slots`;
     /// `None` while the service time is unknown.
     pub fn wait_s(&self, waiting: f64, slots: f64) -> Option<f64> {
-        if waiting <= 0.0 {
-            return Some(0.0);
-        }
-        Some(waiting * self.service_s? / slots.max(1.0))
+        let service_s = self.service_s?;
+        Some(waiting.max(0.0) * service_s / slots.max(1.0))
     }
 
     /// Seconds this pod takes to prefill `tokens` it does not hold.
@@ -88,10 +102,15 @@ impl Pace {
     }
 }
 
-fn smooth(held: Option<f64>, newest: f64) -> f64 {
+/// `held` moved towards `newest`; a sample that is not a finite, non-negative number (a
+/// hostile page's counters) leaves it as it was.
+fn smooth(held: Option<f64>, newest: f64) -> Option<f64> {
+    if !newest.is_finite() || newest < 0.0 {
+        return held;
+    }
     match held {
-        Some(held) => held + NEWEST_WEIGHT * (newest - held),
-        None => newest,
+        Some(held) => Some(held + NEWEST_WEIGHT * (newest - held)),
+        None => Some(newest),
     }
 }
 
@@ -144,6 +163,7 @@ mod tests {
     fn a_restart_keeps_what_was_learned_and_unknown_service_gives_no_wait() {
         let mut pace = Pace::default();
         assert_eq!(pace.wait_s(3.0, 1.0), None);
+        assert_eq!(pace.wait_s(0.0, 1.0), None);
         pace.observe(0, totals(100.0, 1.0, 10_000.0), 1.0);
         pace.observe(1_000, totals(110.0, 1.1, 11_000.0), 1.0);
         pace.observe(2_000, totals(2.0, 0.0, 100.0), 1.0);
@@ -151,5 +171,30 @@ mod tests {
         pace.observe(3_000, totals(4.0, 0.1, 1_100.0), 1.0);
         let service = pace.service_s.unwrap();
         assert!((service - 0.22).abs() < 1e-9, "{service}");
+    }
+
+    #[test]
+    fn hostile_counters_and_old_or_distant_scrapes_leave_the_pace_as_it_was() {
+        let mut pace = Pace::default();
+        pace.observe(0, totals(0.0, 0.0, 0.0), 1.0);
+        pace.observe(1_000, totals(10.0, 1.0, 1_000.0), 1.0);
+        let learned = (pace.service_s, pace.prefill_s_per_token);
+        assert_eq!(learned, (Some(0.1), Some(0.001)));
+        // A running count that overflows the slot-seconds, and counters at the float limit.
+        pace.observe(2_000, totals(20.0, 2.0, 2_000.0), 1e308);
+        pace.observe(3_000, totals(30.0, f64::MAX, 3_000.0), 1.0);
+        pace.observe(4_000, totals(f64::MAX, f64::MAX, f64::MAX), f64::NAN);
+        pace.observe(5_000, totals(f64::INFINITY, 0.0, f64::NAN), f64::INFINITY);
+        for value in [pace.service_s, pace.prefill_s_per_token] {
+            assert!(value.is_some_and(|v| v.is_finite() && v >= 0.0), "{pace:?}");
+        }
+        // An older scrape, then one after a long gap: neither is read as time the pod worked.
+        let mut pace = Pace::default();
+        pace.observe(10_000, totals(0.0, 0.0, 0.0), 2.0);
+        pace.observe(5_000, totals(5.0, 0.0, 0.0), 2.0);
+        pace.observe(60_000, totals(6.0, 0.6, 600.0), 2.0);
+        assert_eq!(pace.service_s, None, "a new window began after the gap");
+        pace.observe(61_000, totals(10.0, 1.0, 1_000.0), 2.0);
+        assert_eq!(pace.service_s, Some(0.5));
     }
 }

@@ -5,10 +5,11 @@
 //! replica does share is the prompt, the pool's members and the pods' scraped load. A prefix's
 //! home is the member that ranks it highest by rendezvous hashing of its leading blocks over
 //! the members' addresses. It moves to the next member in that order only when that pays: when
-//! the expected wait behind it is longer than the cold prefill of the shared prefix at the
-//! next (see [`crate::pace`]); for a pod whose pace is not known yet, when it is loaded well
-//! beyond the candidates' mean (bounded load). Every replica reads the same scrapes, so it
-//! computes the same home and, when that one is busy, the same next one. A member joining or
+//! the wait it saves (the expected wait behind it less that behind the next) is longer than
+//! the cold prefill of the shared prefix at the next (see [`crate::pace`]); for a pod whose
+//! pace is not known yet, when it is loaded well beyond the candidates' mean (bounded load).
+//! Every replica reads the same pods (each on its own scrape schedule), so it computes the
+//! same home and, when that one is busy, nearly always the same next one. A member joining or
 //! leaving only moves the prefixes it ranks first.
 
 use crate::endpoint::Pool;
@@ -22,9 +23,9 @@ pub const HOMES: usize = 4;
 pub struct PrefixHome {
     /// The candidate that ranks the prefix first, whatever its load.
     pub first: Option<usize>,
-    /// The highest-ranked candidates within the load bound, best first: `homes[0]` is where
-    /// the prefix goes; what spills from it goes to the next, so that a hot prefix is cached
-    /// on a few consistent pods rather than scattered.
+    /// The prefix's order from where it settles, best first (a pod of unknown pace beyond the
+    /// load bound is left out): `homes[0]` is where the prefix goes; what spills from it goes
+    /// to the next, so that a hot prefix is cached on a few consistent pods, not scattered.
     pub homes: [Option<usize>; HOMES],
 }
 
@@ -125,8 +126,10 @@ fn load(pool: &Pool, c: usize) -> f64 {
 
 /// The pod's pace is known: both its service time and its prefill speed.
 fn paced(pool: &Pool, c: usize) -> bool {
-    pool.get(c)
-        .is_some_and(|e| e.pace.service_s.is_some() && e.pace.prefill_s_per_token.is_some())
+    pool.get(c).is_some_and(|e| {
+        let known = |value: Option<f64>| value.is_some_and(f64::is_finite);
+        known(e.pace.service_s) && known(e.pace.prefill_s_per_token)
+    })
 }
 
 /// Seconds a request placed at `c` now would wait for a running slot.
@@ -140,18 +143,20 @@ fn wait_s(pool: &Pool, c: usize) -> Option<f64> {
 }
 
 /// Moving from `here` to `next` pays when the wait it saves is longer than the cold prefill
-/// it causes there; without both paces, when `here` is beyond the load bound.
+/// it causes there; without both paces (or with a wait too large to compare), when `here` is
+/// beyond the load bound.
 fn spill_pays(pool: &Pool, here: usize, next: usize, rule: SpillRule, bound: f64) -> bool {
-    let cold_prefill = pool
-        .get(next)
-        .and_then(|e| e.pace.prefill_s(rule.shared_tokens));
-    match (wait_s(pool, here), wait_s(pool, next), cold_prefill) {
-        (Some(wait_here), Some(wait_next), Some(prefill))
-            if paced(pool, here) && paced(pool, next) =>
-        {
-            wait_here - wait_next > prefill
-        }
-        _ => load(pool, here) > bound,
+    let costs = (paced(pool, here) && paced(pool, next))
+        .then(|| {
+            let prefill = pool.get(next)?.pace.prefill_s(rule.shared_tokens)?;
+            let saved = wait_s(pool, here)? - wait_s(pool, next)?;
+            Some((saved, prefill))
+        })
+        .flatten()
+        .filter(|(saved, prefill)| saved.is_finite() && prefill.is_finite());
+    match costs {
+        Some((saved, prefill)) => saved > prefill,
+        None => load(pool, here) > bound,
     }
 }
 
@@ -210,6 +215,7 @@ mod tests {
         "10.0.0.8:8000",
     ];
 
+    /// A rule with `load_factor` and a shared prefix of 1,000 tokens.
     fn bound(load_factor: f64) -> SpillRule {
         SpillRule {
             load_factor,

@@ -6,11 +6,12 @@
 //!
 //! With `homeAffinity` (by default when `pool.replicas` is above 1, with live load signals) a
 //! prefix that other requests share also has a home: the pod its leading blocks rank first by
-//! rendezvous hashing, within a load bound (see [`crate::scheduling::prefix_home`]). Every
+//! rendezvous hashing, which it leaves for the next in that order only when the wait there
+//! outlasts the cold prefill it would cost (see [`crate::scheduling::prefix_home`]). Every
 //! Envoy replica computes the same home, so a prefix no replica has seen yet still lands where
-//! the others sent it; what this replica learned refines that where it knows more. The home
-//! scores the share of the prompt it is expected to hold, so a short shared start pulls less
-//! against the load scorers than a long one.
+//! the others sent it; what this replica learned raises the share the home is expected to
+//! hold. The home scores that share, so a short shared start pulls less against the load
+//! scorers than a long one.
 
 use crate::endpoint::Pool;
 use crate::hash::hash_bytes;
@@ -253,7 +254,7 @@ impl PrefixCacheScorer {
     }
 
     /// Picks that went to the prefix's first-ranked pod (`home_picks`), and picks that went
-    /// to the first within the load bound because the first-ranked was loaded (`home_spills`).
+    /// to the pod the prefix spilled to because the first-ranked was busy (`home_spills`).
     pub fn home_counts(&self) -> (u64, u64) {
         (self.home_picks, self.home_spills)
     }
@@ -320,8 +321,8 @@ impl PrefixCacheScorer {
     /// `candidate`'s place in the prefix's order as a score: the share the home is expected to
     /// hold, times `homeRankDecay` per place after the home. Not discounted by the queue as a
     /// learned hit is: between scrapes a replica reads a pod's queue as its own placements
-    /// times `pool.replicas`, so one placement would read the home as full; the load bound
-    /// spills it instead. Not lowered where this replica learned the prefix went elsewhere:
+    /// times `pool.replicas`, so one placement would read the home as full; the spill rule
+    /// moves it on instead. Not lowered where this replica learned the prefix went elsewhere:
     /// the other replicas did not learn that, and follow the order.
     fn home_score(&self, candidate: usize) -> f64 {
         self.home.rank_of(candidate).map_or(0.0, |rank| {
@@ -331,15 +332,6 @@ impl PrefixCacheScorer {
                 .powi(i32::try_from(rank).unwrap_or(i32::MAX));
             self.home_share * decay
         })
-    }
-
-    /// Whether a hit this replica learned counts beside the prefix's home: always without a
-    /// home; with one, only when it holds more of the prompt than the home is expected to.
-    /// What this replica alone placed elsewhere (a spill, a pick before the home was known) is
-    /// unknown to the other replicas, so a hit no longer than the home's would pull this
-    /// replica's requests away from where every other replica sends them.
-    fn learned_hit_counts(&self, ratio: f64) -> bool {
-        self.home.home().is_none() || ratio > self.home_share + f64::EPSILON
     }
 
     pub fn parameters(&self) -> &Parameters {
@@ -430,6 +422,17 @@ impl Scorer for PrefixCacheScorer {
     }
 
     fn score(&mut self, ctx: &SchedulingContext<'_>, candidates: &[usize], scores: &mut [f64]) {
+        self.home = self.locate_home(ctx, candidates);
+        if self.home.home().is_some() {
+            // What this replica alone placed elsewhere (a spill, a pick before the home was
+            // known) is unknown to the other replicas: a learned hit there would pull this
+            // replica's requests away from where they all send them. What it learned raised
+            // the share the home is expected to hold instead (see `home_basis`).
+            for (score, &candidate) in scores.iter_mut().zip(candidates) {
+                *score = self.home_score(candidate);
+            }
+            return;
+        }
         // `pool.loadSignals: scraped` is GIE's picker exactly: a load-blind prefix score.
         let shortest = if ctx.pool.live_load {
             candidates
@@ -439,20 +442,15 @@ impl Scorer for PrefixCacheScorer {
         } else {
             f64::INFINITY
         };
-        self.home = self.locate_home(ctx, candidates);
         for (score, &candidate) in scores.iter_mut().zip(candidates) {
-            let ratio = ctx.cycle.hit_ratio(candidate);
-            if !self.learned_hit_counts(ratio) {
-                *score = self.home_score(candidate);
-                continue;
-            }
             let weight = self
                 .parameters
                 .affinity_weight(ctx.pool.waiting(candidate), shortest);
-            let cache = self
-                .parameters
-                .cache_score(ratio, ctx.cycle.cached_tokens(candidate));
-            *score = (cache * weight).max(self.home_score(candidate));
+            let cache = self.parameters.cache_score(
+                ctx.cycle.hit_ratio(candidate),
+                ctx.cycle.cached_tokens(candidate),
+            );
+            *score = cache * weight;
         }
     }
 
