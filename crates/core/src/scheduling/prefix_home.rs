@@ -14,6 +14,7 @@
 
 use crate::endpoint::Pool;
 use crate::hash::{hash_bytes, rendezvous_weight};
+use crate::metrics::known;
 
 /// Pods a prefix's order names: its home and the next ones it spills to, in order.
 pub const HOMES: usize = 4;
@@ -127,8 +128,7 @@ fn load(pool: &Pool, c: usize) -> f64 {
 /// The pod's pace is known: both its service time and its prefill speed.
 fn paced(pool: &Pool, c: usize) -> bool {
     pool.get(c).is_some_and(|e| {
-        let known = |value: Option<f64>| value.is_some_and(f64::is_finite);
-        known(e.pace.service_s) && known(e.pace.prefill_s_per_token)
+        known(e.pace.service_s).is_some() && known(e.pace.prefill_s_per_token).is_some()
     })
 }
 
@@ -146,18 +146,21 @@ fn wait_s(pool: &Pool, c: usize) -> Option<f64> {
 /// it causes there; without both paces (or with a wait too large to compare), when `here` is
 /// beyond the load bound.
 fn spill_pays(pool: &Pool, here: usize, next: usize, rule: SpillRule, bound: f64) -> bool {
-    let costs = (paced(pool, here) && paced(pool, next))
-        .then(|| {
-            let prefill = pool.get(next)?.pace.prefill_s(rule.shared_tokens)?;
-            let saved = wait_s(pool, here)? - wait_s(pool, next)?;
-            Some((saved, prefill))
-        })
-        .flatten()
-        .filter(|(saved, prefill)| saved.is_finite() && prefill.is_finite());
-    match costs {
+    match spill_costs(pool, here, next, rule) {
         Some((saved, prefill)) => saved > prefill,
         None => load(pool, here) > bound,
     }
+}
+
+/// The wait a move from `here` to `next` saves and the cold prefill it costs, in seconds,
+/// when both pods' paces are known and the figures are finite.
+fn spill_costs(pool: &Pool, here: usize, next: usize, rule: SpillRule) -> Option<(f64, f64)> {
+    if !(paced(pool, here) && paced(pool, next)) {
+        return None;
+    }
+    let prefill = pool.get(next)?.pace.prefill_s(rule.shared_tokens)?;
+    let saved = wait_s(pool, here)? - wait_s(pool, next)?;
+    (saved.is_finite() && prefill.is_finite()).then_some((saved, prefill))
 }
 
 /// The [`HOMES`] highest weights offered, with their candidates, highest first.
