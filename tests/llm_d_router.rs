@@ -59,21 +59,8 @@ fn route(director: &mut Director, api: ApiKind, body: &str) -> Routed {
 #[test]
 fn a_pd_config_loads_and_disaggregates_long_uncached_prompts() {
     let config = load(&with_pool(&fixture("pd-approx-prefix.yaml")), 1).expect("loads");
-    let warnings = config.warnings.join("\n");
-    for accepted in [
-        "approx-prefix-cache-producer",
-        "openai-parser",
-        "anthropic-parser",
-    ] {
-        assert!(
-            warnings.contains(&format!(
-                "plugin {accepted:?} is accepted and does nothing here"
-            )),
-            "{accepted}: {warnings}"
-        );
-    }
-    assert!(warnings.contains("set blockSizeTokens"), "{warnings}");
-    assert_eq!(config.warnings.len(), 3, "{warnings}");
+    // Declaring the producers and parsers llm-d's EPP would create itself is silent.
+    assert!(config.warnings.is_empty(), "{:?}", config.warnings);
     let mut director = Director::new(config);
     fresh(&mut director);
     let short = route(

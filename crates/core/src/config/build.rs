@@ -14,7 +14,10 @@ use crate::scheduling::{
 };
 use serde_yaml::Value;
 
-pub(super) fn build_plugins(raw: &[RawPlugin]) -> Result<Vec<PluginInstance>, ConfigError> {
+pub(super) fn build_plugins(
+    raw: &[RawPlugin],
+    warnings: &mut Vec<String>,
+) -> Result<Vec<PluginInstance>, ConfigError> {
     let mut instances: Vec<PluginInstance> = Vec::with_capacity(raw.len() + 2);
     for (i, spec) in raw.iter().enumerate() {
         if let Some(why) = plugins::not_supported(&spec.type_name) {
@@ -49,6 +52,7 @@ pub(super) fn build_plugins(raw: &[RawPlugin]) -> Result<Vec<PluginInstance>, Co
         let plugin = plugins::build(type_name, &spec.parameters).map_err(|reason| {
             ConfigError::invalid(format!("plugins[{i}].parameters ({name})"), reason)
         })?;
+        warn_ignored(&name, type_name, &spec.parameters, warnings);
         instances.push(PluginInstance {
             name,
             type_name,
@@ -58,13 +62,29 @@ pub(super) fn build_plugins(raw: &[RawPlugin]) -> Result<Vec<PluginInstance>, Co
     Ok(instances)
 }
 
+/// Each parameter the plugin accepts for llm-d and does not apply, named in a warning.
+fn warn_ignored(name: &str, type_name: &str, parameters: &Value, warnings: &mut Vec<String>) {
+    let Some(spec) = plugins::spec(type_name) else {
+        return;
+    };
+    let plugin = if name == type_name {
+        format!("{name:?}")
+    } else {
+        format!("{name:?} ({type_name})")
+    };
+    for ignored in spec.ignored.iter().filter(|i| i.is_set_in(parameters)) {
+        warnings.push(format!(
+            "plugin {plugin}: parameter {:?} is accepted and not applied: {}",
+            ignored.key, ignored.why
+        ));
+    }
+}
+
 pub(super) fn build_profiles(
     raw: &[RawProfile],
     instances: &mut Vec<PluginInstance>,
-    warnings: &mut Vec<String>,
 ) -> Result<Vec<Profile>, ConfigError> {
     let implicit;
-    let explicit = !raw.is_empty();
     let raw = if raw.is_empty() {
         implicit = [implicit_profile(instances)];
         &implicit[..]
@@ -112,6 +132,8 @@ pub(super) fn build_profiles(
                         "a profile takes exactly one picker",
                     ))
                 }
+                // llm-d lists data producers in a profile too; they run for every request.
+                Some(Plugin::BuiltIn(_)) => {}
                 Some(other) => {
                     return Err(ConfigError::invalid(
                         &key,
@@ -125,17 +147,10 @@ pub(super) fn build_profiles(
                 None => return Err(ConfigError::invalid(&key, "unresolvable plugin")),
             }
         }
+        // llm-d's default, silently: a profile without a picker takes the best score.
         let picker = match picker {
             Some(picker) => picker,
-            None => {
-                if explicit {
-                    warnings.push(format!(
-                        "profile {:?} names no picker; using max-score-picker",
-                        spec.name
-                    ));
-                }
-                default_picker(instances)
-            }
+            None => default_picker(instances),
         };
         profiles.push(Profile {
             name: spec.name.clone(),
@@ -278,7 +293,6 @@ fn resolve_detector(
     }
 }
 
-pub(super) const DATA_LAYER_GATE: &str = "dataLayer";
 pub(super) const FLOW_CONTROL_GATE: &str = "flowControl";
 
 /// Wires `dataLayer.sources[].extractors[]` (the seed's `data:`) into the scrape: the sources
@@ -289,25 +303,23 @@ pub(super) fn wire_data_layer(
     pool: &mut PoolConfig,
     warnings: &mut Vec<String>,
 ) -> Result<Wiring, ConfigError> {
-    let declared = instances
-        .iter()
-        .position(|p| matches!(p.plugin, Plugin::DataLayer(_)));
     let sources = raw.data_layer.as_ref().map_or(&[][..], |d| &d.sources[..]);
-    let gated = raw.feature_gates.iter().any(|g| g == DATA_LAYER_GATE);
-    if let (Some(index), false) = (declared, gated) {
+    if let Some(discovery) = raw.data_layer.as_ref().and_then(|d| d.discovery.as_ref()) {
         return Err(ConfigError::invalid(
-            format!("plugins[{index}]"),
-            "data layer plugins need `featureGates: [dataLayer]`",
-        ));
-    }
-    if !sources.is_empty() && !gated {
-        return Err(ConfigError::invalid(
-            "dataLayer.sources",
-            "the data layer needs `featureGates: [dataLayer]`",
+            "dataLayer.discovery",
+            format!(
+                "{:?}: endpoints come from pool.endpoints or pool.discovery",
+                discovery.plugin_ref
+            ),
         ));
     }
     let mut wiring = Wiring::default();
-    let mut source_path: Option<&str> = None;
+    // A metrics source declared but not listed is llm-d's default wiring of it.
+    let mut source_path: Option<&str> = if sources.is_empty() {
+        declared_source_path(instances)?
+    } else {
+        None
+    };
     for (s, source) in sources.iter().enumerate() {
         let key = format!("dataLayer.sources[{s}].pluginRef");
         match find_data_plugin(instances, &source.plugin_ref, &key)? {
@@ -338,6 +350,9 @@ pub(super) fn wire_data_layer(
         }
         for (e, extractor) in source.extractors.iter().enumerate() {
             let key = format!("dataLayer.sources[{s}].extractors[{e}].pluginRef");
+            if is_core_extractor(instances, &extractor.plugin_ref) {
+                continue;
+            }
             let DataLayerPlugin::Extractor(selector) =
                 find_data_plugin(instances, &extractor.plugin_ref, &key)?
             else {
@@ -386,6 +401,34 @@ pub(super) fn wire_data_layer(
         }
     }
     Ok(wiring)
+}
+
+/// The path every declared `metrics-data-source` scrapes, when none is listed in
+/// `dataLayer.sources`.
+fn declared_source_path(instances: &[PluginInstance]) -> Result<Option<&str>, ConfigError> {
+    let mut paths = instances
+        .iter()
+        .filter_map(|instance| match &instance.plugin {
+            Plugin::DataLayer(DataLayerPlugin::Source { path, .. }) => Some(path.as_str()),
+            _ => None,
+        });
+    let first = paths.next();
+    if paths.any(|path| Some(path) != first) {
+        return Err(ConfigError::invalid(
+            "plugins",
+            "every metrics data source must scrape the same path",
+        ));
+    }
+    Ok(first)
+}
+
+/// `core-metrics-extractor` names the scrape's built-in series: listing it is llm-d's
+/// default wiring and needs nothing here.
+fn is_core_extractor(instances: &[PluginInstance], name: &str) -> bool {
+    instances.iter().any(|instance| {
+        instance.name == name
+            && instance.type_name == plugins::datalayer::core_metrics_extractor::TYPE
+    })
 }
 
 /// The `models-data-source`, if one is declared (it needs no wiring: declaring it is asking

@@ -8,6 +8,7 @@ mod effective;
 mod error;
 mod pool;
 mod pools;
+mod prefix_indexes;
 mod raw;
 mod validate;
 
@@ -23,9 +24,10 @@ use build::{
     saturation_detector, wire_data_layer,
 };
 use defaults::with_defaults;
+use prefix_indexes::link_prefix_indexes;
 use raw::RawConfig;
 use serde_yaml::Value;
-use validate::{check_header, check_parsers, warn_missing_prefix_scorer, warn_unused};
+use validate::{check_header, check_parsers, warn_ignored_gates, warn_unused};
 
 /// A loaded configuration, ready to schedule.
 pub struct FilterConfig {
@@ -199,13 +201,14 @@ fn load_raw(
     pool.validate()?;
     let mut warnings = Vec::new();
     let (raw_plugins, raw_profiles) = with_defaults(&raw);
-    let mut instances = build_plugins(&raw_plugins)?;
+    let mut instances = build_plugins(&raw_plugins, &mut warnings)?;
     let wiring = wire_data_layer(&raw, &instances, &mut pool, &mut warnings)?;
     resolve_scorers(&mut instances, &wiring)?;
-    let profiles = build_profiles(&raw_profiles, &mut instances, &mut warnings)?;
+    let profiles = build_profiles(&raw_profiles, &mut instances)?;
+    link_prefix_indexes(&raw_plugins, &mut instances, &mut warnings)?;
     let handler = profile_handler(&mut instances, &profiles)?;
     warn_unused(&instances, &profiles, handler, &mut warnings);
-    warn_missing_prefix_scorer(&instances, &mut warnings);
+    warn_ignored_gates(&raw, &mut warnings);
     check_parsers(&raw, &instances)?;
     let detector = saturation_detector(&raw, &mut instances)?;
     fit_detector(&mut instances, detector, &pool, &mut warnings);

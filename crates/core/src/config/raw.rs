@@ -65,9 +65,16 @@ pub(super) struct RawRef {
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 pub(super) struct RawDataLayer {
     #[serde(default)]
     pub(super) sources: Vec<RawSource>,
+    /// llm-d injects a metrics source and the core extractor unless this is false; the
+    /// filter's scrape reads the core metrics either way, so the value changes nothing.
+    #[serde(rename = "injectDefaults")]
+    pub(super) _inject_defaults: Option<bool>,
+    /// llm-d's endpoint discovery plugin; here endpoints come from `pool`.
+    pub(super) discovery: Option<RawRef>,
 }
 
 #[derive(Debug, Clone, Deserialize)]

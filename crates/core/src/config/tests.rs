@@ -447,7 +447,7 @@ fn every_plugin_parameter_is_checked_by_the_loader() {
         ("by-label", "{label: tier}", "nothing could pass"),
         (
             "prefix-cache-affinity-filter",
-            "{affinityThreshold: 0}",
+            "{affinityThreshold: 1.5}",
             "affinityThreshold",
         ),
         ("header-based-testing-filter", "{header: x}", "header"),
@@ -497,6 +497,8 @@ fn plugin_defaults_through_the_loader() {
             "request-cost-scorer",
             "no-hit-lru-scorer",
             "weighted-random-picker",
+            // no-hit-lru-scorer reads prefix matches: llm-d's default producer is created.
+            "approx-prefix-cache-producer",
             "single-profile-handler",
             "utilization-detector"
         ]
@@ -508,14 +510,7 @@ fn plugin_defaults_through_the_loader() {
         config.scheduler.plugins()[profile.picker].type_name,
         "weighted-random-picker"
     );
-    assert!(
-        config
-            .warnings
-            .iter()
-            .any(|w| w.contains("no-hit-lru-scorer") && w.contains("no prefix-cache-scorer")),
-        "{:?}",
-        config.warnings
-    );
+    assert!(config.warnings.is_empty(), "{:?}", config.warnings);
 }
 
 const DATA_LAYER: &str = "
@@ -554,11 +549,10 @@ fn data_layer_wires_extractors_in_order_and_sets_the_path() {
 
 #[test]
 fn data_layer_rejections_and_warnings() {
+    // llm-d runs the data layer without its gate now.
+    let ungated = load_with_pool(&DATA_LAYER.replace("featureGates: [dataLayer]", "")).unwrap();
+    assert_eq!(ungated.metric_selectors.len(), 2);
     let cases = [
-        (
-            DATA_LAYER.replace("featureGates: [dataLayer]", ""),
-            "featureGates",
-        ),
         (
             DATA_LAYER.replace("pluginRef: src", "pluginRef: nope"),
             "dataLayer.sources[0].pluginRef",

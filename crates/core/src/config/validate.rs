@@ -4,7 +4,7 @@
 use super::error::ConfigError;
 use super::raw::RawConfig;
 use crate::limits::MAX_WEIGHT;
-use crate::scheduling::plugins::{self, Data, Kind};
+use crate::scheduling::plugins::{self, Kind};
 use crate::scheduling::{Plugin, PluginInstance, Profile};
 
 pub(super) const API_VERSIONS: &[&str] = &[
@@ -16,6 +16,22 @@ pub(super) const API_VERSIONS: &[&str] = &[
 pub(super) const KIND: &str = "EndpointPickerConfig";
 
 pub(super) const FEATURE_GATES: &[&str] = &["dataLayer", "flowControl", "enableLegacyMetrics"];
+
+/// Gates llm-d knows that change nothing here.
+const IGNORED_GATES: &[(&str, &str)] = &[(
+    "enableLegacyMetrics",
+    "the filter's own stats do not have llm-d's legacy metric names",
+)];
+
+pub(super) fn warn_ignored_gates(raw: &RawConfig, warnings: &mut Vec<String>) {
+    for gate in &raw.feature_gates {
+        if let Some((_, why)) = IGNORED_GATES.iter().find(|(name, _)| name == gate) {
+            warnings.push(format!(
+                "featureGates: parameter {gate:?} is accepted and not applied: {why}"
+            ));
+        }
+    }
+}
 
 pub(super) fn check_header(raw: &RawConfig) -> Result<(), ConfigError> {
     if let Some(api_version) = &raw.api_version {
@@ -56,8 +72,9 @@ pub(super) fn weight(weight: Option<f64>, key: &str) -> Result<f64, ConfigError>
     }
 }
 
-/// Plugins that change nothing: declared but in no profile, or accepted llm-d plugins whose
-/// job the filter does on its own.
+/// Plugins that change nothing (declared but in no profile), and accepted llm-d plugins that
+/// do less here than in llm-d (their `limitation`). Declaring a plugin whose job the filter
+/// does on its own, as llm-d's EPP would create it, is silent.
 pub(super) fn warn_unused(
     instances: &[PluginInstance],
     profiles: &[Profile],
@@ -65,6 +82,7 @@ pub(super) fn warn_unused(
     warnings: &mut Vec<String>,
 ) {
     for (index, instance) in instances.iter().enumerate() {
+        let spec = plugins::spec(instance.type_name);
         let wired_elsewhere = matches!(
             instance.plugin,
             Plugin::DataLayer(_)
@@ -72,7 +90,7 @@ pub(super) fn warn_unused(
                 | Plugin::BuiltIn(_)
                 | Plugin::SaturationDetector(_)
                 | Plugin::FlowPolicy(_)
-        );
+        ) || spec.is_some_and(|spec| spec.kind == Kind::BuiltIn);
         let used = index == handler
             || wired_elsewhere
             || profiles.iter().any(|p| {
@@ -86,14 +104,10 @@ pub(super) fn warn_unused(
                 instance.name
             ));
         }
-        if let Some(done_by) = plugins::spec(instance.type_name).and_then(|spec| spec.done_by) {
-            let plugin = if instance.name == instance.type_name {
-                format!("{:?}", instance.name)
-            } else {
-                format!("{:?} ({})", instance.name, instance.type_name)
-            };
+        if let Some(limitation) = spec.and_then(|spec| spec.limitation) {
             warnings.push(format!(
-                "plugin {plugin} is accepted and does nothing here: {done_by}"
+                "plugin {:?} ({}) loads with a limitation: {limitation}",
+                instance.name, instance.type_name
             ));
         }
     }
@@ -136,22 +150,4 @@ pub(super) fn check_parsers(
         }
     }
     Ok(())
-}
-
-/// A plugin that reads prefix matches sees none unless a plugin that computes them is declared.
-pub(super) fn warn_missing_prefix_scorer(instances: &[PluginInstance], warnings: &mut Vec<String>) {
-    let specs = || {
-        instances
-            .iter()
-            .filter_map(|instance| Some((instance, plugins::spec(instance.type_name)?)))
-    };
-    if specs().any(|(_, spec)| spec.produces(Data::PrefixMatches)) {
-        return;
-    }
-    for (instance, _) in specs().filter(|(_, spec)| spec.consumes(Data::PrefixMatches)) {
-        warnings.push(format!(
-            "plugin {:?} reads prefix-cache matches but no prefix-cache-scorer is declared; it sees no cache hits",
-            instance.name
-        ));
-    }
 }

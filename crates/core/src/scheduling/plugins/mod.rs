@@ -17,8 +17,8 @@ pub mod scorer;
 pub mod spec;
 
 pub use spec::{
-    no_parameters, parameters, Builder, Data, Effective, Kind, NoParameters, PickerParameters,
-    PluginSpec, Signal,
+    no_parameters, parameters, Builder, Data, Effective, Ignored, Kind, NoParameters,
+    PickerParameters, PluginSpec, Signal,
 };
 
 use super::Plugin;

@@ -89,6 +89,52 @@ pub struct PluginSpec {
     /// For an llm-d plugin whose job the filter does on its own: what does it here. Loading
     /// one says so in a warning, so nobody tunes a plugin that changes nothing.
     pub done_by: Option<&'static str>,
+    /// llm-d parameters this plugin accepts and does not apply: setting one warns at load,
+    /// naming it.
+    pub ignored: &'static [Ignored],
+    /// What an accepted llm-d plugin does less of here; loading one warns with it.
+    pub limitation: Option<&'static str>,
+}
+
+/// A parameter accepted for llm-d configs that changes nothing here.
+#[derive(Debug, Clone, Copy)]
+pub struct Ignored {
+    /// The parameter's key, as llm-d spells it.
+    pub key: &'static str,
+    /// A value that asks for what the filter does anyway (a producer named by its default
+    /// name): giving it is silent.
+    pub default_value: Option<&'static str>,
+    /// Why it changes nothing, and what does the job instead.
+    pub why: &'static str,
+}
+
+impl Ignored {
+    pub const fn parameter(key: &'static str, why: &'static str) -> Self {
+        Ignored {
+            key,
+            default_value: None,
+            why,
+        }
+    }
+
+    /// A `*ProducerName` parameter: naming `default_producer` is what the filter does.
+    pub const fn producer(key: &'static str, default_producer: &'static str) -> Self {
+        Ignored {
+            key,
+            default_value: Some(default_producer),
+            why: "the filter keeps one instance of this data, so only its default producer can be named",
+        }
+    }
+
+    /// Whether `parameters` sets this parameter to something the filter will not do.
+    pub fn is_set_in(&self, parameters: &Value) -> bool {
+        match parameters.get(self.key) {
+            None | Some(Value::Null) => false,
+            Some(value) => self
+                .default_value
+                .is_none_or(|default| value.as_str() != Some(default)),
+        }
+    }
 }
 
 impl PluginSpec {
@@ -108,7 +154,21 @@ impl PluginSpec {
             consumes: &[],
             produces: &[],
             done_by: None,
+            ignored: &[],
+            limitation: None,
         }
+    }
+
+    /// Loads, and does less than in llm-d: `what` says so in a load warning.
+    pub const fn limited(mut self, what: &'static str) -> Self {
+        self.limitation = Some(what);
+        self
+    }
+
+    /// Parameters that load and change nothing (see [`Ignored`]).
+    pub const fn ignoring(mut self, ignored: &'static [Ignored]) -> Self {
+        self.ignored = ignored;
+        self
     }
 
     /// Accepted and built in: `what` does this plugin's job in the filter (see `done_by`).

@@ -1,9 +1,10 @@
 //! `approx-prefix-cache-producer` (llm-d-router): the approximate prefix index that feeds
-//! `prefix-cache-scorer` and the *prefix* plugins. In the filter `prefix-cache-scorer` keeps
-//! that index itself, so this producer only has to load; its parameters are checked and named
-//! in the warning, since they are not applied.
+//! `prefix-cache-scorer` and the *prefix* plugins. In the filter a prefix index is a
+//! `prefix-cache-scorer`: the loader gives the scorer that names this producer its parameters,
+//! or makes the producer an index of its own when no scorer reads it (see
+//! `config::prefix_indexes`). Here its parameters are checked.
 
-use crate::scheduling::plugins::spec::{effective, Kind, PluginSpec};
+use crate::scheduling::plugins::spec::{effective, Data, Kind, PluginSpec};
 use crate::scheduling::{BuiltIn, Plugin};
 use serde_yaml::Value;
 
@@ -11,7 +12,15 @@ pub const TYPE: &str = "approx-prefix-cache-producer";
 
 /// The registry's entry for this plugin.
 pub const SPEC: PluginSpec = PluginSpec::new(TYPE, Kind::BuiltIn, build, effective::<Parameters>)
-    .done_by("prefix-cache-scorer keeps the prefix index itself; set blockSizeTokens, maxPrefixBlocksToMatch, lruCapacityPerServer and autoTune on prefix-cache-scorer (this producer's values are not applied)");
+    .producing(&[Data::PrefixMatches]);
+
+/// llm-d-router's defaults. Blocks below 64 tokens are raised to 64 when a request is hashed.
+pub const DEFAULT_BLOCK_SIZE_TOKENS: u64 = 16;
+pub const MIN_BLOCK_SIZE_TOKENS: u64 = 64;
+/// Bounds the match in tokens; 0 falls back to `maxPrefixBlocksToMatch`.
+pub const DEFAULT_MAX_PREFIX_TOKENS_TO_MATCH: u64 = 131_072;
+pub const DEFAULT_MAX_PREFIX_BLOCKS_TO_MATCH: u64 = 2048;
+pub const DEFAULT_LRU_CAPACITY_PER_SERVER: u64 = 31_250;
 
 #[derive(Debug, Default, serde::Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase", default)]

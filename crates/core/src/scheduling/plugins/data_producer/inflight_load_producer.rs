@@ -2,7 +2,7 @@
 //! `active-request-scorer`, `token-load-scorer` and `concurrency-detector`. The filter counts
 //! those itself at every pick and stream end, Envoy-wide, so this producer only has to load.
 
-use crate::scheduling::plugins::spec::{effective, Kind, PluginSpec};
+use crate::scheduling::plugins::spec::{effective, Ignored, Kind, PluginSpec};
 use crate::scheduling::{BuiltIn, Plugin};
 use serde_yaml::Value;
 
@@ -10,7 +10,26 @@ pub const TYPE: &str = "inflight-load-producer";
 
 /// The registry's entry for this plugin.
 pub const SPEC: PluginSpec = PluginSpec::new(TYPE, Kind::BuiltIn, build, effective::<Parameters>)
-    .done_by("the filter counts each endpoint's in-flight requests and tokens (uncached prompt plus max_tokens) itself, across Envoy's workers");
+    .done_by("the filter counts each endpoint's in-flight requests and tokens (uncached prompt plus max_tokens) itself, across Envoy's workers")
+    .ignoring(&[
+        Ignored::parameter(
+            "addEstimatedOutputTokens",
+            "the filter counts max_tokens as the output of every request in flight",
+        ),
+        Ignored::parameter(
+            "outputRatio",
+            "the filter counts max_tokens as the output of every request in flight",
+        ),
+        Ignored::parameter(
+            "maxEstimatedOutputTokens",
+            "the filter counts max_tokens as the output of every request in flight",
+        ),
+        Ignored::producer("prefixMatchInfoProducerName", "approx-prefix-cache-producer"),
+        Ignored::parameter(
+            "syncCrossReplicaState",
+            "replicas never talk; each counts its own placements, times pool.replicas",
+        ),
+    ]);
 
 #[derive(Debug, Default, serde::Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase", default)]

@@ -4,7 +4,7 @@
 //! backend asks vLLM to render every prompt: the filter makes no call in a request's path, so
 //! a config that selects it is refused rather than silently estimated.
 
-use crate::scheduling::plugins::spec::{effective, Kind, PluginSpec};
+use crate::scheduling::plugins::spec::{effective, Ignored, Kind, PluginSpec};
 use crate::scheduling::{BuiltIn, Plugin};
 use serde_yaml::Value;
 
@@ -17,7 +17,13 @@ pub const SPEC: PluginSpec = PluginSpec::new(TYPE, Kind::BuiltIn, build, effecti
     .with_aliases(&[LEGACY_TYPE])
     .done_by(
         "the filter estimates prompt tokens itself (characters / 4; token ids are counted exactly)",
-    );
+    )
+    .ignoring(&[
+        Ignored::parameter(
+            "estimate",
+            "prompt tokens are estimated from text (characters / 4); image and video estimates are not added",
+        ),
+    ]);
 
 #[derive(Debug, Default, serde::Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase", default)]

@@ -2,14 +2,18 @@
 //! filter scrapes every pod once per `refreshMetricsInterval` through `pool.metricsCluster`;
 //! this plugin's `path` is the path of that one scrape, shared with the built-in metrics.
 
-use crate::scheduling::plugins::spec::{effective, Kind, PluginSpec};
+use crate::scheduling::plugins::spec::{effective, Ignored, Kind, PluginSpec};
 use crate::scheduling::{DataLayerPlugin, Plugin};
 use serde_yaml::Value;
 
 pub const TYPE: &str = "metrics-data-source";
 
 /// The registry's entry for this plugin.
-pub const SPEC: PluginSpec = PluginSpec::new(TYPE, Kind::DataLayer, build, effective::<Parameters>);
+pub const SPEC: PluginSpec = PluginSpec::new(TYPE, Kind::DataLayer, build, effective::<Parameters>)
+    .ignoring(&[Ignored::parameter(
+        "insecureSkipVerify",
+        "TLS verification belongs to the metrics cluster's transport socket in Envoy",
+    )]);
 
 #[derive(Debug, Clone, PartialEq, serde::Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase", default)]

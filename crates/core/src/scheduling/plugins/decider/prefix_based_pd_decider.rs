@@ -3,7 +3,7 @@
 //! match). `nonCachedTokens: 0` (the default) never disaggregates. llm-d-router's
 //! `promptTokens` also keeps prompts shorter than that on the decode pod.
 
-use crate::scheduling::plugins::spec::{effective, Data, Kind, PluginSpec};
+use crate::scheduling::plugins::spec::{effective, Data, Ignored, Kind, PluginSpec};
 use crate::scheduling::{PdDecider, Plugin, SchedulingContext};
 use serde_yaml::Value;
 
@@ -11,7 +11,18 @@ pub const TYPE: &str = "prefix-based-pd-decider";
 
 /// The registry's entry for this plugin.
 pub const SPEC: PluginSpec = PluginSpec::new(TYPE, Kind::PdDecider, build, effective::<Parameters>)
-    .consuming(&[Data::PrefixMatches]);
+    .consuming(&[Data::PrefixMatches])
+    .ignoring(&[
+        Ignored::parameter(
+            "prefixPluginName",
+            "the filter has one prefix index: the one the default approx-prefix-cache-producer names",
+        ),
+        Ignored::parameter(
+            "prefixPluginType",
+            "the filter has one prefix index: the one the default approx-prefix-cache-producer names",
+        ),
+        Ignored::producer("prefixMatchInfoProducerName", "approx-prefix-cache-producer"),
+    ]);
 
 #[derive(Debug, Clone, PartialEq, serde::Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase", default)]

@@ -1,8 +1,17 @@
-//! `prefix-cache-affinity-filter`: when some candidates probably hold at least
-//! `affinityThreshold` of the prompt's prefix blocks, keeps only those; otherwise keeps all.
-//! The matches come from `prefix-cache-scorer` through the cycle state.
+//! `prefix-cache-affinity-filter` (llm-d-router): when some candidates probably hold at least
+//! `affinityThreshold` of the prompt's prefix blocks, keeps only those (the sticky set);
+//! otherwise keeps all. The matches come from the prefix index through the cycle state.
+//!
+//! Two ways out of stickiness, as llm-d has them:
+//! - exploration: with `explorationProbability`, a request skips the filter;
+//! - the TTFT gate: when the best sticky endpoint's expected TTFT is more than
+//!   `maxTTFTPenaltyMs` above the best other endpoint's, every candidate is kept. The TTFT is
+//!   the endpoint's in-flight tokens over `peakPrefillThroughput`. Here those tokens are the
+//!   filter's own count (uncached prompt plus `max_tokens`, until the response ends), where
+//!   llm-d counts the uncached prompt until the first chunk.
 
-use crate::scheduling::plugins::spec::{effective, Data, Kind, PluginSpec};
+use crate::scheduling::plugins::spec::{effective, Data, Ignored, Kind, PluginSpec};
+use crate::scheduling::rng::Rng;
 use crate::scheduling::{Filter, Plugin, SchedulingContext};
 use serde_yaml::Value;
 
@@ -10,22 +19,31 @@ pub const TYPE: &str = "prefix-cache-affinity-filter";
 
 /// The registry's entry for this plugin.
 pub const SPEC: PluginSpec = PluginSpec::new(TYPE, Kind::Filter, build, effective::<Parameters>)
-    .consuming(&[Data::PrefixMatches]);
+    .consuming(&[Data::PrefixMatches, Data::InFlight])
+    .ignoring(&[
+        Ignored::producer(
+            "prefixMatchInfoProducerName",
+            "approx-prefix-cache-producer",
+        ),
+        Ignored::producer("inFlightLoadProducerName", "inflight-load-producer"),
+    ]);
+
+/// The TTFT gate's source: the throughput estimate; `latencyPredictor` needs the predictor.
+pub const PREFILL_THROUGHPUT: &str = "prefillThroughput";
 
 #[derive(Debug, Clone, PartialEq, serde::Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase", default)]
 pub struct Parameters {
+    /// 0 or below switches the filter off.
     pub affinity_threshold: f64,
-    /// llm-d-router's exploration and TTFT load gate, accepted only switched off (0): random
-    /// exploration and the gate's TTFT estimates are not implemented, and silently ignoring a
-    /// value that was set would keep requests sticky where the config says they should not be.
     pub exploration_probability: f64,
+    /// 0 switches the TTFT gate off.
     #[serde(rename = "maxTTFTPenaltyMs")]
     pub max_ttft_penalty_ms: f64,
-    #[serde(skip_serializing_if = "String::is_empty")]
     pub ttft_source: String,
+    /// Prompt tokens a second an endpoint prefills at its peak (llm-d's default is tuned for
+    /// Qwen3-32B on two H100s).
     pub peak_prefill_throughput: f64,
-    /// llm-d-router's producer instances; accepted, since the filter keeps one of each.
     #[serde(skip_serializing_if = "String::is_empty")]
     pub prefix_match_info_producer_name: String,
     #[serde(skip_serializing_if = "String::is_empty")]
@@ -39,9 +57,9 @@ impl Default for Parameters {
         Parameters {
             affinity_threshold: 0.80,
             exploration_probability: 0.0,
-            max_ttft_penalty_ms: 0.0,
-            ttft_source: String::new(),
-            peak_prefill_throughput: 0.0,
+            max_ttft_penalty_ms: 18_000.0,
+            ttft_source: PREFILL_THROUGHPUT.to_owned(),
+            peak_prefill_throughput: 15_928.0,
             prefix_match_info_producer_name: String::new(),
             latency_prediction_info_producer_name: String::new(),
             in_flight_load_producer_name: String::new(),
@@ -51,42 +69,99 @@ impl Default for Parameters {
 
 pub struct PrefixCacheAffinityFilter {
     parameters: Parameters,
+    rng: Rng,
+    sticky: Vec<usize>,
 }
 
 pub fn build(parameters: &Value) -> Result<Plugin, String> {
     let parameters: Parameters = super::parameters(parameters)?;
-    let t = parameters.affinity_threshold;
-    if !(t > 0.0 && t <= 1.0) {
-        return Err(format!("affinityThreshold {t} must be within (0, 1]"));
-    }
-    let switched_on = [
-        ("explorationProbability", parameters.exploration_probability),
-        ("maxTTFTPenaltyMs", parameters.max_ttft_penalty_ms),
-        ("peakPrefillThroughput", parameters.peak_prefill_throughput),
-    ];
-    if let Some((key, value)) = switched_on.iter().find(|(_, value)| *value != 0.0) {
+    let p = &parameters;
+    if p.affinity_threshold.is_nan() || p.affinity_threshold > 1.0 {
         return Err(format!(
-            "{key} {value}: exploration and the TTFT load gate are not implemented (only 0, off); use weighted-random-picker over the sticky set, or prefix-cache-scorer's affinityQueueLimit to break stickiness under load"
+            "affinityThreshold {} must be at most 1 (0 or below switches the filter off)",
+            p.affinity_threshold
         ));
     }
-    if !parameters.ttft_source.is_empty() {
+    if !(0.0..=1.0).contains(&p.exploration_probability) {
         return Err(format!(
-            "ttftSource {:?}: the TTFT load gate is not implemented; remove it",
-            parameters.ttft_source
+            "explorationProbability {} must be from 0 to 1",
+            p.exploration_probability
+        ));
+    }
+    if !(p.max_ttft_penalty_ms >= 0.0 && p.max_ttft_penalty_ms.is_finite()) {
+        return Err(format!(
+            "maxTTFTPenaltyMs {} must be a number of at least 0",
+            p.max_ttft_penalty_ms
+        ));
+    }
+    if p.ttft_source != PREFILL_THROUGHPUT {
+        return Err(format!(
+            "ttftSource {:?}: only {PREFILL_THROUGHPUT:?} is implemented (the in-flight tokens over peakPrefillThroughput)",
+            p.ttft_source
+        ));
+    }
+    let gated = p.max_ttft_penalty_ms > 0.0;
+    if gated && !(p.peak_prefill_throughput > 0.0 && p.peak_prefill_throughput.is_finite()) {
+        return Err(format!(
+            "peakPrefillThroughput {} must be above 0 while maxTTFTPenaltyMs is set",
+            p.peak_prefill_throughput
         ));
     }
     Ok(Plugin::Filter(Box::new(PrefixCacheAffinityFilter {
         parameters,
+        rng: Rng::new(0x5eed_a77f),
+        sticky: Vec::new(),
     })))
+}
+
+impl PrefixCacheAffinityFilter {
+    /// Expected TTFT at `endpoint` in ms: its in-flight tokens at the peak prefill rate.
+    fn ttft_ms(&self, ctx: &SchedulingContext<'_>, endpoint: usize) -> f64 {
+        let tokens = ctx
+            .pool
+            .get(endpoint)
+            .map_or(0, |e| e.total_in_flight_tokens());
+        tokens as f64 / self.parameters.peak_prefill_throughput * 1000.0
+    }
+
+    /// Whether the best sticky endpoint is so much slower to start than the best other one
+    /// that stickiness costs more than `maxTTFTPenaltyMs`.
+    fn stickiness_too_costly(&self, ctx: &SchedulingContext<'_>, candidates: &[usize]) -> bool {
+        if self.parameters.max_ttft_penalty_ms <= 0.0 || self.sticky.len() == candidates.len() {
+            return false;
+        }
+        let best = |sticky: bool| {
+            candidates
+                .iter()
+                .filter(|c| self.sticky.contains(c) == sticky)
+                .map(|&c| self.ttft_ms(ctx, c))
+                .fold(f64::INFINITY, f64::min)
+        };
+        best(true) - best(false) > self.parameters.max_ttft_penalty_ms
+    }
 }
 
 impl Filter for PrefixCacheAffinityFilter {
     fn filter(&mut self, ctx: &SchedulingContext<'_>, candidates: &mut Vec<usize>) {
         let threshold = self.parameters.affinity_threshold;
-        let warm = |&i: &usize| ctx.cycle.hit_ratio(i) >= threshold;
-        if candidates.iter().any(warm) {
-            candidates.retain(warm);
+        if candidates.len() <= 1 || threshold <= 0.0 {
+            return;
         }
+        let exploration = self.parameters.exploration_probability;
+        if exploration > 0.0 && self.rng.unit() < exploration {
+            return;
+        }
+        self.sticky.clear();
+        self.sticky.extend(
+            candidates
+                .iter()
+                .copied()
+                .filter(|&c| ctx.cycle.hit_ratio(c) >= threshold),
+        );
+        if self.sticky.is_empty() || self.stickiness_too_costly(ctx, candidates) {
+            return;
+        }
+        candidates.retain(|c| self.sticky.contains(c));
     }
 }
 
@@ -122,22 +197,74 @@ mod tests {
         assert!(build(&serde_yaml::from_str("{affinityThreshold: 1.5}").unwrap()).is_err());
     }
 
-    #[test]
-    fn llm_d_router_parameters_load_switched_off_and_are_refused_on() {
-        let off: Value = serde_yaml::from_str(
-            "{affinityThreshold: 0.9, explorationProbability: 0, maxTTFTPenaltyMs: 0, prefixMatchInfoProducerName: approx-prefix-cache-producer}",
-        )
-        .unwrap();
-        assert!(build(&off).is_ok());
-        for on in [
-            "{explorationProbability: 0.05}",
-            "{maxTTFTPenaltyMs: 500}",
-            "{ttftSource: predicted}",
-        ] {
-            let value: Value = serde_yaml::from_str(on).unwrap();
-            let error = build(&value).err().unwrap();
-            let key = on.trim_start_matches('{').split(':').next().unwrap();
-            assert!(error.contains(key), "{on}: {error}");
+    fn filter_with(parameters: &str, matched: Vec<usize>, in_flight_tokens: &[u64]) -> Vec<usize> {
+        let mut pool = queues(&vec![0.0; matched.len()]);
+        for (endpoint, &tokens) in pool.endpoints.iter_mut().zip(in_flight_tokens) {
+            endpoint.in_flight_tokens = tokens;
         }
+        let request = InferenceRequest::empty();
+        let cycle = prefix_cycle(matched.clone(), 10, 16);
+        let ctx = SchedulingContext {
+            request: &request,
+            pool: &pool,
+            cycle: &cycle,
+        };
+        let value: Value = serde_yaml::from_str(parameters).unwrap();
+        let Ok(Plugin::Filter(mut filter)) = build(&value) else {
+            panic!("not a filter");
+        };
+        let mut candidates: Vec<usize> = (0..matched.len()).collect();
+        filter.filter(&ctx, &mut candidates);
+        candidates
+    }
+
+    #[test]
+    fn the_ttft_gate_breaks_stickiness_only_beyond_the_penalty() {
+        let gate = "{maxTTFTPenaltyMs: 1000, peakPrefillThroughput: 1000}";
+        // The sticky pod's 1,500 tokens are 1.5 s of prefill against 0 s elsewhere.
+        assert_eq!(filter_with(gate, vec![9, 0, 0], &[1500, 0, 0]), [0, 1, 2]);
+        // 0.9 s above the best other pod is within the penalty.
+        assert_eq!(filter_with(gate, vec![9, 0, 0], &[1000, 100, 300]), [0]);
+        // The best sticky pod counts, not the worst.
+        assert_eq!(filter_with(gate, vec![9, 9, 0], &[5000, 200, 0]), [0, 1]);
+        let off = "{maxTTFTPenaltyMs: 0, peakPrefillThroughput: 1000}";
+        assert_eq!(filter_with(off, vec![9, 0, 0], &[90_000, 0, 0]), [0]);
+    }
+
+    #[test]
+    fn a_threshold_of_zero_or_full_exploration_keeps_everyone() {
+        assert_eq!(
+            filter_with("{affinityThreshold: 0}", vec![9, 0], &[0, 0]),
+            [0, 1]
+        );
+        assert_eq!(
+            filter_with("{explorationProbability: 1}", vec![9, 0], &[0, 0]),
+            [0, 1]
+        );
+    }
+
+    #[test]
+    fn llm_d_router_parameters_are_checked() {
+        let defaults: Value = serde_yaml::from_str("{}").unwrap();
+        assert!(
+            build(&defaults).is_ok(),
+            "llm-d's defaults switch the gate on"
+        );
+        for (given, key) in [
+            ("{explorationProbability: 1.5}", "explorationProbability"),
+            ("{maxTTFTPenaltyMs: -1}", "maxTTFTPenaltyMs"),
+            ("{peakPrefillThroughput: 0}", "peakPrefillThroughput"),
+            ("{ttftSource: latencyPredictor}", "ttftSource"),
+        ] {
+            let value: Value = serde_yaml::from_str(given).unwrap();
+            let error = build(&value).err().unwrap();
+            assert!(error.contains(key), "{given}: {error}");
+        }
+        let off: Value =
+            serde_yaml::from_str("{maxTTFTPenaltyMs: 0, peakPrefillThroughput: 0}").unwrap();
+        assert!(
+            build(&off).is_ok(),
+            "no throughput is needed with the gate off"
+        );
     }
 }

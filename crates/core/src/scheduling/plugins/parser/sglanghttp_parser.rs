@@ -5,6 +5,9 @@ use crate::scheduling::plugins::spec::{effective, Kind, NoParameters, PluginSpec
 
 pub const TYPE: &str = "sglanghttp-parser";
 
+/// What the filter does with these requests; loading the parser warns with it.
+const UNPARSED: &str = "the filter does not parse SGLang's /generate: those requests are routed on load alone, without their prompt";
+
 /// The registry's entry for this plugin.
 pub const SPEC: PluginSpec = PluginSpec::new(
     TYPE,
@@ -12,4 +15,5 @@ pub const SPEC: PluginSpec = PluginSpec::new(
     super::build_parser,
     effective::<NoParameters>,
 )
-.done_by("the filter does not parse SGLang's /generate: those requests are routed on load alone, without their prompt");
+.done_by(UNPARSED)
+.limited(UNPARSED);

@@ -6,6 +6,9 @@ use crate::scheduling::plugins::spec::{effective, Kind, NoParameters, PluginSpec
 
 pub const TYPE: &str = "vllmhttp-parser";
 
+/// What the filter does with these requests; loading the parser warns with it.
+const UNPARSED: &str = "the filter does not parse /inference/v1/generate: those requests are routed on load alone, without their prompt";
+
 /// The registry's entry for this plugin.
 pub const SPEC: PluginSpec = PluginSpec::new(
     TYPE,
@@ -13,4 +16,5 @@ pub const SPEC: PluginSpec = PluginSpec::new(
     super::build_parser,
     effective::<NoParameters>,
 )
-.done_by("the filter does not parse /inference/v1/generate: those requests are routed on load alone, without their prompt");
+.done_by(UNPARSED)
+.limited(UNPARSED);

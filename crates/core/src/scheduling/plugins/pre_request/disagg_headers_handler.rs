@@ -2,7 +2,7 @@
 //! `x-prefiller-host-port` after a P/D pick. The filter always does that itself (and removes a
 //! client's own value), so the plugin only has to load.
 
-use crate::scheduling::plugins::spec::{effective, Kind, PluginSpec};
+use crate::scheduling::plugins::spec::{effective, Ignored, Kind, PluginSpec};
 use crate::scheduling::{BuiltIn, Plugin};
 use serde_yaml::Value;
 
@@ -11,7 +11,11 @@ pub const LEGACY_TYPE: &str = "prefill-header-handler";
 
 /// The registry's entry for this plugin.
 pub const SPEC: PluginSpec = PluginSpec::new(TYPE, Kind::BuiltIn, build, effective::<Parameters>)
-    .with_aliases(&[LEGACY_TYPE]);
+    .with_aliases(&[LEGACY_TYPE])
+    .ignoring(&[Ignored::parameter(
+        "prefillProfile",
+        "the prefill header names the profile handler's prefill pick",
+    )]);
 
 #[derive(Debug, Default, serde::Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]

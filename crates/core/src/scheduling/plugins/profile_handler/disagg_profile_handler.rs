@@ -5,7 +5,7 @@
 //! Without a decider, every request with a prefill profile is disaggregated.
 //! The older `pd-profile-handler` is the same handler with a built-in prefix decider.
 
-use crate::scheduling::plugins::spec::{effective, Kind, PluginSpec};
+use crate::scheduling::plugins::spec::{effective, Ignored, Kind, PluginSpec};
 use crate::scheduling::{
     PdDecider, Plugin, PluginInstance, PluginSummary, Profile, ProfileHandler, ProfileResult,
     SchedulingContext,
@@ -17,7 +17,13 @@ pub const TYPE: &str = "disagg-profile-handler";
 
 /// The registry's entry for this plugin.
 pub const SPEC: PluginSpec =
-    PluginSpec::new(TYPE, Kind::ProfileHandler, build, effective::<Parameters>);
+    PluginSpec::new(TYPE, Kind::ProfileHandler, build, effective::<Parameters>).ignoring(&[
+        Ignored::parameter(
+            "encodeProfile",
+            "encode disaggregation is not implemented: decode and prefill run",
+        ),
+        Ignored::parameter("stageOrder", "the stages run decode, then prefill"),
+    ]);
 
 #[derive(Debug, Clone, PartialEq, serde::Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase", default)]

@@ -4,7 +4,7 @@
 //! across workers, so it reacts before any scrape.
 
 use crate::endpoint::{EndpointState, LoadView};
-use crate::scheduling::plugins::spec::{effective, Data, Kind, PluginSpec};
+use crate::scheduling::plugins::spec::{effective, Data, Ignored, Kind, PluginSpec};
 use crate::scheduling::{Plugin, SaturationDetector};
 use serde_yaml::Value;
 
@@ -17,7 +17,14 @@ pub const SPEC: PluginSpec = PluginSpec::new(
     build,
     effective::<Parameters>,
 )
-.consuming(&[Data::InFlight]);
+.consuming(&[Data::InFlight])
+    .ignoring(&[
+        Ignored::parameter(
+            "failOpen",
+            "with flow control off, a saturated pool sheds; fail-open is the Envoy filter's fail_open setting (docs/operations.md)",
+        ),
+        Ignored::producer("inFlightLoadProducerName", "inflight-load-producer"),
+    ]);
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
 #[serde(rename_all = "lowercase")]

@@ -6,7 +6,7 @@
 //! `max` the highest count among the candidates.
 
 use crate::duration::serde_go;
-use crate::scheduling::plugins::spec::{effective, Data, Kind, PluginSpec};
+use crate::scheduling::plugins::spec::{effective, Data, Ignored, Kind, PluginSpec};
 use crate::scheduling::{Plugin, SchedulingContext, Scorer};
 use serde_yaml::Value;
 use std::time::Duration;
@@ -15,7 +15,14 @@ pub const TYPE: &str = "active-request-scorer";
 
 /// The registry's entry for this plugin.
 pub const SPEC: PluginSpec = PluginSpec::new(TYPE, Kind::Scorer, build, effective::<Parameters>)
-    .consuming(&[Data::InFlight]);
+    .consuming(&[Data::InFlight])
+    .ignoring(&[
+        Ignored::parameter(
+            "requestTimeout",
+            "a request counts until its stream ends or is reset, which Envoy reports for every request",
+        ),
+        Ignored::producer("inFlightLoadProducerName", "inflight-load-producer"),
+    ]);
 
 #[derive(Debug, Clone, PartialEq, serde::Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase", default)]

@@ -6,7 +6,7 @@
 //! Cold scores are by recency rank: never used or oldest 1.0, most recent 0.0, linear between;
 //! endpoints used equally recently score alike.
 
-use crate::scheduling::plugins::spec::{effective, Data, Kind, PluginSpec};
+use crate::scheduling::plugins::spec::{effective, Data, Ignored, Kind, PluginSpec};
 use crate::scheduling::{Plugin, SchedulingContext, Scorer};
 use serde_yaml::Value;
 
@@ -14,7 +14,22 @@ pub const TYPE: &str = "no-hit-lru-scorer";
 
 /// The registry's entry for this plugin.
 pub const SPEC: PluginSpec = PluginSpec::new(TYPE, Kind::Scorer, build, effective::<Parameters>)
-    .consuming(&[Data::PrefixMatches]);
+    .consuming(&[Data::PrefixMatches])
+    .ignoring(&[
+        Ignored::parameter(
+            "prefixPluginName",
+            "the filter has one prefix index: the one the default approx-prefix-cache-producer names",
+        ),
+        Ignored::parameter(
+            "prefixPluginType",
+            "the filter has one prefix index: the one the default approx-prefix-cache-producer names",
+        ),
+        Ignored::parameter(
+            "lruSize",
+            "the endpoints served are ordered by their last cold request, with no size bound beyond the pool",
+        ),
+        Ignored::producer("prefixMatchInfoProducerName", "approx-prefix-cache-producer"),
+    ]);
 
 #[derive(Debug, Clone, PartialEq, serde::Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase", default)]

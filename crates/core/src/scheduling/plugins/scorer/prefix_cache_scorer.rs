@@ -21,7 +21,9 @@ use crate::request::CHARS_PER_TOKEN;
 use crate::scheduling::plugins::spec::{effective, Data, Kind, PluginSpec, Signal};
 use crate::scheduling::prefix_home::{MemberHashes, PrefixHome, SpillRule};
 use crate::scheduling::prefix_index::PrefixIndex;
-use crate::scheduling::{CycleState, LearnedPrefix, Plugin, SchedulingContext, Scorer};
+use crate::scheduling::{
+    CycleState, LearnedPrefix, Plugin, PrefixMatches, SchedulingContext, Scorer,
+};
 use serde_yaml::Value;
 
 pub const TYPE: &str = "prefix-cache-scorer";
@@ -168,6 +170,10 @@ pub struct PrefixCacheScorer {
     home_share: f64,
     home_picks: u64,
     home_spills: u64,
+    /// Whether its matches are the request's (the cycle state's), which filters, deciders and
+    /// the cost model read; a second index (a CPU tier) keeps its own in `own_matches`.
+    publishes: bool,
+    own_matches: PrefixMatches,
 }
 
 /// Own picks kept for sharing between two collections.
@@ -250,7 +256,23 @@ impl PrefixCacheScorer {
             home_share: 0.0,
             home_picks: 0,
             home_spills: 0,
+            publishes: true,
+            own_matches: PrefixMatches::default(),
         })
+    }
+
+    /// Keeps this index's matches to itself (see `publishes`).
+    pub fn keep_matches_private(&mut self) {
+        self.publishes = false;
+    }
+
+    /// The matches this scorer scores from: the request's, or its own.
+    fn matches<'a>(&'a self, ctx: &'a SchedulingContext<'_>) -> Option<&'a PrefixMatches> {
+        if self.publishes {
+            ctx.cycle.prefix.as_ref()
+        } else {
+            Some(&self.own_matches)
+        }
     }
 
     /// Picks that went to the prefix's first-ranked pod (`home_picks`), and picks that went
@@ -401,7 +423,11 @@ impl Scorer for PrefixCacheScorer {
             self.parameters.max_prefix_blocks_to_match,
             &mut self.hashes,
         );
-        let mut matches = cycle.prefix.take().unwrap_or_default();
+        let mut matches = if self.publishes {
+            cycle.prefix.take().unwrap_or_default()
+        } else {
+            std::mem::take(&mut self.own_matches)
+        };
         matches.matched_blocks.clear();
         matches.matched_blocks.resize(pool.len(), 0);
         matches.total_blocks = self.hashes.len();
@@ -418,7 +444,11 @@ impl Scorer for PrefixCacheScorer {
         let best_match = matches.matched_blocks.iter().copied().max().unwrap_or(0);
         (self.key_blocks, self.home_share) =
             self.home_basis(request, best_match).unwrap_or((0, 0.0));
-        cycle.prefix = Some(matches);
+        if self.publishes {
+            cycle.prefix = Some(matches);
+        } else {
+            self.own_matches = matches;
+        }
     }
 
     fn score(&mut self, ctx: &SchedulingContext<'_>, candidates: &[usize], scores: &mut [f64]) {
@@ -446,9 +476,10 @@ impl Scorer for PrefixCacheScorer {
             let weight = self
                 .parameters
                 .affinity_weight(ctx.pool.waiting(candidate), shortest);
+            let matches = self.matches(ctx);
             let cache = self.parameters.cache_score(
-                ctx.cycle.hit_ratio(candidate),
-                ctx.cycle.cached_tokens(candidate),
+                matches.map_or(0.0, |m| m.hit_ratio(candidate)),
+                matches.map_or(0, |m| m.cached_tokens(candidate)),
             );
             *score = cache * weight;
         }

@@ -2,7 +2,7 @@
 //! are those of the requests the filter routed there that have not ended (prompt not already
 //! cached plus expected output), so long prompts weigh more than short ones.
 
-use crate::scheduling::plugins::spec::{effective, Data, Kind, PluginSpec};
+use crate::scheduling::plugins::spec::{effective, Data, Ignored, Kind, PluginSpec};
 use crate::scheduling::{Plugin, SchedulingContext, Scorer};
 use serde_yaml::Value;
 
@@ -10,7 +10,11 @@ pub const TYPE: &str = "token-load-scorer";
 
 /// The registry's entry for this plugin.
 pub const SPEC: PluginSpec = PluginSpec::new(TYPE, Kind::Scorer, build, effective::<Parameters>)
-    .consuming(&[Data::InFlight]);
+    .consuming(&[Data::InFlight])
+    .ignoring(&[Ignored::producer(
+        "inFlightLoadProducerName",
+        "inflight-load-producer",
+    )]);
 
 #[derive(Debug, Clone, PartialEq, serde::Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase", default)]

@@ -1,0 +1,193 @@
+//! Every config of llm-d's well-lit-path guides and llm-d-router's well-known-configs test
+//! (`tests/fixtures/llm-d-guides/`, sources in its `SOURCES.md`) loads with the filter's own
+//! loader and routes, or is refused with an error naming what is missing; and the README's
+//! table of them says which, config by config.
+//!
+//! A config that loads warns only about parameters it sets that the filter does not apply,
+//! naming each one: what llm-d does by default (a profile with no picker, producers the EPP
+//! would create itself) loads silently.
+
+use inference_picker_core::config::load;
+use inference_picker_core::director::Director;
+use inference_picker_core::request::{ApiKind, RequestHeaders};
+use std::path::{Path, PathBuf};
+
+/// llm-d takes its pods from the InferencePool; the filter needs them listed. Every role a
+/// guide filters on is present.
+const POOL: &str = "
+pool:
+  endpoints:
+  - address: 10.0.0.1:8000
+    labels: {llm-d.ai/role: prefill}
+  - address: 10.0.0.2:8000
+    labels: {llm-d.ai/role: decode}
+  - address: 10.0.0.3:8000
+    labels: {llm-d.ai/role: decode}
+  - address: 10.0.0.4:8000
+    labels: {llm-d.ai/role: encode}
+  - address: 10.0.0.5:8000
+    labels: {llm-d.ai/role: prefill-decode}
+";
+
+fn fixtures() -> Vec<PathBuf> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/llm-d-guides");
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .map(|entry| entry.expect("directory entry").path())
+        .filter(|path| path.extension().is_some_and(|e| e == "yaml"))
+        .collect();
+    files.sort();
+    files
+}
+
+fn name_of(path: &Path) -> String {
+    path.file_name()
+        .and_then(|n| n.to_str())
+        .expect("a UTF-8 file name")
+        .to_owned()
+}
+
+fn with_pool(path: &Path) -> (String, String) {
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let loaded = format!("{text}\n{POOL}");
+    (text, loaded)
+}
+
+/// The README section that lists the guide configs.
+const GUIDES_HEADING: &str = "### llm-d's guide configs";
+
+/// The README's row for each config: its status cell.
+fn readme_rows() -> Vec<(String, String)> {
+    let readme = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md"))
+        .expect("README.md");
+    readme
+        .lines()
+        .skip_while(|line| !line.starts_with(GUIDES_HEADING))
+        .skip(1)
+        .take_while(|line| !line.starts_with('#'))
+        .filter_map(|line| {
+            let cells: Vec<&str> = line.split('|').map(str::trim).collect();
+            let file = cells.get(1)?.strip_prefix('`')?.strip_suffix(".yaml`")?;
+            Some((format!("{file}.yaml"), (*cells.get(2)?).to_owned()))
+        })
+        .collect()
+}
+
+/// Scrapes every pod once so that load-based plugins see fresh metrics.
+fn fresh(director: &mut Director, pods: usize) {
+    for i in 0..pods {
+        director
+            .on_scrape_ok(
+                i,
+                1000,
+                "vllm:num_requests_waiting 0\nvllm:num_requests_running 0\nvllm:kv_cache_usage_perc 0\n",
+            )
+            .expect("scrape parses");
+    }
+    director.on_tick(1000);
+}
+
+#[test]
+fn every_guide_config_loads_and_routes_or_is_refused_as_the_readme_says() {
+    let rows = readme_rows();
+    let files = fixtures();
+    assert!(files.len() >= 50, "the fixtures are missing");
+    let mut loaded = 0;
+    for path in &files {
+        let name = name_of(path);
+        let (text, config) = with_pool(path);
+        let status = rows
+            .iter()
+            .find(|(file, _)| *file == name)
+            .map(|(_, status)| status.as_str())
+            .unwrap_or_else(|| panic!("the README's llm-d guide table has no row for {name}"));
+        match load(&config, 1) {
+            Ok(config) => {
+                assert!(
+                    status.starts_with("loads"),
+                    "{name} loads, the README says {status:?}"
+                );
+                for warning in &config.warnings {
+                    if warning.contains("is declared but no profile uses it") {
+                        continue; // about the config itself: a plugin it never uses
+                    }
+                    let parameter = warning
+                        .split_once("parameter \"")
+                        .and_then(|(_, rest)| rest.split('"').next())
+                        .unwrap_or_else(|| {
+                            panic!("{name}: a warning that names no ignored parameter: {warning}")
+                        });
+                    assert!(
+                        text.contains(parameter),
+                        "{name}: warns of {parameter:?}, which it does not set: {warning}"
+                    );
+                }
+                let mut director = Director::new(config);
+                fresh(&mut director, 5);
+                let routed = director
+                    .route(
+                        ApiKind::ChatCompletions,
+                        Some(br#"{"model":"m","messages":[{"role":"user","content":"hello there"}]}"#),
+                        RequestHeaders::default(),
+                    )
+                    .unwrap_or_else(|e| panic!("{name} loads but does not route: {e:?}"));
+                assert!(
+                    routed.destination.starts_with("10.0.0."),
+                    "{name}: {}",
+                    routed.destination
+                );
+                loaded += 1;
+            }
+            Err(error) => {
+                let error = error.to_string();
+                let named = status
+                    .strip_prefix("refused: `")
+                    .and_then(|rest| rest.split('`').next())
+                    .unwrap_or_else(|| {
+                        panic!("{name} is refused ({error}), the README says {status:?}")
+                    });
+                assert!(
+                    error.contains(named),
+                    "{name}: the README names `{named}`, the loader says: {error}"
+                );
+            }
+        }
+    }
+    assert_eq!(
+        rows.len(),
+        files.len(),
+        "the README's table lists a config that is not a fixture"
+    );
+    let count = format!("**{loaded} of {} load and route**", files.len());
+    let readme = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md"))
+        .expect("README.md");
+    assert!(readme.contains(&count), "the README must say {count}");
+}
+
+/// llm-d's current default recipe declares the approximate producer and the affinity filter
+/// and no prefix-cache-scorer: the producer is the index the filter reads, so a prompt sticks
+/// to the pod that holds it although that pod has the most tokens in flight.
+#[test]
+fn the_optimized_baseline_sticks_to_the_pod_holding_the_prompt() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/llm-d-guides/llmd-optimized-baseline.yaml");
+    let (_, text) = with_pool(&path);
+    let mut director = Director::new(load(&text, 1).expect("loads"));
+    fresh(&mut director, 5);
+    let prompt = "Summarise the incident report in three lines. ".repeat(40);
+    let body = format!(r#"{{"model":"m","messages":[{{"role":"user","content":"{prompt}"}}]}}"#);
+    let route = |director: &mut Director| {
+        director
+            .route(
+                ApiKind::ChatCompletions,
+                Some(body.as_bytes()),
+                RequestHeaders::default(),
+            )
+            .expect("routes")
+            .destination
+    };
+    let first = route(&mut director);
+    for _ in 0..3 {
+        assert_eq!(route(&mut director), first, "the warm pod keeps the prompt");
+    }
+}
