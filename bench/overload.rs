@@ -761,7 +761,7 @@ mod tests {
                 Outcome::Shed
             );
         }
-        let body = inference_picker_core::error_response::RequestError::TooManyRequests(format!(
+        let body = inference_picker_core::error_response::RequestError::Shed(format!(
             "{SHED_MESSAGE} (priority -1)"
         ))
         .to_json();

@@ -41,6 +41,11 @@ fn saturated_pool_sheds_only_sheddable_requests() {
     let shed = post_objective(&envoy, Some("batch"), 0);
     assert_eq!(shed.status, 429, "{}", shed.text());
     assert_eq!(shed.json()["error"]["type"], "rate_limit_exceeded");
+    // llm-d's answer to a shed request, flow control or not.
+    assert_eq!(
+        shed.header("x-llm-d-request-dropped-reason"),
+        Some("rejected-saturated")
+    );
     assert!(shed.json()["error"]["message"]
         .as_str()
         .unwrap()

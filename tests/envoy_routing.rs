@@ -320,6 +320,10 @@ fn dead_pods_get_no_traffic_and_an_empty_pool_is_503() {
     envoy.wait_for_fresh_endpoints(0);
     let response = json_answer(&envoy);
     assert_eq!(response.status, 503, "{}", response.text());
+    assert_eq!(
+        response.header("x-llm-d-request-dropped-reason"),
+        Some("rejected-no-endpoints")
+    );
     let error = &response.json()["error"];
     assert_eq!(error["code"], 503);
     assert!(

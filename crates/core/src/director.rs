@@ -843,7 +843,7 @@ impl Director {
                 .scheduler
                 .pool_saturated(&self.pool, self.pool.now_ms())
         {
-            return Err(RequestError::TooManyRequests(format!(
+            return Err(RequestError::Shed(format!(
                 "the pool is saturated and the request is sheddable (priority {})",
                 request.priority
             )));

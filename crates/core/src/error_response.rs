@@ -9,7 +9,9 @@ pub enum RequestError {
     BadRequest(String),
     /// The body is larger than the configured limit (413).
     BodyTooLarge { limit: usize },
-    /// Saturated pool and a sheddable request, or filters removed every endpoint (429).
+    /// The pool is saturated and the request is sheddable (429).
+    Shed(String),
+    /// Filters removed every endpoint (429).
     TooManyRequests(String),
     /// No endpoint can take the request (503).
     NoEndpoint(String),
@@ -107,7 +109,7 @@ impl RequestError {
         match self {
             RequestError::BadRequest(_) => 400,
             RequestError::BodyTooLarge { .. } => 413,
-            RequestError::TooManyRequests(_) => 429,
+            RequestError::Shed(_) | RequestError::TooManyRequests(_) => 429,
             RequestError::NoEndpoint(_) => 503,
             RequestError::ModelNotFound(_) => 404,
             RequestError::Dropped(dropped) => dropped.status(),
@@ -119,7 +121,7 @@ impl RequestError {
             RequestError::BadRequest(_) | RequestError::BodyTooLarge { .. } => {
                 "invalid_request_error"
             }
-            RequestError::TooManyRequests(_) => "rate_limit_exceeded",
+            RequestError::Shed(_) | RequestError::TooManyRequests(_) => "rate_limit_exceeded",
             RequestError::NoEndpoint(_) => "service_unavailable",
             RequestError::ModelNotFound(_) => "NotFoundError",
             RequestError::Dropped(dropped) if dropped.status() == 429 => "rate_limit_exceeded",
@@ -130,6 +132,7 @@ impl RequestError {
     pub fn message(&self) -> String {
         match self {
             RequestError::BadRequest(message)
+            | RequestError::Shed(message)
             | RequestError::TooManyRequests(message)
             | RequestError::NoEndpoint(message) => message.clone(),
             RequestError::BodyTooLarge { limit } => {
@@ -142,10 +145,13 @@ impl RequestError {
         }
     }
 
-    /// The `x-llm-d-request-dropped-reason` header's value, for flow-control refusals.
+    /// The `x-llm-d-request-dropped-reason` header's value, as llm-d sends it on every shed
+    /// or no-endpoint answer, with flow control or without.
     pub fn dropped_reason(&self) -> Option<&'static str> {
         match self {
             RequestError::Dropped(dropped) => Some(dropped.reason()),
+            RequestError::Shed(_) => Some(Dropped::QueueFull.reason()),
+            RequestError::NoEndpoint(_) => Some(Dropped::NoEndpointTtlExpired.reason()),
             _ => None,
         }
     }
@@ -264,5 +270,26 @@ mod tests {
             (empty.status(), empty.dropped_reason()),
             (503, Some("rejected-no-endpoints"))
         );
+    }
+
+    #[test]
+    fn every_shed_or_no_endpoint_answer_says_why_as_llm_d_does() {
+        let shed = RequestError::Shed("the pool is saturated".into());
+        assert_eq!(
+            (shed.status(), shed.dropped_reason()),
+            (429, Some("rejected-saturated"))
+        );
+        let none = RequestError::NoEndpoint("no endpoint is reachable".into());
+        assert_eq!(
+            (none.status(), none.dropped_reason()),
+            (503, Some("rejected-no-endpoints"))
+        );
+        for other in [
+            RequestError::BadRequest(String::new()),
+            RequestError::TooManyRequests(String::new()),
+            RequestError::ModelNotFound(String::new()),
+        ] {
+            assert_eq!(other.dropped_reason(), None, "{other}");
+        }
     }
 }

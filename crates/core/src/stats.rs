@@ -302,8 +302,7 @@ impl<H: Metrics> Stats<H> {
         if let RequestError::Dropped(Dropped::QueueFull | Dropped::QueueFullNoEndpoints) = error {
             self.bump(self.flow.as_ref().and_then(|f| f.rejected));
         }
-        if matches!(error, RequestError::TooManyRequests(message) if message.contains("saturated"))
-        {
+        if matches!(error, RequestError::Shed(_)) {
             self.bump_later(self.shed);
         }
     }

@@ -34,7 +34,7 @@ pub trait HttpHost {
     /// key `x-gateway-destination-endpoint-subset`), `None` when the proxy set none.
     fn subset_hint(&self) -> Option<Vec<u8>>;
     /// Answers the request with the error's status and JSON body in `shape` (plus llm-d's
-    /// `x-llm-d-request-dropped-reason` for flow-control refusals).
+    /// `x-llm-d-request-dropped-reason` on shed and no-endpoint answers).
     fn send_error(
         &self,
         error: &crate::error_response::RequestError,
