@@ -79,7 +79,10 @@ impl Class {
 
 #[derive(Clone, Copy, PartialEq)]
 enum Contender {
+    /// Work-conserving: a request waits only while no pod has a free slot.
     FlowControl,
+    /// The option that keeps a share of the slots for high priority.
+    FlowControlHoldback,
     NoFlowControl,
     LeastRequest,
 }
@@ -88,6 +91,7 @@ impl Contender {
     fn name(self) -> &'static str {
         match self {
             Contender::FlowControl => "picker, flow control",
+            Contender::FlowControlHoldback => "picker, flow control with holdback",
             Contender::NoFlowControl => "picker, no flow control",
             Contender::LeastRequest => "Envoy LEAST_REQUEST",
         }
@@ -97,6 +101,7 @@ impl Contender {
     fn short_name(self) -> &'static str {
         match self {
             Contender::FlowControl => "flow control",
+            Contender::FlowControlHoldback => "holdback",
             Contender::NoFlowControl => "no flow control",
             Contender::LeastRequest => "LEAST_REQUEST",
         }
@@ -104,21 +109,44 @@ impl Contender {
 
     fn start(self, sims: &[&Sim]) -> Envoy {
         match self {
-            Contender::FlowControl => Envoy::start(&with_endpoints(&picker_config(true), sims), 2),
+            Contender::FlowControl => Envoy::start(
+                &with_endpoints(&picker_config(Gate::WorkConserving), sims),
+                2,
+            ),
+            Contender::FlowControlHoldback => {
+                Envoy::start(&with_endpoints(&picker_config(Gate::Holdback), sims), 2)
+            }
             Contender::NoFlowControl => {
-                Envoy::start(&with_endpoints(&picker_config(false), sims), 2)
+                Envoy::start(&with_endpoints(&picker_config(Gate::Off), sims), 2)
             }
             Contender::LeastRequest => plain_envoy(sims, "LEAST_REQUEST"),
         }
     }
 }
 
+/// Flow control off, on (work-conserving, the default), or on with `priority-holdback-policy`.
+#[derive(Clone, Copy, PartialEq)]
+enum Gate {
+    Off,
+    WorkConserving,
+    Holdback,
+}
+
 /// GIE's default scorers plus llm-d's `active-request-scorer` (the pick follows the filter's
-/// own in-flight counts, so a request goes to the pod with the free slot); the concurrency detector at the pods' sequence slots (room = a free
-/// slot); with `gated`, flow control with a band per objective, tenants taking turns, and the
-/// standard band held back below [`HOLDBACK`] of the slots.
-fn picker_config(gated: bool) -> String {
+/// own in-flight counts, so a request goes to the pod with the free slot); the concurrency
+/// detector at the pods' sequence slots (room = a free slot); with the gate, flow control with
+/// a band per objective and tenants taking turns, and with `Holdback` the standard band held
+/// back below [`HOLDBACK`] of the slots.
+fn picker_config(gate: Gate) -> String {
     let slots = flag_value(&SIM, "--max-num-seqs");
+    let (holdback_plugin, holdback_ref) = if gate == Gate::Holdback {
+        (
+            format!("- type: priority-holdback-policy\n  parameters: {{minCeiling: {HOLDBACK}}}\n"),
+            "  usageLimitPolicyPluginRef: priority-holdback-policy\n",
+        )
+    } else {
+        (String::new(), "")
+    };
     format!(
         "{}plugins:
 - type: queue-scorer
@@ -128,9 +156,7 @@ fn picker_config(gated: bool) -> String {
 - type: concurrency-detector
   parameters: {{maxConcurrency: {slots}}}
 - type: round-robin-fairness-policy
-- type: priority-holdback-policy
-  parameters: {{minCeiling: {HOLDBACK}}}
-schedulingProfiles:
+{holdback_plugin}schedulingProfiles:
 - name: default
   plugins:
   - {{pluginRef: queue-scorer, weight: 2}}
@@ -140,18 +166,17 @@ schedulingProfiles:
 saturationDetector: {{pluginRef: concurrency-detector}}
 flowControl:
   defaultRequestTTL: {TTL_S}s
-  usageLimitPolicyPluginRef: priority-holdback-policy
-  priorityBands:
+{holdback_ref}  priorityBands:
   - {{priority: 10, fairnessPolicyRef: round-robin-fairness-policy}}
   - {{priority: 0, fairnessPolicyRef: round-robin-fairness-policy}}
 pool:
   objectives: [{{name: interactive, priority: 10}}, {{name: standard, priority: 0}}]
   endpoints: []
 ",
-        if gated {
-            "featureGates: [flowControl]\n"
-        } else {
+        if gate == Gate::Off {
             ""
+        } else {
+            "featureGates: [flowControl]\n"
         }
     )
 }
@@ -399,6 +424,7 @@ pub fn run(quick: bool) -> Part {
     let mut series = Vec::new();
     for contender in [
         Contender::FlowControl,
+        Contender::FlowControlHoldback,
         Contender::NoFlowControl,
         Contender::LeastRequest,
     ] {
@@ -561,9 +587,11 @@ fn intro(capacity: f64, tokens: usize, seconds: f64) -> String {
          `active-request-scorer`, weight 2, so a pick goes where the filter's own in-flight \
          count says a slot is free) with flow control (`concurrency-detector` at the \
          pods' {slots} slots as the gate, round-robin fairness in both bands, \
-         `priority-holdback-policy` with `minCeiling: {HOLDBACK}`: the standard band stops at \
-         {:.0} % of the slots, the rest is for interactive requests; `defaultRequestTTL: \
-         {TTL_S}s`, under the client's {CLIENT_TIMEOUT_S} s timeout), the same picker \
+         `defaultRequestTTL: {TTL_S}s`, under the client's {CLIENT_TIMEOUT_S} s timeout): \
+         work-conserving, the default (a request waits only while no pod has a free slot; \
+         the interactive band goes first when one frees), and with the option \
+         `priority-holdback-policy` at `minCeiling: {HOLDBACK}` (the standard band stops at \
+         {:.0} % of the slots, the rest is kept for interactive requests); the same picker \
          without the gate, and Envoy's LEAST_REQUEST; fresh pods each, Envoy \
          `--concurrency 2`, route timeout 600 s, so nothing fails for waiting. TTFT is to the \
          first streamed token as the client sees it, waiting in Envoy included. \"Shed by \
@@ -612,6 +640,22 @@ fn absorbs_verdict(flow: &OverloadRow, unloaded: &Unloaded) -> Option<bool> {
     (standard.is_finite() && high.is_finite()).then_some(standard > 0.0 && standard > high)
 }
 
+/// Issue 27's goal: "throughput with flow control at least 97 % of the picker without it,
+/// while high-priority TTFT p90 stays within 2x of unloaded".
+const THROUGHPUT_SHARE: f64 = 0.97;
+
+/// Work-conserving: the throughput share holds and the high priority stays within [`WITHIN`];
+/// not measured without both throughputs and the p90s.
+fn conserving_verdict(
+    flow: &OverloadRow,
+    ungated: &OverloadRow,
+    unloaded: &Unloaded,
+) -> Option<bool> {
+    let share = flow.throughput / ungated.throughput;
+    let within = within_verdict(flow.high.p90, unloaded.high.p90)?;
+    (share.is_finite() && ungated.throughput > 0.0).then_some(share >= THROUGHPUT_SHARE && within)
+}
+
 /// Nothing lost but what the policy shed; not measured when nothing was sent.
 fn lost_verdict(flow: &OverloadRow) -> Option<bool> {
     (flow.served + flow.shed + flow.failed > 0).then_some(flow.failed == 0)
@@ -624,6 +668,28 @@ fn goals(rows: &[OverloadRow], unloaded: &Unloaded) -> String {
     let Some(flow) = flow else {
         return String::new();
     };
+    let ungated = rows
+        .iter()
+        .find(|r| r.contender == Contender::NoFlowControl.name());
+    let conserving = goal(
+        &format!(
+            "throughput with flow control at least {:.0} % of the picker without it, while \
+             high-priority TTFT p90 stays within {WITHIN}x of unloaded",
+            THROUGHPUT_SHARE * 100.0
+        ),
+        ungated.and_then(|ungated| conserving_verdict(flow, ungated, unloaded)),
+        &ungated.map_or("no run without flow control".to_owned(), |ungated| {
+            format!(
+                "{:.1} vs {:.1} req/s = {:.1} %; interactive p90 {:.0} ms = {:.2}x of {:.0} ms",
+                flow.throughput,
+                ungated.throughput,
+                flow.throughput / ungated.throughput * 100.0,
+                flow.high.p90,
+                flow.high.p90 / unloaded.high.p90,
+                unloaded.high.p90
+            )
+        }),
+    );
     let others: Vec<String> = rows
         .iter()
         .filter(|r| r.contender != flow.contender)
@@ -645,7 +711,7 @@ fn goals(rows: &[OverloadRow], unloaded: &Unloaded) -> String {
     };
     format!(
         "\nUnloaded ({UNLOADED}x capacity, same pods and mix, flow control on): TTFT p90 \
-         {:.0} ms interactive, {:.0} ms standard.\n\n{}{}{}",
+         {:.0} ms interactive, {:.0} ms standard.\n\n{}{}{}{}",
         unloaded.high.p90,
         unloaded.standard.p90,
         goal(
@@ -691,6 +757,7 @@ fn goals(rows: &[OverloadRow], unloaded: &Unloaded) -> String {
                 }
             )
         ),
+        conserving,
     )
 }
 
@@ -782,8 +849,38 @@ mod tests {
         );
         assert!(text.contains("1 answered 503"), "{text}");
         let clean = goals(&[flow(40.0, 5000.0, 100, 10, 0)], &unloaded);
-        assert!(!clean.contains("**not"), "{clean}");
+        assert!(!clean.contains("**not met"), "{clean}");
+        assert!(
+            clean.contains("within 2x of unloaded: **not measured**"),
+            "no run without flow control: {clean}"
+        );
         assert_eq!(lost_verdict(&flow(40.0, 50.0, 0, 0, 0)), None);
+    }
+
+    #[test]
+    fn flow_control_must_keep_the_throughput_of_the_picker_without_it() {
+        let unloaded = Unloaded {
+            high: percentiles(36.0),
+            standard: percentiles(38.0),
+        };
+        let with_throughput = |throughput, high_p90| OverloadRow {
+            throughput,
+            ..flow(high_p90, 5000.0, 100, 0, 0)
+        };
+        let ungated = with_throughput(21.8, 900.0);
+        let conserving = |throughput, high_p90| {
+            conserving_verdict(&with_throughput(throughput, high_p90), &ungated, &unloaded)
+        };
+        assert_eq!(conserving(21.2, 60.0), Some(true), "97.2 %");
+        assert_eq!(conserving(17.1, 60.0), Some(false), "78 %, the holdback");
+        assert_eq!(
+            conserving(21.8, 80.0),
+            Some(false),
+            "interactive p90 past 2x"
+        );
+        assert_eq!(conserving(21.8, f64::NAN), None);
+        let none = with_throughput(0.0, 60.0);
+        assert_eq!(conserving_verdict(&none, &none, &unloaded), None);
     }
 
     #[test]

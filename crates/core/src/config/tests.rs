@@ -819,3 +819,29 @@ fn a_pool_that_learns_its_models_is_no_catch_all() {
     let source = set.pools[1].config.models_source.as_ref().unwrap();
     assert_eq!(source.path, "/v1/models");
 }
+
+/// Flow control waits only while no pod can take a request: a pod queued past its limit does
+/// not hide another pod's free slots from the gate.
+#[test]
+fn the_flow_control_gate_sees_room_on_any_pod() {
+    let config = load_with_pool(
+        "plugins:\n- {type: concurrency-detector, parameters: {maxConcurrency: 2}}\n- {type: queue-scorer}\nsaturationDetector: {pluginRef: concurrency-detector}\n",
+    )
+    .unwrap();
+    let mut director = crate::director::Director::new(config);
+    for i in 0..2 {
+        director
+            .on_scrape_ok(i, 1000, "vllm:num_requests_waiting 0\n")
+            .unwrap();
+    }
+    director.on_tick(1000);
+    if let Some(busy) = director.pool_mut().endpoints.get_mut(0) {
+        busy.in_flight = 6;
+    }
+    let saturation = director.pool_saturation(1000).unwrap();
+    assert!(saturation < 1.0, "pod 1 is idle: {saturation}");
+    if let Some(second) = director.pool_mut().endpoints.get_mut(1) {
+        second.in_flight = 2;
+    }
+    assert_eq!(director.pool_saturation(1000), Some(1.0), "both full");
+}

@@ -442,7 +442,9 @@ impl Scheduler {
     /// The pool's saturation as flow control gates on it (llm-d's): the mean of every
     /// routable endpoint's, always with what was placed since the scrapes (a gate that only moved on
     /// scrapes would let a whole queue out at once); `None` when no endpoint is routable
-    /// (none has fresh metrics, or all are backed off).
+    /// (none has fresh metrics, or all are backed off). Each endpoint counts at most 1 (full),
+    /// so the mean is below 1 exactly when some endpoint can take a request: a pod queued past
+    /// its limit never holds back a request another pod has room for.
     pub fn pool_saturation(&self, pool: &Pool, now_ms: u64) -> Option<f64> {
         if !pool
             .endpoints
@@ -464,7 +466,8 @@ impl Scheduler {
             ..pool.load_view()
         };
         let (sum, count) = members.fold((0.0, 0u32), |(sum, count), endpoint| {
-            (sum + detector.saturation(endpoint, view, now_ms), count + 1)
+            let saturation = detector.saturation(endpoint, view, now_ms);
+            (sum + saturation.clamp(0.0, 1.0), count + 1)
         });
         (count > 0).then(|| sum / f64::from(count))
     }
