@@ -25,7 +25,7 @@ WBG_RUNNER := $(TOOLS)/bin/wasm-bindgen-test-runner
 FUZZ_SECONDS ?= 60
 FUZZ_TARGETS := body_parser prometheus_parser config_loader
 
-.PHONY: all build sim envoy toolchain wasm-bindgen-runner lint unit wasm-unit integration test demo e2e-vllm engine-shape vllm-scrape-cost soak bench extproc bench-quick bench-schedule bench-hop bench-quality bench-memory bench-scaleout bench-overload bench-pools bench-profile profile-filter wasm-micro wasm-exports peers fuzz check compose-up compose-down image clean
+.PHONY: all build fault-filter sim envoy toolchain wasm-bindgen-runner lint unit wasm-unit integration test demo e2e-vllm engine-shape vllm-scrape-cost soak bench extproc bench-quick bench-schedule bench-hop bench-quality bench-memory bench-scaleout bench-overload bench-pools bench-profile profile-filter wasm-micro wasm-exports peers fuzz check compose-up compose-down image clean
 
 all: build
 
@@ -46,6 +46,13 @@ build: toolchain wasm-exports
 	$(CARGO) build --release --target wasm32-wasip1 -p inference-picker
 	$(EXPORTS_TOOL) drop $(WASM) $(UNUSED_EXPORTS)
 	@ls -l $(WASM)
+
+## fault-filter: the filter with its fault-injection feature, for the fail-open test only (a
+## request can abort its VM); in target/faults, apart from the shipped artefact
+FAULT_WASM := target/faults/wasm32-wasip1/release/inference_picker.wasm
+fault-filter: toolchain
+	$(CARGO) build --release --target wasm32-wasip1 -p inference-picker --features fault-injection --target-dir target/faults
+	@ls -l $(FAULT_WASM)
 
 ## wasm-exports: the tool that lists and drops a wasm module's exports (tools/wasm-exports)
 wasm-exports:
@@ -91,7 +98,7 @@ wasm-unit: toolchain wasm-bindgen-runner
 	echo "wasm-unit: $$ran of $$native unit tests ran under wasm-bindgen-test in Node $$(node --version)"; \
 	test "$$ran" = "$$native"
 
-integration: build sim envoy $(H2)
+integration: build fault-filter sim envoy $(H2)
 	$(CARGO) test --tests -- --test-threads 2
 
 test: lint unit wasm-unit integration

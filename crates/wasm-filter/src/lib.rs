@@ -6,6 +6,8 @@
 #![deny(clippy::indexing_slicing)]
 
 mod abi;
+#[cfg(feature = "fault-injection")]
+mod fault;
 
 use abi::{EnvoyHost, EnvoyStream};
 use inference_picker_core::host::LOG_CRITICAL;
@@ -119,6 +121,8 @@ impl Context for PickerHttp {}
 
 impl HttpContext for PickerHttp {
     fn on_http_request_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Action {
+        #[cfg(feature = "fault-injection")]
+        fault::trap_if_asked();
         self.run(|vm, request| vm.on_request_headers(request, end_of_stream))
     }
 
