@@ -191,3 +191,36 @@ fn the_optimized_baseline_sticks_to_the_pod_holding_the_prompt() {
         assert_eq!(route(&mut director), first, "the warm pod keeps the prompt");
     }
 }
+
+/// The coordinator guide sends each stage of a request to the gateway with `epp-profile`
+/// naming the stage's profile: each lands on a pod of that role; without the header, decode.
+#[test]
+fn the_coordinator_guide_routes_each_stage_by_its_header() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/llm-d-guides/llmd-coord-disaggregation.yaml");
+    let (_, text) = with_pool(&path);
+    let mut director = Director::new(load(&text, 1).expect("loads"));
+    fresh(&mut director, 5);
+    let body = br#"{"model":"m","messages":[{"role":"user","content":"describe the image"}]}"#;
+    let mut route = |profile: Option<&str>| {
+        let headers = RequestHeaders {
+            profile: profile.map(str::to_owned),
+            ..RequestHeaders::default()
+        };
+        director
+            .route(ApiKind::ChatCompletions, Some(body), headers)
+            .expect("routes")
+            .destination
+    };
+    let prefill = route(Some("prefill"));
+    assert!(
+        ["10.0.0.1:8000", "10.0.0.5:8000"].contains(&prefill.as_str()),
+        "a prefill or prefill-decode pod: {prefill}"
+    );
+    assert_eq!(route(Some("encode")), "10.0.0.4:8000");
+    let decode = route(None);
+    assert!(
+        ["10.0.0.2:8000", "10.0.0.3:8000", "10.0.0.5:8000"].contains(&decode.as_str()),
+        "{decode}"
+    );
+}

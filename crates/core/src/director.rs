@@ -8,7 +8,7 @@ use crate::error_response::RequestError;
 use crate::flow_control::{Arrival, FlowControl, Pick};
 use crate::host::SharedData;
 use crate::metrics::{self, ExtractError, MetricSelector};
-use crate::protocol::{SESSION_TOKEN_HEADER, TEST_SELECTION_HEADER};
+use crate::protocol::{PROFILE_HEADER, SESSION_TOKEN_HEADER, TEST_SELECTION_HEADER};
 use crate::request::{
     parse_body_keeping, rewrite_model, ApiKind, InferenceRequest, RequestHeaders,
 };
@@ -25,6 +25,8 @@ pub struct HeaderUse {
     pub test_selection: bool,
     /// `x-gateway-inference-objective`, when `pool.objectives` declares any.
     pub objective: bool,
+    /// `epp-profile`, for `header-profile-handler`.
+    pub profile: bool,
 }
 
 impl HeaderUse {
@@ -34,6 +36,7 @@ impl HeaderUse {
             session_token: self.session_token || other.session_token,
             test_selection: self.test_selection || other.test_selection,
             objective: self.objective || other.objective,
+            profile: self.profile || other.profile,
         }
     }
 }
@@ -161,6 +164,8 @@ pub struct Director {
     /// reported (by pool index), and the pool's union of them.
     models_source: Option<crate::config::ModelsSource>,
     endpoint_models: Vec<Option<Vec<String>>>,
+    /// With flow control, which endpoints have room now (reused per request).
+    room: Vec<bool>,
     served_models: Vec<String>,
 }
 
@@ -182,6 +187,7 @@ impl Director {
         let header_use = HeaderUse {
             session_token: reads_header(SESSION_TOKEN_HEADER),
             test_selection: reads_header(TEST_SELECTION_HEADER),
+            profile: reads_header(PROFILE_HEADER),
             objective: !config.pool.objectives.is_empty(),
         };
         Director {
@@ -205,6 +211,7 @@ impl Director {
             deferred: Vec::new(),
             models_source: config.models_source,
             endpoint_models: Vec::new(),
+            room: Vec::new(),
             served_models: Vec::new(),
         }
     }
@@ -856,14 +863,23 @@ impl Director {
             .as_deref()
             .map(|a| self.subset_mask(a));
         let by_model = self.narrowed_by_model(&request.model);
+        // Flow control let the request go because some pod has room: it goes to one of those,
+        // not behind a full pod's queue, which would hold up a high-priority request.
+        let mut room = std::mem::take(&mut self.room);
+        let by_room = self.flow.is_some()
+            && self
+                .scheduler
+                .endpoints_with_room(&self.pool, self.pool.now_ms(), &mut room);
         let (reported, model) = (&self.endpoint_models, request.model.as_str());
         let eligible = |index: usize| {
             subset
                 .as_ref()
                 .is_none_or(|mask| mask.get(index) == Some(&true))
                 && (!by_model || reports(reported, index, model))
+                && (!by_room || room.get(index) == Some(&true))
         };
         let scheduled = self.scheduler.schedule_where(request, &self.pool, eligible);
+        self.room = room;
         let decision = scheduled.map_err(|error| match error {
             ScheduleError::NoReachableEndpoint => RequestError::NoEndpoint(error.to_string()),
             ScheduleError::FilteredOut { .. } => RequestError::TooManyRequests(error.to_string()),

@@ -17,6 +17,8 @@ pub const SESSION_TOKEN_HEADER: &str = "x-session-token";
 pub const REQUEST_ID_HEADER: &str = "x-request-id";
 /// Endpoints a test pins the request to (`header-based-testing-filter`).
 pub const TEST_SELECTION_HEADER: &str = "test-epp-endpoint-selection";
+/// The profile `header-profile-handler` runs (llm-d's `EPP-Profile`, lowercased).
+pub const PROFILE_HEADER: &str = "epp-profile";
 /// The request's inference objective (priority), when `pool.objectives` declares any.
 pub const OBJECTIVE_HEADER: &str = "x-gateway-inference-objective";
 /// llm-d's name for the objective header; read first when both are present.

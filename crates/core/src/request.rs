@@ -135,6 +135,8 @@ pub struct RequestHeaders {
     /// `x-gateway-destination-endpoint-subset`): the only addresses the pick may choose from;
     /// empty means none may serve it.
     pub subset_hint: Option<Vec<String>>,
+    /// `epp-profile`: the profile `header-profile-handler` runs.
+    pub profile: Option<String>,
 }
 
 /// What scheduling needs to know about one request.

@@ -11,8 +11,8 @@ use crate::host::{HeaderPairs, HostError, HttpHost, SharedData};
 use crate::protocol::{
     parse_subset_hint, DESTINATION_HEADER, FAIRNESS_ID_HEADER, FALLBACKS_HEADER, FALLBACK_HEADER,
     LLMD_FAIRNESS_ID_HEADER, LLMD_OBJECTIVE_HEADER, MODEL_REWRITE_HEADER, OBJECTIVE_HEADER,
-    PREFILLER_HEADER, REQUEST_ID_HEADER, SCORES_HEADER, SESSION_TOKEN_HEADER, SLO_TTFT_HEADER,
-    SLO_TTFT_LEGACY_HEADER, TEST_SELECTION_HEADER,
+    PREFILLER_HEADER, PROFILE_HEADER, REQUEST_ID_HEADER, SCORES_HEADER, SESSION_TOKEN_HEADER,
+    SLO_TTFT_HEADER, SLO_TTFT_LEGACY_HEADER, TEST_SELECTION_HEADER,
 };
 
 /// Whether the host should hold the request or let it go on.
@@ -165,6 +165,7 @@ impl RequestFlow {
         self.headers = RequestHeaders {
             session_token: read(uses.session_token, SESSION_TOKEN_HEADER),
             test_endpoint_selection: read(uses.test_selection, TEST_SELECTION_HEADER),
+            profile: read(uses.profile, PROFILE_HEADER),
             objective: read(uses.objective, LLMD_OBJECTIVE_HEADER)
                 .or_else(|| read(uses.objective, OBJECTIVE_HEADER)),
             model_rewrite: text(MODEL_REWRITE_HEADER),

@@ -845,3 +845,33 @@ fn the_flow_control_gate_sees_room_on_any_pod() {
     }
     assert_eq!(director.pool_saturation(1000), Some(1.0), "both full");
 }
+
+/// What flow control lets go goes to a pod with room, not behind a full pod that scores
+/// better on another signal.
+#[test]
+fn flow_control_sends_a_request_to_a_pod_with_room() {
+    let config = load_with_pool(
+        "featureGates: [flowControl]\nplugins:\n- {type: concurrency-detector, parameters: {maxConcurrency: 2}}\n- {type: queue-scorer}\nsaturationDetector: {pluginRef: concurrency-detector}\n",
+    )
+    .unwrap();
+    let mut director = crate::director::Director::new(config);
+    director
+        .on_scrape_ok(0, 1000, "vllm:num_requests_waiting 0\n")
+        .unwrap();
+    director
+        .on_scrape_ok(1, 1000, "vllm:num_requests_waiting 3\n")
+        .unwrap();
+    director.on_tick(1000);
+    if let Some(full) = director.pool_mut().endpoints.get_mut(0) {
+        full.in_flight = 2;
+    }
+    let body = br#"{"model":"m","prompt":"hello"}"#;
+    let routed = director
+        .route(
+            crate::request::ApiKind::Completions,
+            Some(body),
+            crate::request::RequestHeaders::default(),
+        )
+        .unwrap();
+    assert_eq!(routed.destination, "10.0.0.2:8000", "pod 0 has no room");
+}

@@ -439,6 +439,23 @@ impl Scheduler {
             .all(|endpoint| detector.saturation(endpoint, pool.load_view(), now_ms) >= 1.0)
     }
 
+    /// Marks in `room` the endpoints below saturation (per the configured detector), and says
+    /// whether any is; without a detector nothing is marked and it says false.
+    pub fn endpoints_with_room(&self, pool: &Pool, now_ms: u64, room: &mut Vec<bool>) -> bool {
+        room.clear();
+        let Some(detector) = self.detector() else {
+            return false;
+        };
+        let view = LoadView {
+            live: true,
+            ..pool.load_view()
+        };
+        room.extend(pool.endpoints.iter().map(|endpoint| {
+            endpoint.routable(now_ms) && detector.saturation(endpoint, view, now_ms) < 1.0
+        }));
+        room.contains(&true)
+    }
+
     /// The pool's saturation as flow control gates on it (llm-d's): the mean of every
     /// routable endpoint's, always with what was placed since the scrapes (a gate that only moved on
     /// scrapes would let a whole queue out at once); `None` when no endpoint is routable

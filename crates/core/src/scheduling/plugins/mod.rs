@@ -55,6 +55,7 @@ const REGISTRY: &[&PluginSpec] = &[
     &picker::random_picker::SPEC,
     &picker::weighted_random_picker::SPEC,
     &profile_handler::disagg_profile_handler::SPEC,
+    &profile_handler::header_profile_handler::SPEC,
     &profile_handler::pd_profile_handler::SPEC,
     &profile_handler::single_profile_handler::SPEC,
     &decider::always_disagg_pd_decider::SPEC,

@@ -19,7 +19,6 @@ pub(super) const NOT_SUPPORTED: &[(&str, &str)] = &[
     ("topology-affinity-scorer", "node topology is not read; label the endpoints with their zone and use label-selector-filter"),
     ("utilization-filter", "dropping endpoints over a utilization cap is not implemented; use queue-scorer and kv-cache-utilization-scorer, or utilization-detector with flow control"),
     ("header-label-affinity-scorer", "preferring endpoints whose label equals a request header is not implemented; label-selector-filter applies a fixed selector"),
-    ("header-profile-handler", "choosing the profile by request header is not implemented; use single-profile-handler, or disagg-profile-handler for P/D"),
     ("data-parallel-profile-handler", "data-parallel ranks behind one pod are not routed; list each rank's address as its own endpoint in pool.endpoints"),
     ("always-disagg-multimodal-decider", "encode disaggregation is not implemented: disagg-profile-handler runs decode and prefill only"),
     ("mm-embeddings-cache-producer", "multimodal embedding-cache affinity is not implemented (image parts are not read); use prefix-cache-scorer"),
