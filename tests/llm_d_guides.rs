@@ -224,3 +224,71 @@ fn the_coordinator_guide_routes_each_stage_by_its_header() {
         "{decode}"
     );
 }
+
+/// A vLLM page with the latency and work counters a pod reports after `served` requests,
+/// each with the given TTFT, 100 computed prompt tokens (10 ms of prefill) and 20 tokens out
+/// at 20 ms apart.
+fn page_after(served: f64, ttft_s: f64, waiting: f64) -> String {
+    format!(
+        "vllm:num_requests_waiting {waiting}\nvllm:num_requests_running 2\nvllm:kv_cache_usage_perc 0.3\n\
+         vllm:request_success_total {served}\nvllm:request_prefill_time_seconds_sum {}\n\
+         vllm:prompt_tokens_by_source_total{{source=\"local_compute\"}} {}\n\
+         vllm:time_to_first_token_seconds_sum {}\nvllm:time_to_first_token_seconds_count {served}\n\
+         vllm:inter_token_latency_seconds_sum {}\nvllm:inter_token_latency_seconds_count {}\n",
+        served * 0.01,
+        served * 100.0,
+        served * ttft_s,
+        served * 20.0 * 0.02,
+        served * 20.0,
+    )
+}
+
+/// The predicted-latency guide loads with no sidecar and routes by what the pods' own TTFT
+/// histograms taught it: a request with a TTFT SLO never goes to the pod predicted to miss
+/// it while others meet it.
+#[test]
+fn the_predicted_latency_guide_routes_by_learned_ttft_against_the_slo() {
+    // Pod 4 answers its first token in 900 ms with a queue, the others in 40 ms.
+    assert_eq!(
+        requests_to_pod_4((0.9, 6.0)),
+        0,
+        "predicted to miss a 300 ms SLO"
+    );
+    // The same pods all alike: pod 4 takes its share.
+    assert!(requests_to_pod_4((0.04, 0.0)) > 3);
+}
+
+/// Of 60 requests with a 300 ms TTFT SLO, those the guide sends to pod 4 once every pod
+/// reported its TTFT for 4 s, pod 4 with `(ttft_s, waiting)`.
+fn requests_to_pod_4(pod_4: (f64, f64)) -> usize {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/llm-d-guides/llmd-predicted-latency.yaml");
+    let (_, text) = with_pool(&path);
+    let config = load(&text, 7).expect("loads");
+    assert!(config.warnings.is_empty(), "{:?}", config.warnings);
+    let mut director = Director::new(config);
+    for (second, served) in [(1u64, 0.0), (2, 20.0), (3, 40.0), (4, 60.0)] {
+        for pod in 0..5 {
+            let (ttft, waiting) = if pod == 4 { pod_4 } else { (0.04, 0.0) };
+            director
+                .on_scrape_ok(pod, second * 1000, &page_after(served, ttft, waiting))
+                .expect("scrape parses");
+        }
+        director.on_tick(second * 1000);
+    }
+    let mut to_pod_4 = 0;
+    for n in 0..60 {
+        let headers = RequestHeaders {
+            slo_ttft_ms: Some(300.0),
+            ..RequestHeaders::default()
+        };
+        let body =
+            format!(r#"{{"model":"m","messages":[{{"role":"user","content":"question {n}"}}]}}"#);
+        let routed = director
+            .route(ApiKind::ChatCompletions, Some(body.as_bytes()), headers)
+            .expect("routes");
+        to_pod_4 += usize::from(routed.destination == "10.0.0.5:8000");
+        director.release(&routed);
+    }
+    to_pod_4
+}

@@ -84,6 +84,7 @@ fn pool_of(specs: &[PodSpec]) -> Pool {
                     }),
                     custom: vec![Some(spec.running)],
                     work: None,
+                    latency: None,
                 };
                 endpoint.health = Health::Fresh;
                 endpoint.last_scrape_ok_ms = Some(0);
@@ -160,6 +161,7 @@ fn hostile_metrics(
         }),
         custom: vec![custom],
         work: None,
+        latency: None,
     }
 }
 
@@ -180,6 +182,7 @@ fn all_scores(
             total_blocks: 40,
             block_tokens: 16,
         }),
+        ..CycleState::default()
     };
     let ctx = SchedulingContext {
         request: &request,
@@ -369,6 +372,7 @@ proptest! {
                 total_blocks: 40,
                 block_tokens: 16,
             }),
+            ..CycleState::default()
         };
         let ctx = SchedulingContext { request: &request, pool: &pool, cycle: &cycle };
         let candidates: Vec<usize> = (0..specs.len()).collect();

@@ -86,6 +86,10 @@ pub struct Sequence {
     scheduled: usize,
     /// When it was first admitted: its prefill time runs from here to its first token.
     admitted_at: Option<Instant>,
+    /// When it was queued (its TTFT runs from here) and when it sampled its last token (the
+    /// inter-token latency runs from there).
+    queued_at: Instant,
+    last_token_at: Option<Instant>,
     /// The number of tokens sampled so far, after each new one; closed when the client left.
     tokens: Sender<usize>,
 }
@@ -108,6 +112,8 @@ impl Sequence {
             blocks: Vec::new(),
             scheduled: 0,
             admitted_at: None,
+            queued_at: Instant::now(),
+            last_token_at: None,
             tokens,
         }
     }
@@ -287,11 +293,18 @@ impl Engine {
             }
             sequence.generated += 1;
             self.generation_tokens += 1;
+            let now = Instant::now();
             if sequence.generated == 1 {
-                let admitted_at = sequence.admitted_at.unwrap_or_else(Instant::now);
+                let admitted_at = sequence.admitted_at.unwrap_or(now);
                 self.prefill_time
-                    .observe(admitted_at.elapsed().as_secs_f64());
+                    .observe(now.duration_since(admitted_at).as_secs_f64());
+                self.first_token_time
+                    .observe(now.duration_since(sequence.queued_at).as_secs_f64());
+            } else if let Some(last) = sequence.last_token_at {
+                self.inter_token_time
+                    .observe(now.duration_since(last).as_secs_f64());
             }
+            sequence.last_token_at = Some(now);
             let client_left = sequence.tokens.send(sequence.generated).is_err();
             if client_left || sequence.done() {
                 ended.push(index);

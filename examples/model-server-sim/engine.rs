@@ -9,8 +9,8 @@
 
 use crate::batching::Batch;
 use crate::kv_cache::{Allocation, KvCache};
-use crate::metrics::PrefillHistogram;
 use crate::metrics::Snapshot;
+use crate::metrics::{Histogram, ITL_BUCKETS, PREFILL_BUCKETS, TTFT_BUCKETS};
 use std::collections::{HashMap, VecDeque};
 
 #[derive(Debug, Clone, Copy)]
@@ -72,8 +72,11 @@ pub struct Engine {
     pub prefix_hits: u64,
     pub generation_tokens: u64,
     pub requests_total: u64,
-    /// Prefill times (admission to first token), as vLLM's histogram counts them.
-    pub prefill_time: PrefillHistogram,
+    /// Prefill times (admission to first token), TTFTs (arrival to first token) and the gaps
+    /// between a request's tokens, as vLLM's histograms count them.
+    pub prefill_time: Histogram,
+    pub first_token_time: Histogram,
+    pub inter_token_time: Histogram,
     /// The longest the waiting queue has been after a scheduling pass.
     pub peak_waiting: usize,
     /// Running sequences the batching engine preempted for KV blocks.
@@ -101,7 +104,9 @@ impl Engine {
             background_kv: 0.0,
             extra_metrics: String::new(),
             metrics_padding_bytes: 0,
-            prefill_time: PrefillHistogram::default(),
+            prefill_time: Histogram::new(PREFILL_BUCKETS),
+            first_token_time: Histogram::new(TTFT_BUCKETS),
+            inter_token_time: Histogram::new(ITL_BUCKETS),
             prefillers_seen: HashMap::new(),
             prefix_queries: 0,
             prefix_hits: 0,
@@ -298,6 +303,8 @@ impl Engine {
             generation_tokens: self.generation_tokens,
             finished: self.requests_total,
             prefill_time: self.prefill_time.clone(),
+            first_token_time: self.first_token_time.clone(),
+            inter_token_time: self.inter_token_time.clone(),
             max_lora: self.limits.max_lora,
             running_adapters: self.loaded_adapters.clone(),
             waiting_adapters,

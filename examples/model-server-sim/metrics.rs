@@ -22,7 +22,9 @@ pub struct Snapshot {
     pub generation_tokens: u64,
     /// Requests finished (all stop at `max_tokens`: `finished_reason="length"`).
     pub finished: u64,
-    pub prefill_time: PrefillHistogram,
+    pub prefill_time: Histogram,
+    pub first_token_time: Histogram,
+    pub inter_token_time: Histogram,
     pub max_lora: usize,
     pub running_adapters: Vec<String>,
     pub waiting_adapters: Vec<String>,
@@ -38,26 +40,58 @@ pub struct Snapshot {
 }
 
 /// vLLM 0.32's bucket bounds (seconds) for `vllm:request_prefill_time_seconds`.
-const PREFILL_BUCKETS: [f64; 21] = [
+pub const PREFILL_BUCKETS: &[f64] = &[
     0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
     480.0, 960.0, 1920.0, 7680.0,
 ];
+/// ... for `vllm:time_to_first_token_seconds`.
+pub const TTFT_BUCKETS: &[f64] = &[
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+    20.0, 40.0, 80.0, 160.0, 640.0, 2560.0,
+];
+/// ... for `vllm:inter_token_latency_seconds`.
+pub const ITL_BUCKETS: &[f64] = &[
+    0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
+    40.0, 80.0,
+];
 
-/// Prefill times observed, as `vllm:request_prefill_time_seconds` counts them.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct PrefillHistogram {
-    /// Observations at or below each bound of [`PREFILL_BUCKETS`] (not cumulative).
-    in_bucket: [u64; PREFILL_BUCKETS.len()],
+/// Observed durations, as one of vLLM's latency histograms counts them.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Histogram {
+    bounds: &'static [f64],
+    /// Observations at or below each bound (not cumulative).
+    in_bucket: Vec<u64>,
     pub count: u64,
     pub sum_seconds: f64,
 }
 
-impl PrefillHistogram {
+/// No observations and no buckets but `+Inf`.
+impl Default for Histogram {
+    fn default() -> Self {
+        Histogram::new(&[])
+    }
+}
+
+impl Histogram {
+    pub fn new(bounds: &'static [f64]) -> Self {
+        Histogram {
+            bounds,
+            in_bucket: vec![0; bounds.len()],
+            count: 0,
+            sum_seconds: 0.0,
+        }
+    }
+
     pub fn observe(&mut self, seconds: f64) {
-        self.count += 1;
-        self.sum_seconds += seconds;
-        if let Some(bucket) = PREFILL_BUCKETS.iter().position(|&bound| seconds <= bound) {
-            self.in_bucket[bucket] += 1;
+        self.observe_many(seconds, 1);
+    }
+
+    /// `n` observations of `seconds` each.
+    pub fn observe_many(&mut self, seconds: f64, n: u64) {
+        self.count += n;
+        self.sum_seconds += seconds * n as f64;
+        if let Some(bucket) = self.bounds.iter().position(|&bound| seconds <= bound) {
+            self.in_bucket[bucket] += n;
         }
     }
 }
@@ -253,7 +287,10 @@ pub fn render(s: &Snapshot) -> String {
             py_float(count as f64)
         );
     }
-    prefill_histogram(&mut w, &s.prefill_time, &escape(&s.model), created);
+    let model = escape(&s.model);
+    histogram(&mut w, &s.prefill_time, PREFILL, &model, created);
+    histogram(&mut w, &s.first_token_time, TTFT, &model, created);
+    histogram(&mut w, &s.inter_token_time, ITL, &model, created);
     w.header(
         "vllm:lora_requests_info",
         "gauge",
@@ -294,14 +331,33 @@ pub fn render(s: &Snapshot) -> String {
     w.out
 }
 
-/// `vllm:request_prefill_time_seconds` as vLLM writes it: labels in alphabetical order
-/// (`engine`, `le`, `model_name`), cumulative buckets, then count, sum and `_created`.
-fn prefill_histogram(w: &mut Writer, histogram: &PrefillHistogram, model: &str, created: f64) {
-    const NAME: &str = "vllm:request_prefill_time_seconds";
-    const HELP: &str = "Histogram of time spent in PREFILL phase for request.";
-    w.header(NAME, "histogram", HELP);
+/// A histogram's name and help text, as vLLM 0.32 writes them.
+type Named = (&'static str, &'static str);
+const PREFILL: Named = (
+    "vllm:request_prefill_time_seconds",
+    "Histogram of time spent in PREFILL phase for request.",
+);
+const TTFT: Named = (
+    "vllm:time_to_first_token_seconds",
+    "Histogram of time to first token in seconds.",
+);
+const ITL: Named = (
+    "vllm:inter_token_latency_seconds",
+    "Histogram of inter-token latency in seconds.",
+);
+
+/// A latency histogram as vLLM writes it: labels in alphabetical order (`engine`, `le`,
+/// `model_name`), cumulative buckets, then count, sum and `_created`.
+fn histogram(
+    w: &mut Writer,
+    histogram: &Histogram,
+    (name, help): Named,
+    model: &str,
+    created: f64,
+) {
+    w.header(name, "histogram", help);
     let mut cumulative = 0;
-    let bounds = PREFILL_BUCKETS.iter().map(|&b| py_float(b));
+    let bounds = histogram.bounds.iter().map(|&b| py_float(b));
     for (bound, count) in bounds
         .chain(["+Inf".to_string()])
         .zip(histogram.in_bucket.iter().copied().chain([histogram.count]))
@@ -313,14 +369,14 @@ fn prefill_histogram(w: &mut Writer, histogram: &PrefillHistogram, model: &str, 
         };
         let _ = writeln!(
             w.out,
-            "{NAME}_bucket{{engine=\"0\",le=\"{bound}\",model_name=\"{model}\"}} {}",
+            "{name}_bucket{{engine=\"0\",le=\"{bound}\",model_name=\"{model}\"}} {}",
             py_float(cumulative as f64)
         );
     }
-    w.sample(&format!("{NAME}_count"), "", histogram.count as f64);
-    w.sample(&format!("{NAME}_sum"), "", histogram.sum_seconds);
-    w.header(&format!("{NAME}_created"), "gauge", HELP);
-    w.sample(&format!("{NAME}_created"), "", created);
+    w.sample(&format!("{name}_count"), "", histogram.count as f64);
+    w.sample(&format!("{name}_sum"), "", histogram.sum_seconds);
+    w.header(&format!("{name}_created"), "gauge", help);
+    w.sample(&format!("{name}_created"), "", created);
 }
 
 /// Bytes of KV cache per token of Llama-3.1-8B (32 layers x 8 KV heads x 128 x 2 x fp16).
@@ -426,12 +482,14 @@ mod tests {
             generation_tokens: 1021,
             finished: 21,
             prefill_time: {
-                let mut histogram = PrefillHistogram::default();
+                let mut histogram = Histogram::new(PREFILL_BUCKETS);
                 for seconds in [0.02, 0.4, 0.4, 3.0] {
                     histogram.observe(seconds);
                 }
                 histogram
             },
+            first_token_time: Histogram::new(TTFT_BUCKETS),
+            inter_token_time: Histogram::new(ITL_BUCKETS),
             max_lora: 2,
             running_adapters: vec!["sql-lora".into()],
             waiting_adapters: vec!["chat-lora".into()],

@@ -301,6 +301,7 @@ impl Pod {
             return self.inference_batched(api, request, &parsed, batch, out);
         }
 
+        let arrived = Instant::now();
         let admitted = {
             let mut engine = self.lock();
             let ticket = engine.enqueue(
@@ -329,6 +330,9 @@ impl Pod {
         let uncached = prompt_tokens.saturating_sub(admitted.allocation.hit_tokens);
         thread::sleep(self.scaled(uncached as f64 * self.settings.prefill_us_per_token / 1000.0));
         let prefill_seconds = prefill_started.elapsed().as_secs_f64();
+        let first_token_seconds =
+            arrived.elapsed().as_secs_f64() + self.decode_step().as_secs_f64();
+        let decode_started = Instant::now();
         let id = self.response_id(api, request);
         let ok = if parsed.stream && api != Api::Embeddings {
             let mut next_token = || {
@@ -350,8 +354,17 @@ impl Pod {
             let body = api::full_response(&parsed, &id, prompt_tokens, output_tokens);
             self.respond_json(out, 200, &body)
         };
+        let decode_seconds = decode_started.elapsed().as_secs_f64();
         let mut engine = self.lock();
         engine.prefill_time.observe(prefill_seconds);
+        engine.first_token_time.observe(first_token_seconds);
+        if output_tokens > 1 {
+            // The slots engine sleeps one decode step a token: every gap is the step.
+            let gaps = (output_tokens - 1) as u64;
+            engine
+                .inter_token_time
+                .observe_many(decode_seconds / output_tokens as f64, gaps);
+        }
         engine.finish(adapter, &admitted.allocation.blocks, output_tokens);
         if engine.schedule() {
             self.admitted.notify_all();

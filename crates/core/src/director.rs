@@ -8,7 +8,9 @@ use crate::error_response::RequestError;
 use crate::flow_control::{Arrival, FlowControl, Pick};
 use crate::host::SharedData;
 use crate::metrics::{self, ExtractError, MetricSelector};
-use crate::protocol::{PROFILE_HEADER, SESSION_TOKEN_HEADER, TEST_SELECTION_HEADER};
+use crate::protocol::{
+    PROFILE_HEADER, SESSION_TOKEN_HEADER, SLO_TTFT_HEADER, TEST_SELECTION_HEADER,
+};
 use crate::request::{
     parse_body_keeping, rewrite_model, ApiKind, InferenceRequest, RequestHeaders,
 };
@@ -27,6 +29,8 @@ pub struct HeaderUse {
     pub objective: bool,
     /// `epp-profile`, for `header-profile-handler`.
     pub profile: bool,
+    /// The SLO headers, for `predicted-latency-producer`.
+    pub slo: bool,
 }
 
 impl HeaderUse {
@@ -37,6 +41,7 @@ impl HeaderUse {
             test_selection: self.test_selection || other.test_selection,
             objective: self.objective || other.objective,
             profile: self.profile || other.profile,
+            slo: self.slo || other.slo,
         }
     }
 }
@@ -188,6 +193,7 @@ impl Director {
             session_token: reads_header(SESSION_TOKEN_HEADER),
             test_selection: reads_header(TEST_SELECTION_HEADER),
             profile: reads_header(PROFILE_HEADER),
+            slo: reads_header(SLO_TTFT_HEADER),
             objective: !config.pool.objectives.is_empty(),
         };
         Director {
@@ -883,6 +889,7 @@ impl Director {
         let decision = scheduled.map_err(|error| match error {
             ScheduleError::NoReachableEndpoint => RequestError::NoEndpoint(error.to_string()),
             ScheduleError::FilteredOut { .. } => RequestError::TooManyRequests(error.to_string()),
+            ScheduleError::NotAdmitted => RequestError::Shed(error.to_string()),
         })?;
         let targets = decision.targets();
         let primary = *targets

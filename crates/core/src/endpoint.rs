@@ -1,5 +1,6 @@
 //! Pool members: their identity, labels, latest metrics, health and the filter's own load.
 
+use crate::latency::LatencyModel;
 use crate::metrics::{EndpointMetrics, Engine};
 use crate::pace::Pace;
 use hashbrown::{HashMap, HashSet};
@@ -106,6 +107,8 @@ pub struct EndpointState {
     pub running_capacity: Option<f64>,
     /// How fast the pod works, learned from its counters (vLLM only).
     pub pace: Pace,
+    /// Its TTFT and TPOT, learned from what it reports (see [`LatencyModel`]).
+    pub latency: LatencyModel,
     /// Host time (ms) until which the endpoint is avoided after answering a request with 5xx
     /// or refusing the connection (passive health).
     pub backoff_until_ms: u64,
@@ -139,6 +142,7 @@ impl EndpointState {
             in_flight_at_scrape_sent: None,
             running_capacity: None,
             pace: Pace::default(),
+            latency: LatencyModel::default(),
             backoff_until_ms: 0,
             removed: false,
         }
@@ -452,6 +456,18 @@ impl Pool {
             }
             if let (Some(work), Some(running)) = (metrics.work, metrics.running()) {
                 endpoint.pace.observe(now_ms, work, running);
+            }
+            if let (Some(latency), Some(waiting), Some(running)) =
+                (metrics.latency, metrics.waiting(), metrics.running())
+            {
+                let computed = metrics.work.map(|w| w.computed_prompt_tokens);
+                endpoint.latency.observe(
+                    now_ms,
+                    latency,
+                    (waiting, running),
+                    computed,
+                    &endpoint.pace,
+                );
             }
             endpoint.metrics = metrics;
             endpoint.placed_tokens_since_scrape = 0;

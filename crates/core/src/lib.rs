@@ -18,6 +18,7 @@ pub mod flow_control;
 pub mod hash;
 pub mod host;
 pub mod label_selector;
+pub mod latency;
 pub mod limits;
 pub mod metrics;
 pub mod pace;

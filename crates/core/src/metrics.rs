@@ -1,6 +1,7 @@
 //! Model-server metrics: which series each engine exposes, and the compact snapshot the
 //! scorers read.
 
+use crate::latency::LatencyTotals;
 use crate::pace::WorkTotals;
 use crate::prometheus::{for_each_named_sample_within, ParseSummary, Sample};
 
@@ -65,6 +66,20 @@ const CACHE_CONFIG_INFO: &str = "vllm:cache_config_info";
 const FINISHED: &str = "vllm:request_success_total";
 const PREFILL_SECONDS: &str = "vllm:request_prefill_time_seconds_sum";
 const PROMPT_TOKENS_BY_SOURCE: &str = "vllm:prompt_tokens_by_source_total";
+/// vLLM's latency histograms' sums and counts (see [`LatencyTotals`]).
+const TTFT_SUM: &str = "vllm:time_to_first_token_seconds_sum";
+const TTFT_COUNT: &str = "vllm:time_to_first_token_seconds_count";
+const ITL_SUM: &str = "vllm:inter_token_latency_seconds_sum";
+const ITL_COUNT: &str = "vllm:inter_token_latency_seconds_count";
+const VLLM_COUNTERS: [&str; 7] = [
+    FINISHED,
+    PREFILL_SECONDS,
+    PROMPT_TOKENS_BY_SOURCE,
+    TTFT_SUM,
+    TTFT_COUNT,
+    ITL_SUM,
+    ITL_COUNT,
+];
 
 /// vLLM's `vllm:cache_config_info`: used to size the prefix index per pod.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -107,6 +122,8 @@ pub struct EndpointMetrics {
     pub cache_config: Option<CacheConfig>,
     /// vLLM's work counters, when the page has all of them.
     pub work: Option<WorkTotals>,
+    /// vLLM's TTFT and inter-token latency counters, when the page has all of them.
+    pub latency: Option<LatencyTotals>,
     /// Values of the configured custom selectors, in their order; `None` when absent or
     /// unknown (a non-finite value, or a sum that overflows).
     pub custom: Vec<Option<f64>>,
@@ -238,6 +255,10 @@ struct Accumulator {
     finished: Gauge,
     prefill_seconds: Gauge,
     computed_prompt_tokens: Gauge,
+    ttft_seconds: Gauge,
+    first_tokens: Gauge,
+    inter_token_seconds: Gauge,
+    inter_tokens: Gauge,
 }
 
 impl Accumulator {
@@ -246,6 +267,10 @@ impl Accumulator {
         match sample.name {
             FINISHED => Some(&mut self.finished),
             PREFILL_SECONDS => Some(&mut self.prefill_seconds),
+            TTFT_SUM => Some(&mut self.ttft_seconds),
+            TTFT_COUNT => Some(&mut self.first_tokens),
+            ITL_SUM => Some(&mut self.inter_token_seconds),
+            ITL_COUNT => Some(&mut self.inter_tokens),
             PROMPT_TOKENS_BY_SOURCE
                 if sample.label("source").as_deref() == Some("local_compute") =>
             {
@@ -260,6 +285,15 @@ impl Accumulator {
             finished: self.finished.value()?,
             prefill_seconds: self.prefill_seconds.value()?,
             computed_prompt_tokens: self.computed_prompt_tokens.value()?,
+        })
+    }
+
+    fn latency(&self) -> Option<LatencyTotals> {
+        Some(LatencyTotals {
+            ttft_seconds: self.ttft_seconds.value()?,
+            first_tokens: self.first_tokens.value()?,
+            inter_token_seconds: self.inter_token_seconds.value()?,
+            inter_tokens: self.inter_tokens.value()?,
         })
     }
 }
@@ -296,8 +330,7 @@ pub fn extract_within(
             || names.kv_usage.contains(&name)
             || name == LORA_INFO
             || name == CACHE_CONFIG_INFO
-            || (engine == Engine::Vllm
-                && [FINISHED, PREFILL_SECONDS, PROMPT_TOKENS_BY_SOURCE].contains(&name))
+            || (engine == Engine::Vllm && VLLM_COUNTERS.contains(&name))
             || selectors
                 .iter()
                 .any(|selector| selector.metric_name == name)
@@ -341,6 +374,7 @@ pub fn extract_within(
     metrics.running_requests = acc.running.or_zero();
     metrics.kv_cache_usage = acc.kv_usage.or_zero().map(|kv| kv.min(1.0));
     metrics.work = acc.work();
+    metrics.latency = acc.latency();
     metrics.custom = custom.iter().map(|gauge| gauge.value()).collect();
     let unmatched = custom
         .iter()
@@ -433,8 +467,18 @@ vllm:cache_config_info{block_size=\"16\",num_gpu_blocks=\"4096\"} 1
                 computed_prompt_tokens: 3371.0,
             })
         );
+        assert_eq!(
+            metrics.latency,
+            Some(LatencyTotals {
+                ttft_seconds: 0.9630544185638428,
+                first_tokens: 25.0,
+                inter_token_seconds: 5.8675946869989275,
+                inter_tokens: 996.0,
+            })
+        );
         let (metrics, _, _) = extract(Engine::Vllm, VLLM, &[]).unwrap();
         assert_eq!(metrics.work, None, "a page without the counters");
+        assert_eq!(metrics.latency, None);
     }
 
     #[test]

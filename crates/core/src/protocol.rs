@@ -29,6 +29,9 @@ pub const FAIRNESS_ID_HEADER: &str = "x-gateway-inference-fairness-id";
 /// A request's TTFT objective in milliseconds (`slo-deadline-ordering-policy`).
 pub const SLO_TTFT_HEADER: &str = "x-llm-d-slo-ttft-ms";
 pub const SLO_TTFT_LEGACY_HEADER: &str = "x-slo-ttft-ms";
+/// The request's TPOT SLO in milliseconds, and its older name.
+pub const SLO_TPOT_HEADER: &str = "x-llm-d-slo-tpot-ms";
+pub const SLO_TPOT_LEGACY_HEADER: &str = "x-slo-tpot-ms";
 /// On a flow-control refusal: why the request was dropped (as llm-d labels it).
 pub const DROPPED_REASON_HEADER: &str = "x-llm-d-request-dropped-reason";
 pub const MODEL_REWRITE_HEADER: &str = "x-gateway-model-name-rewrite";

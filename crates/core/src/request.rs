@@ -137,6 +137,10 @@ pub struct RequestHeaders {
     pub subset_hint: Option<Vec<String>>,
     /// `epp-profile`: the profile `header-profile-handler` runs.
     pub profile: Option<String>,
+    /// `x-llm-d-slo-ttft-ms` / `x-llm-d-slo-tpot-ms` (or their `x-slo-` names), for the
+    /// latency plugins.
+    pub slo_ttft_ms: Option<f64>,
+    pub slo_tpot_ms: Option<f64>,
 }
 
 /// What scheduling needs to know about one request.

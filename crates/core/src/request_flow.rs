@@ -12,8 +12,15 @@ use crate::protocol::{
     parse_subset_hint, DESTINATION_HEADER, FAIRNESS_ID_HEADER, FALLBACKS_HEADER, FALLBACK_HEADER,
     LLMD_FAIRNESS_ID_HEADER, LLMD_OBJECTIVE_HEADER, MODEL_REWRITE_HEADER, OBJECTIVE_HEADER,
     PREFILLER_HEADER, PROFILE_HEADER, REQUEST_ID_HEADER, SCORES_HEADER, SESSION_TOKEN_HEADER,
-    SLO_TTFT_HEADER, SLO_TTFT_LEGACY_HEADER, TEST_SELECTION_HEADER,
+    SLO_TPOT_HEADER, SLO_TPOT_LEGACY_HEADER, SLO_TTFT_HEADER, SLO_TTFT_LEGACY_HEADER,
+    TEST_SELECTION_HEADER,
 };
+
+/// An SLO header's milliseconds; a value that is not a positive number is no SLO.
+fn milliseconds(text: Option<String>) -> Option<f64> {
+    text.and_then(|t| t.trim().parse::<f64>().ok())
+        .filter(|ms| ms.is_finite() && *ms > 0.0)
+}
 
 /// Whether the host should hold the request or let it go on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -166,6 +173,12 @@ impl RequestFlow {
             session_token: read(uses.session_token, SESSION_TOKEN_HEADER),
             test_endpoint_selection: read(uses.test_selection, TEST_SELECTION_HEADER),
             profile: read(uses.profile, PROFILE_HEADER),
+            slo_ttft_ms: milliseconds(
+                read(uses.slo, SLO_TTFT_HEADER).or_else(|| read(uses.slo, SLO_TTFT_LEGACY_HEADER)),
+            ),
+            slo_tpot_ms: milliseconds(
+                read(uses.slo, SLO_TPOT_HEADER).or_else(|| read(uses.slo, SLO_TPOT_LEGACY_HEADER)),
+            ),
             objective: read(uses.objective, LLMD_OBJECTIVE_HEADER)
                 .or_else(|| read(uses.objective, OBJECTIVE_HEADER)),
             model_rewrite: text(MODEL_REWRITE_HEADER),

@@ -62,6 +62,36 @@ pub(super) fn build_plugins(
     Ok(instances)
 }
 
+/// A plugin that produces data for others (a built-in kind), whatever it is built as.
+pub(super) fn is_producer(instance: &PluginInstance) -> bool {
+    plugins::spec(instance.type_name).is_some_and(|spec| spec.kind == plugins::Kind::BuiltIn)
+}
+
+/// llm-d's EPP creates `predicted-latency-producer` when a plugin reads predictions and none
+/// is declared; so does the loader.
+pub(super) fn add_missing_latency_producer(
+    instances: &mut Vec<PluginInstance>,
+) -> Result<(), ConfigError> {
+    let spec_of = |i: &PluginInstance| plugins::spec(i.type_name);
+    let reads = instances
+        .iter()
+        .any(|i| spec_of(i).is_some_and(|s| s.consumes(plugins::Data::LatencyPredictions)));
+    let produced = instances
+        .iter()
+        .any(|i| spec_of(i).is_some_and(|s| s.produces(plugins::Data::LatencyPredictions)));
+    if reads && !produced {
+        let type_name = plugins::data_producer::predicted_latency_producer::TYPE;
+        let plugin = plugins::build(type_name, &Value::Null)
+            .map_err(|reason| ConfigError::invalid("plugins", reason))?;
+        instances.push(PluginInstance {
+            name: type_name.to_owned(),
+            type_name,
+            plugin,
+        });
+    }
+    Ok(())
+}
+
 /// Each parameter the plugin accepts for llm-d and does not apply, named in a warning.
 fn warn_ignored(name: &str, type_name: &str, parameters: &Value, warnings: &mut Vec<String>) {
     let Some(spec) = plugins::spec(type_name) else {
@@ -114,6 +144,10 @@ pub(super) fn build_profiles(
                         format!("no plugin named {:?} is declared", reference.plugin_ref),
                     )
                 })?;
+            // llm-d lists data producers in a profile too; they run for every request.
+            if instances.get(index).is_some_and(is_producer) {
+                continue;
+            }
             match instances.get(index).map(|i| &i.plugin) {
                 Some(Plugin::Filter(_)) => filters.push(index),
                 Some(Plugin::Scorer(scorer)) => {
@@ -132,7 +166,6 @@ pub(super) fn build_profiles(
                         "a profile takes exactly one picker",
                     ))
                 }
-                // llm-d lists data producers in a profile too; they run for every request.
                 Some(Plugin::BuiltIn(_)) => {}
                 Some(other) => {
                     return Err(ConfigError::invalid(

@@ -18,10 +18,11 @@ pub use pool::{EndpointConfig, LoadSignals, ObjectiveConfig, PoolConfig};
 pub use pools::DEFAULT_POOL_NAME;
 
 use crate::metrics::MetricSelector;
+use crate::scheduling::plugins;
 use crate::scheduling::{Plugin, PluginInstance, Scheduler};
 use build::{
-    build_plugins, build_profiles, flow_control, models_source, profile_handler, resolve_scorers,
-    saturation_detector, wire_data_layer,
+    add_missing_latency_producer, build_plugins, build_profiles, flow_control, models_source,
+    profile_handler, resolve_scorers, saturation_detector, wire_data_layer,
 };
 use defaults::with_defaults;
 use prefix_indexes::link_prefix_indexes;
@@ -205,6 +206,7 @@ fn load_raw(
     let wiring = wire_data_layer(&raw, &instances, &mut pool, &mut warnings)?;
     resolve_scorers(&mut instances, &wiring)?;
     let profiles = build_profiles(&raw_profiles, &mut instances)?;
+    add_missing_latency_producer(&mut instances)?;
     link_prefix_indexes(&raw_plugins, &mut instances, &mut warnings)?;
     let handler = profile_handler(&mut instances, &profiles)?;
     warn_unused(&instances, &profiles, handler, &mut warnings);
@@ -225,7 +227,11 @@ fn load_raw(
         )
     });
     let models_source = models_source(&instances);
+    let admits_by_latency = instances
+        .iter()
+        .any(|i| i.type_name == plugins::admitter::latency_slo_admitter::TYPE);
     let mut scheduler = Scheduler::new(instances, profiles, handler, seed);
+    scheduler.set_latency_admission(admits_by_latency);
     scheduler.set_saturation_detector(detector);
     let config = FilterConfig {
         scheduler,

@@ -9,6 +9,7 @@ pub mod rng;
 
 use crate::endpoint::{EndpointState, Health, LoadView, Pool};
 use crate::request::InferenceRequest;
+use plugins::admitter::latency_slo_admitter;
 use rng::Rng;
 use std::fmt::Write;
 
@@ -22,7 +23,10 @@ pub struct SchedulingContext<'a> {
 impl<'a> SchedulingContext<'a> {
     /// A context with no per-cycle data (tests, and plugins that need none).
     pub fn new(request: &'a InferenceRequest, pool: &'a Pool) -> Self {
-        static EMPTY: CycleState = CycleState { prefix: None };
+        static EMPTY: CycleState = CycleState {
+            prefix: None,
+            latency: None,
+        };
         SchedulingContext {
             request,
             pool,
@@ -36,6 +40,51 @@ impl<'a> SchedulingContext<'a> {
 pub struct CycleState {
     /// Filled by `prefix-cache-scorer`; plugins that read it treat `None` as "no hits".
     pub prefix: Option<PrefixMatches>,
+    /// Filled by `predicted-latency-producer`; `None` without one.
+    pub latency: Option<LatencyPredictions>,
+}
+
+/// What the request would see at each pool endpoint, and how that compares with its SLOs.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct LatencyPredictions {
+    /// Per pool index; `None` where nothing is predicted (nothing learned yet, not routable).
+    pub endpoints: Vec<Option<Prediction>>,
+}
+
+/// One endpoint's predicted latency for the request being scheduled.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Prediction {
+    pub ttft_ms: f64,
+    pub tpot_ms: f64,
+    /// The SLO less the prediction: negative when the SLO would be missed (and always without
+    /// an SLO, as llm-d has it).
+    pub ttft_headroom_ms: f64,
+    /// 0 when TPOT does not count (not streaming).
+    pub tpot_headroom_ms: f64,
+    /// Nothing of this filter's is in flight there.
+    pub idle: bool,
+}
+
+impl Prediction {
+    /// Both predictions meet their SLOs.
+    pub fn meets_slos(&self) -> bool {
+        self.ttft_headroom_ms > 0.0 && self.tpot_headroom_ms >= 0.0
+    }
+
+    /// Both headrooms are at least zero (llm-d's positive tier).
+    pub fn positive(&self) -> bool {
+        self.ttft_headroom_ms >= 0.0 && self.tpot_headroom_ms >= 0.0
+    }
+}
+
+impl LatencyPredictions {
+    pub fn get(&self, endpoint: usize) -> Option<&Prediction> {
+        self.endpoints.get(endpoint).and_then(Option::as_ref)
+    }
+
+    pub fn any(&self) -> bool {
+        self.endpoints.iter().any(Option::is_some)
+    }
 }
 
 /// How much of the request's prompt each pool endpoint probably holds in its KV cache.
@@ -100,6 +149,10 @@ pub trait Filter: Send {
 pub trait Scorer: Send {
     /// Runs once per request before any profile, to fill the shared cycle state.
     fn prepare(&mut self, _request: &InferenceRequest, _pool: &Pool, _cycle: &mut CycleState) {}
+
+    /// Runs once per request after every `prepare`, for data computed from theirs (latency
+    /// predictions read the prefix matches).
+    fn predict(&mut self, _request: &InferenceRequest, _pool: &Pool, _cycle: &mut CycleState) {}
 
     fn score(&mut self, ctx: &SchedulingContext<'_>, candidates: &[usize], scores: &mut [f64]);
 
@@ -351,6 +404,9 @@ pub enum ScheduleError {
     NoReachableEndpoint,
     /// A profile's filters removed every candidate (429).
     FilteredOut { profile: String },
+    /// `latency-slo-admitter`: a sheddable request no endpoint can serve within its SLOs
+    /// (429).
+    NotAdmitted,
 }
 
 impl std::fmt::Display for ScheduleError {
@@ -365,6 +421,10 @@ impl std::fmt::Display for ScheduleError {
                     "no endpoint passed the filters of scheduling profile {profile:?}"
                 )
             }
+            ScheduleError::NotAdmitted => write!(
+                f,
+                "the request is sheddable and no endpoint is predicted to meet its latency SLOs"
+            ),
         }
     }
 }
@@ -384,6 +444,8 @@ pub struct Scheduler {
     profiles: Vec<Profile>,
     handler: usize,
     saturation_detector: Option<usize>,
+    /// `latency-slo-admitter` is declared.
+    latency_admission: bool,
     rng: Rng,
     base: Vec<usize>,
     cycle: CycleState,
@@ -404,6 +466,7 @@ impl Scheduler {
             profiles,
             handler,
             saturation_detector: None,
+            latency_admission: false,
             rng: Rng::new(seed),
             base: Vec::new(),
             cycle: CycleState::default(),
@@ -413,6 +476,11 @@ impl Scheduler {
     }
 
     /// Set by the loader: the plugin `saturationDetector.pluginRef` names.
+    /// Sheddable requests no endpoint can serve within their SLOs are refused.
+    pub fn set_latency_admission(&mut self, on: bool) {
+        self.latency_admission = on;
+    }
+
     pub fn set_saturation_detector(&mut self, index: usize) {
         self.saturation_detector = Some(index);
     }
@@ -625,6 +693,15 @@ impl Scheduler {
             if let Plugin::Scorer(scorer) = &mut instance.plugin {
                 scorer.prepare(request, pool, &mut cycle);
             }
+        }
+        for instance in &mut self.plugins {
+            if let Plugin::Scorer(scorer) = &mut instance.plugin {
+                scorer.predict(request, pool, &mut cycle);
+            }
+        }
+        if self.latency_admission && !latency_slo_admitter::admits(request, pool, &cycle) {
+            self.cycle = cycle;
+            return Err(ScheduleError::NotAdmitted);
         }
         let ctx = SchedulingContext {
             request,
@@ -942,6 +1019,7 @@ pub(crate) mod test_support {
                 total_blocks: total,
                 block_tokens,
             }),
+            latency: None,
         }
     }
 

@@ -1,6 +1,7 @@
 //! Every plugin type the filter knows, registered in one place. Each plugin lives in a file
 //! named after its config `type` and carries its parameters, defaults and tests.
 
+pub mod admitter;
 pub mod data_producer;
 pub mod datalayer;
 pub mod decider;
@@ -38,9 +39,11 @@ const REGISTRY: &[&PluginSpec] = &[
     &filter::label_selector_filter::SPEC,
     &filter::prefill_filter::SPEC,
     &filter::prefix_cache_affinity_filter::SPEC,
+    &filter::slo_headroom_tier_filter::SPEC,
     &scorer::active_request_scorer::SPEC,
     &scorer::context_length_aware::SPEC,
     &scorer::kv_cache_utilization_scorer::SPEC,
+    &scorer::latency_scorer::SPEC,
     &scorer::load_aware_scorer::SPEC,
     &scorer::lora_affinity_scorer::SPEC,
     &scorer::metric_scorer::SPEC,
@@ -72,6 +75,8 @@ const REGISTRY: &[&PluginSpec] = &[
     &flow_control::priority_holdback_policy::SPEC,
     &data_producer::approx_prefix_cache_producer::SPEC,
     &data_producer::inflight_load_producer::SPEC,
+    &data_producer::predicted_latency_producer::SPEC,
+    &admitter::latency_slo_admitter::SPEC,
     &data_producer::token_producer::SPEC,
     &parser::openai_parser::SPEC,
     &parser::anthropic_parser::SPEC,

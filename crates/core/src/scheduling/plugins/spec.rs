@@ -24,6 +24,8 @@ pub enum Kind {
     Parser,
     /// Accepted for llm-d configs; the behaviour is built into the filter.
     BuiltIn,
+    /// Decides whether a request is scheduled at all (llm-d's admission plugins).
+    Admitter,
 }
 
 impl Kind {
@@ -40,6 +42,7 @@ impl Kind {
             Kind::DataLayer => "data layer",
             Kind::Parser => "parser",
             Kind::BuiltIn => "built in",
+            Kind::Admitter => "admitter",
         }
     }
 }
@@ -70,6 +73,8 @@ pub enum Data {
     InFlight,
     /// Endpoint labels (pool config or discovery).
     EndpointLabels,
+    /// Each endpoint's predicted TTFT and TPOT for the request (`predicted-latency-producer`).
+    LatencyPredictions,
 }
 
 pub type Builder = fn(&Value) -> Result<Plugin, String>;

@@ -3,6 +3,7 @@
 
 pub mod approx_prefix_cache_producer;
 pub mod inflight_load_producer;
+pub mod predicted_latency_producer;
 pub mod token_producer;
 
 use super::spec::parameters;

@@ -8,7 +8,8 @@
 //!   `maxTTFTPenaltyMs` above the best other endpoint's, every candidate is kept. The TTFT is
 //!   the endpoint's in-flight tokens over `peakPrefillThroughput`. Here those tokens are the
 //!   filter's own count (uncached prompt plus `max_tokens`, until the response ends), where
-//!   llm-d counts the uncached prompt until the first chunk.
+//!   llm-d counts the uncached prompt until the first chunk. With `ttftSource:
+//!   latencyPredictor` it is `predicted-latency-producer`'s prediction instead.
 
 use crate::scheduling::plugins::spec::{effective, Data, Ignored, Kind, PluginSpec};
 use crate::scheduling::rng::Rng;
@@ -28,8 +29,10 @@ pub const SPEC: PluginSpec = PluginSpec::new(TYPE, Kind::Filter, build, effectiv
         Ignored::producer("inFlightLoadProducerName", "inflight-load-producer"),
     ]);
 
-/// The TTFT gate's source: the throughput estimate; `latencyPredictor` needs the predictor.
+/// The TTFT gate's sources: the in-flight tokens over the peak prefill throughput, or
+/// `predicted-latency-producer`'s predictions.
 pub const PREFILL_THROUGHPUT: &str = "prefillThroughput";
+pub const LATENCY_PREDICTOR: &str = "latencyPredictor";
 
 #[derive(Debug, Clone, PartialEq, serde::Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase", default)]
@@ -94,14 +97,20 @@ pub fn build(parameters: &Value) -> Result<Plugin, String> {
             p.max_ttft_penalty_ms
         ));
     }
-    if p.ttft_source != PREFILL_THROUGHPUT {
-        return Err(format!(
-            "ttftSource {:?}: only {PREFILL_THROUGHPUT:?} is implemented (the in-flight tokens over peakPrefillThroughput)",
-            p.ttft_source
-        ));
-    }
+    let throughput = match p.ttft_source.as_str() {
+        PREFILL_THROUGHPUT => true,
+        LATENCY_PREDICTOR => false,
+        other => {
+            return Err(format!(
+                "ttftSource {other:?} must be {PREFILL_THROUGHPUT:?} or {LATENCY_PREDICTOR:?}"
+            ))
+        }
+    };
     let gated = p.max_ttft_penalty_ms > 0.0;
-    if gated && !(p.peak_prefill_throughput > 0.0 && p.peak_prefill_throughput.is_finite()) {
+    if throughput
+        && gated
+        && !(p.peak_prefill_throughput > 0.0 && p.peak_prefill_throughput.is_finite())
+    {
         return Err(format!(
             "peakPrefillThroughput {} must be above 0 while maxTTFTPenaltyMs is set",
             p.peak_prefill_throughput
@@ -115,8 +124,17 @@ pub fn build(parameters: &Value) -> Result<Plugin, String> {
 }
 
 impl PrefixCacheAffinityFilter {
-    /// Expected TTFT at `endpoint` in ms: its in-flight tokens at the peak prefill rate.
+    /// Expected TTFT at `endpoint` in ms: its in-flight tokens at the peak prefill rate, or
+    /// the predictor's (no prediction: never faster than one).
     fn ttft_ms(&self, ctx: &SchedulingContext<'_>, endpoint: usize) -> f64 {
+        if self.parameters.ttft_source == LATENCY_PREDICTOR {
+            return ctx
+                .cycle
+                .latency
+                .as_ref()
+                .and_then(|p| p.get(endpoint))
+                .map_or(f64::INFINITY, |p| p.ttft_ms);
+        }
         let tokens = ctx
             .pool
             .get(endpoint)
@@ -137,7 +155,12 @@ impl PrefixCacheAffinityFilter {
                 .map(|&c| self.ttft_ms(ctx, c))
                 .fold(f64::INFINITY, f64::min)
         };
-        best(true) - best(false) > self.parameters.max_ttft_penalty_ms
+        let (sticky, other) = (best(true), best(false));
+        // Neither side predicted: nothing says stickiness costs anything.
+        if sticky.is_infinite() && other.is_infinite() {
+            return false;
+        }
+        sticky - other > self.parameters.max_ttft_penalty_ms
     }
 }
 
@@ -254,7 +277,7 @@ mod tests {
             ("{explorationProbability: 1.5}", "explorationProbability"),
             ("{maxTTFTPenaltyMs: -1}", "maxTTFTPenaltyMs"),
             ("{peakPrefillThroughput: 0}", "peakPrefillThroughput"),
-            ("{ttftSource: latencyPredictor}", "ttftSource"),
+            ("{ttftSource: exact}", "ttftSource"),
         ] {
             let value: Value = serde_yaml::from_str(given).unwrap();
             let error = build(&value).err().unwrap();

@@ -3,6 +3,7 @@
 pub mod active_request_scorer;
 pub mod context_length_aware;
 pub mod kv_cache_utilization_scorer;
+pub mod latency_scorer;
 pub mod load_aware_scorer;
 pub mod lora_affinity_scorer;
 pub mod metric_scorer;

@@ -1,0 +1,3 @@
+//! Admission plugins: whether a request is scheduled at all.
+
+pub mod latency_slo_admitter;
