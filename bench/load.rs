@@ -52,19 +52,34 @@ pub struct OpenLoop {
     pub elapsed: f64,
 }
 
-/// Open loop: Poisson arrivals at `rate` per second, one thread per request in flight; request
-/// `n` goes to `addresses[n % len]` (several gateways behind a round-robin L4 balancer).
-pub fn open_loop(addresses: &[String], requests: &[String], rate: f64, seed: u64) -> OpenLoop {
-    open_loop_balanced(addresses, requests, rate, seed, &|n| n % addresses.len())
+/// Open loop: Poisson arrivals at `rate` per second, one thread per request in flight, these
+/// headers on each; request `n` goes to `addresses[n % len]` (several gateways behind a
+/// round-robin L4 balancer).
+pub fn open_loop_with(
+    addresses: &[String],
+    requests: &[String],
+    rate: f64,
+    seed: u64,
+    headers: &[(&str, &str)],
+) -> OpenLoop {
+    open_loop_balanced(
+        addresses,
+        requests,
+        rate,
+        seed,
+        &|n| n % addresses.len(),
+        headers,
+    )
 }
 
-/// [`open_loop`] with request `n` sent to `addresses[balance(n)]`.
+/// [`open_loop_with`], request `n` sent to `addresses[balance(n)]`.
 pub fn open_loop_balanced(
     addresses: &[String],
     requests: &[String],
     rate: f64,
     seed: u64,
     balance: &(dyn Fn(usize) -> usize + Sync),
+    headers: &[(&str, &str)],
 ) -> OpenLoop {
     let started = Instant::now();
     let sent = open_loop_each(requests.len(), rate, seed, &|n,
@@ -74,7 +89,7 @@ pub fn open_loop_balanced(
         let address = &addresses[balance(n) % addresses.len()];
         client
             .get_or_insert_with(|| KeepAlive::new(address))
-            .post("/v1/chat/completions", &requests[n])
+            .post_with("/v1/chat/completions", headers, &requests[n])
     });
     let elapsed = started.elapsed().as_secs_f64();
     let mut ok = Vec::new();

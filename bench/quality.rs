@@ -5,9 +5,10 @@
 
 mod goals;
 mod goodput;
+mod slo;
 
 use crate::chart::{bar_chart, line_chart};
-use crate::load::{open_loop, sorted, Percentiles};
+use crate::load::{open_loop_with, sorted, Percentiles};
 use crate::report::{csv_table, markdown_table, Cell, Chart, Column, Part, Row};
 use crate::setup::Gateway;
 use crate::support::Sim;
@@ -281,6 +282,7 @@ fn run_seeded(
     sim_args: &[&str],
     requests: &[String],
     arrivals: Arrivals,
+    headers: &[(&str, &str)],
 ) -> QualityRun {
     let sims: Vec<Sim> = (1..=8)
         .map(|i| Sim::start(&format!("pod-{i}"), sim_args))
@@ -292,7 +294,13 @@ fn run_seeded(
             sim.wait_for_scrapes(2);
         }
     }
-    let load = open_loop(&[running.address()], requests, arrivals.rate, arrivals.seed);
+    let load = open_loop_with(
+        &[running.address()],
+        requests,
+        arrivals.rate,
+        arrivals.seed,
+        headers,
+    );
     let mut picks = BTreeMap::new();
     for e in &load.ok {
         *picks.entry(e.pod.clone()).or_insert(0) += 1;
@@ -476,6 +484,7 @@ pub fn run(quick: bool) -> Part {
         charts.extend(regime_charts(regime, &points, &goodput, &ceiling));
     }
     markdown += PEERS;
+    markdown += &slo::run(seeds, quick, &only);
     Part {
         markdown,
         csv: csv_table(&cells),
@@ -534,7 +543,7 @@ fn sweep(plan: &[Planned<'_>], quick: bool) -> Vec<CellRow> {
                 rate: cell.rate,
                 seed: 10 + cell.seed,
             };
-            let run = run_seeded(cell.gateway, &sim_args, requests, arrivals);
+            let run = run_seeded(cell.gateway, &sim_args, requests, arrivals, &[]);
             let row = cell_row(cell, &run);
             print_cell(&row, started.elapsed().as_secs_f64());
             row

@@ -220,6 +220,7 @@ fn run_fleet(workload: &Workload, setup: Setup) -> FleetRow {
         setup.rate,
         setup.seed,
         &balance,
+        &[],
     );
     let (cpu_used, scraped) = (cpu() - cpu_before, scrapes() - scrapes_before);
     drop(hog);

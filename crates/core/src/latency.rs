@@ -4,7 +4,9 @@
 //! filter's scrapes already read. Over each window of scrapes the mean of each is set against
 //! what the picker saw of the pod meanwhile (its queue and its running batch):
 //! - TTFT is the pace's terms (the wait behind the queue, the prefill of the uncached prompt;
-//!   see [`crate::pace`]) plus a learned per-request base, what the terms leave unexplained;
+//!   see [`crate::pace`]) plus what they leave unexplained, as a line in the running batch (a
+//!   batching engine's prefill shares each step with the batch's decodes); before the pace is
+//!   known, TTFT itself as a line in the batch;
 //! - TPOT is a line in the running batch, fitted by weighted least squares with older
 //!   windows counting less.
 //!
@@ -26,8 +28,6 @@ pub struct LatencyTotals {
 const WINDOW_MS: u64 = 1_000;
 /// Scrapes further apart than this say nothing about the time between.
 const MAX_GAP_MS: u64 = 10_000;
-/// Weight of the newest window in the smoothed base.
-const NEWEST_WEIGHT: f64 = 0.3;
 /// Each window's weight in the TPOT fit, relative to the one after it.
 const FIT_DECAY: f64 = 0.9;
 /// Inter-token gaps a window must hold to say anything about TPOT.
@@ -43,7 +43,7 @@ struct Seen {
 
 /// A weighted least-squares line `y = a + b x` whose older points fade.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
-struct FadingLine {
+pub struct FadingLine {
     weight: f64,
     x: f64,
     xx: f64,
@@ -61,21 +61,64 @@ impl FadingLine {
         self.xy = self.xy * keep + x * y;
     }
 
-    /// The line at `x`; flat (the mean) while the points do not spread in `x`, and never
-    /// below zero or below the smallest slope's meaning (a batch never speeds tokens up).
-    fn at(&self, x: f64) -> Option<f64> {
+    /// Both lines' points in one: a pool's pods seen together.
+    pub fn with(self, other: &FadingLine) -> FadingLine {
+        FadingLine {
+            weight: self.weight + other.weight,
+            x: self.x + other.x,
+            xx: self.xx + other.xx,
+            y: self.y + other.y,
+            xy: self.xy + other.xy,
+        }
+    }
+
+    /// The slope, when the points spread in `x` enough to tell one; never below zero (a
+    /// larger batch never makes a pod faster).
+    pub fn slope(&self) -> Option<f64> {
         if self.weight <= 0.0 {
             return None;
         }
         let (mean_x, mean_y) = (self.x / self.weight, self.y / self.weight);
         let spread = self.xx / self.weight - mean_x * mean_x;
-        let slope = if spread > 0.25 {
-            ((self.xy / self.weight - mean_x * mean_y) / spread).max(0.0)
-        } else {
-            0.0
-        };
+        let slope = (self.xy / self.weight - mean_x * mean_y) / spread;
+        (spread > 0.25 && slope.is_finite()).then_some(slope.max(0.0))
+    }
+
+    /// The line at `x` with `slope` (its own, else `shared`, else flat); never below zero.
+    fn at_with(&self, x: f64, shared: Option<f64>) -> Option<f64> {
+        if self.weight <= 0.0 {
+            return None;
+        }
+        let (mean_x, mean_y) = (self.x / self.weight, self.y / self.weight);
+        let slope = self.slope().or(shared).unwrap_or(0.0);
         let value = mean_y + slope * (x - mean_x);
         value.is_finite().then_some(value.max(0.0))
+    }
+
+    fn at(&self, x: f64) -> Option<f64> {
+        self.at_with(x, None)
+    }
+}
+
+/// How TTFT grows with the batch across a pool, for pods whose own windows saw too little
+/// spread in their batch to tell (see [`LatencyModel::ttft_s`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct SharedSlopes {
+    pub unexplained: Option<f64>,
+    pub direct: Option<f64>,
+}
+
+impl SharedSlopes {
+    /// The slopes of every model's points together.
+    pub fn of<'a>(models: impl Iterator<Item = &'a LatencyModel>) -> SharedSlopes {
+        let (unexplained, direct) = models.fold(
+            (FadingLine::default(), FadingLine::default()),
+            |(u, d), m| (u.with(&m.ttft_unexplained), d.with(&m.ttft)),
+        );
+        SharedSlopes {
+            unexplained: unexplained.slope(),
+            direct: direct.slope(),
+        }
     }
 }
 
@@ -87,10 +130,10 @@ pub struct LatencyModel {
     /// The last scrape's time, queue and running batch.
     last: Option<(u64, f64, f64)>,
     seen: Seen,
-    /// Seconds of TTFT the pace's wait and prefill do not explain.
-    ttft_base_s: Option<f64>,
-    /// The mean TTFT, for a pod whose pace is not known yet.
-    ttft_mean_s: Option<f64>,
+    /// Seconds of TTFT the pace's wait and prefill do not explain, against the batch.
+    ttft_unexplained: FadingLine,
+    /// TTFT against the batch, for a pod whose pace is not known yet.
+    ttft: FadingLine,
     tpot: FadingLine,
 }
 
@@ -159,12 +202,16 @@ impl LatencyModel {
     }
 
     fn learn(&mut self, window: &Window, pace: &Pace) {
-        self.ttft_mean_s = smooth(self.ttft_mean_s, window.ttft_s);
+        if !(window.ttft_s.is_finite() && window.ttft_s >= 0.0) {
+            return;
+        }
+        self.ttft.add(window.running, window.ttft_s);
         let explained = window.computed_tokens_per_request.and_then(|tokens| {
             Some(wait_s(pace, window.waiting, window.running)? + pace.prefill_s(tokens)?)
         });
-        if let Some(explained) = explained {
-            self.ttft_base_s = smooth(self.ttft_base_s, (window.ttft_s - explained).max(0.0));
+        if let Some(explained) = explained.filter(|e| e.is_finite()) {
+            self.ttft_unexplained
+                .add(window.running, (window.ttft_s - explained).max(0.0));
         }
         if let Some(tpot) = window.tpot_s.filter(|t| t.is_finite() && *t >= 0.0) {
             self.tpot.add(window.running, tpot);
@@ -182,14 +229,17 @@ impl LatencyModel {
     pub fn ttft_s(
         &self,
         pace: &Pace,
-        waiting: f64,
-        running: f64,
+        (waiting, running): (f64, f64),
         uncached_tokens: f64,
+        shared: SharedSlopes,
     ) -> Option<f64> {
-        let modelled = self.ttft_base_s.and_then(|base| {
-            Some(base + wait_s(pace, waiting, running)? + pace.prefill_s(uncached_tokens)?)
+        let unexplained = self.ttft_unexplained.at_with(running, shared.unexplained);
+        let modelled = unexplained.and_then(|unexplained| {
+            Some(unexplained + wait_s(pace, waiting, running)? + pace.prefill_s(uncached_tokens)?)
         });
-        modelled.or(self.ttft_mean_s).filter(|t| t.is_finite())
+        modelled
+            .or_else(|| self.ttft.at_with(running, shared.direct))
+            .filter(|t| t.is_finite())
     }
 
     /// Expected seconds per output token with `running` requests in the batch (this one
@@ -203,16 +253,6 @@ impl LatencyModel {
 /// when the pod does not say (a full batch is the pod's capacity).
 fn wait_s(pace: &Pace, waiting: f64, running: f64) -> Option<f64> {
     pace.wait_s(waiting, running.max(1.0))
-}
-
-fn smooth(held: Option<f64>, newest: f64) -> Option<f64> {
-    if !newest.is_finite() || newest < 0.0 {
-        return held;
-    }
-    match held {
-        Some(held) => Some(held + NEWEST_WEIGHT * (newest - held)),
-        None => Some(newest),
-    }
 }
 
 #[cfg(test)]
@@ -236,7 +276,7 @@ mod tests {
         let pace = Pace::default();
         model.observe(0, totals(0.0, 0.0, 0.0, 0.0), (0.0, 1.0), Some(0.0), &pace);
         assert_eq!(
-            model.ttft_s(&pace, 0.0, 1.0, 100.0),
+            model.ttft_s(&pace, (0.0, 1.0), 100.0, SharedSlopes::default()),
             None,
             "nothing learned"
         );
@@ -247,7 +287,9 @@ mod tests {
             Some(400.0),
             &pace,
         );
-        let ttft = model.ttft_s(&pace, 0.0, 1.0, 100.0).unwrap();
+        let ttft = model
+            .ttft_s(&pace, (0.0, 1.0), 100.0, SharedSlopes::default())
+            .unwrap();
         assert!((ttft - 0.05).abs() < 1e-9, "the mean: {ttft}");
         // With a pace (1 s a request, 0.1 ms a token), the queue and the prompt count.
         let mut paced = Pace::default();
@@ -270,9 +312,15 @@ mod tests {
             Some(200.0),
             &paced,
         );
-        let idle = model.ttft_s(&paced, 0.0, 2.0, 100.0).unwrap();
-        let queued = model.ttft_s(&paced, 4.0, 2.0, 100.0).unwrap();
-        let longer = model.ttft_s(&paced, 0.0, 2.0, 1000.0).unwrap();
+        let idle = model
+            .ttft_s(&paced, (0.0, 2.0), 100.0, SharedSlopes::default())
+            .unwrap();
+        let queued = model
+            .ttft_s(&paced, (4.0, 2.0), 100.0, SharedSlopes::default())
+            .unwrap();
+        let longer = model
+            .ttft_s(&paced, (0.0, 2.0), 1000.0, SharedSlopes::default())
+            .unwrap();
         assert!(
             (queued - idle - 2.0).abs() < 1e-9,
             "4 waiting / 2 slots x 1 s"
@@ -321,8 +369,8 @@ mod tests {
         );
         model.observe(3000, totals(1.0, 0.0, 0.0, 0.0), (0.0, 1.0), None, &pace);
         assert_eq!(
-            model.ttft_s(&pace, 0.0, 1.0, 0.0),
-            learned.ttft_s(&pace, 0.0, 1.0, 0.0)
+            model.ttft_s(&pace, (0.0, 1.0), 0.0, SharedSlopes::default()),
+            learned.ttft_s(&pace, (0.0, 1.0), 0.0, SharedSlopes::default())
         );
     }
 }

@@ -5,7 +5,7 @@ use super::defaults::{default_picker, implicit_profile};
 use super::error::ConfigError;
 use super::pool::PoolConfig;
 use super::raw::{RawConfig, RawPlugin, RawProfile};
-use super::validate::weight;
+use super::validate::{is_producer, weight};
 use crate::flow_control::FlowControlConfig;
 use crate::scheduling::plugins::{self, profile_handler::single_profile_handler};
 use crate::scheduling::{
@@ -60,11 +60,6 @@ pub(super) fn build_plugins(
         });
     }
     Ok(instances)
-}
-
-/// A plugin that produces data for others (a built-in kind), whatever it is built as.
-pub(super) fn is_producer(instance: &PluginInstance) -> bool {
-    plugins::spec(instance.type_name).is_some_and(|spec| spec.kind == plugins::Kind::BuiltIn)
 }
 
 /// llm-d's EPP creates `predicted-latency-producer` when a plugin reads predictions and none

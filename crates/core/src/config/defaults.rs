@@ -52,7 +52,7 @@ pub(super) fn implicit_profile(instances: &[PluginInstance]) -> RawProfile {
                 matches!(
                     p.plugin,
                     Plugin::Filter(_) | Plugin::Scorer(_) | Plugin::Picker(_)
-                ) && !super::build::is_producer(p)
+                ) && !super::validate::is_producer(p)
             })
             .map(|p| RawProfilePlugin {
                 plugin_ref: p.name.clone(),

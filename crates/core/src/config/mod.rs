@@ -227,11 +227,12 @@ fn load_raw(
         )
     });
     let models_source = models_source(&instances);
-    let admits_by_latency = instances
-        .iter()
-        .any(|i| i.type_name == plugins::admitter::latency_slo_admitter::TYPE);
+    let latency_admitter = plugins::admitter::latency_slo_admitter::TYPE;
+    let admits_by_latency = instances.iter().any(|i| i.type_name == latency_admitter);
     let mut scheduler = Scheduler::new(instances, profiles, handler, seed);
-    scheduler.set_latency_admission(admits_by_latency);
+    if admits_by_latency {
+        scheduler.set_admission(plugins::admitter::latency_slo_admitter::admits);
+    }
     scheduler.set_saturation_detector(detector);
     let config = FilterConfig {
         scheduler,

@@ -61,6 +61,12 @@ pub(super) fn check_header(raw: &RawConfig) -> Result<(), ConfigError> {
     Ok(())
 }
 
+/// A plugin that produces data for others (a built-in kind, as llm-d's producers are),
+/// whatever it is built as: a profile that lists it does not score with it.
+pub(super) fn is_producer(instance: &PluginInstance) -> bool {
+    plugins::spec(instance.type_name).is_some_and(|spec| spec.kind == Kind::BuiltIn)
+}
+
 pub(super) fn weight(weight: Option<f64>, key: &str) -> Result<f64, ConfigError> {
     match weight {
         None => Ok(1.0),

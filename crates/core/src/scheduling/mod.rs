@@ -9,7 +9,6 @@ pub mod rng;
 
 use crate::endpoint::{EndpointState, Health, LoadView, Pool};
 use crate::request::InferenceRequest;
-use plugins::admitter::latency_slo_admitter;
 use rng::Rng;
 use std::fmt::Write;
 
@@ -221,6 +220,9 @@ pub struct Wiring {
 pub trait Picker: Send {
     fn pick(&self, candidates: &[usize], totals: &[f64], rng: &mut Rng, picked: &mut Vec<usize>);
 }
+
+/// An admission plugin's decision, from the request and the filled cycle state.
+pub type Admission = fn(&InferenceRequest, &Pool, &CycleState) -> bool;
 
 /// Decides which profiles run, in which order, and whose result routes the request.
 pub trait ProfileHandler: Send {
@@ -444,8 +446,9 @@ pub struct Scheduler {
     profiles: Vec<Profile>,
     handler: usize,
     saturation_detector: Option<usize>,
-    /// `latency-slo-admitter` is declared.
-    latency_admission: bool,
+    /// Whether a request is scheduled at all, once the cycle state is filled
+    /// (`latency-slo-admitter`).
+    admission: Option<Admission>,
     rng: Rng,
     base: Vec<usize>,
     cycle: CycleState,
@@ -466,7 +469,7 @@ impl Scheduler {
             profiles,
             handler,
             saturation_detector: None,
-            latency_admission: false,
+            admission: None,
             rng: Rng::new(seed),
             base: Vec::new(),
             cycle: CycleState::default(),
@@ -476,9 +479,9 @@ impl Scheduler {
     }
 
     /// Set by the loader: the plugin `saturationDetector.pluginRef` names.
-    /// Sheddable requests no endpoint can serve within their SLOs are refused.
-    pub fn set_latency_admission(&mut self, on: bool) {
-        self.latency_admission = on;
+    /// Requests `admits` refuses are not scheduled (429).
+    pub fn set_admission(&mut self, admits: Admission) {
+        self.admission = Some(admits);
     }
 
     pub fn set_saturation_detector(&mut self, index: usize) {
@@ -699,7 +702,10 @@ impl Scheduler {
                 scorer.predict(request, pool, &mut cycle);
             }
         }
-        if self.latency_admission && !latency_slo_admitter::admits(request, pool, &cycle) {
+        if self
+            .admission
+            .is_some_and(|admits| !admits(request, pool, &cycle))
+        {
             self.cycle = cycle;
             return Err(ScheduleError::NotAdmitted);
         }

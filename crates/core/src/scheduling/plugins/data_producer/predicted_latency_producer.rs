@@ -14,6 +14,7 @@
 //! latency alone.
 
 use crate::endpoint::Pool;
+use crate::latency::SharedSlopes;
 use crate::protocol::{SLO_TPOT_HEADER, SLO_TTFT_HEADER};
 use crate::request::InferenceRequest;
 use crate::scheduling::plugins::spec::{effective, Data, Ignored, Kind, PluginSpec, Signal};
@@ -126,15 +127,16 @@ impl PredictedLatencyProducer {
         request: &InferenceRequest,
         pool: &Pool,
         cycle: &CycleState,
-        index: usize,
+        (index, shared): (usize, SharedSlopes),
     ) -> Option<Prediction> {
         let endpoint = pool.get(index).filter(|e| e.routable(pool.now_ms()))?;
         let (waiting, running) = (pool.waiting(index)?, pool.running(index)?);
         let uncached = f64::from(cycle.uncached_prompt_tokens(request, index));
-        let ttft_ms = endpoint
-            .latency
-            .ttft_s(&endpoint.pace, waiting, running, uncached)?
-            * 1000.0;
+        let ttft_ms =
+            endpoint
+                .latency
+                .ttft_s(&endpoint.pace, (waiting, running), uncached, shared)?
+                * 1000.0;
         let tpot_ms = endpoint.latency.tpot_s(running + 1.0).map(|s| s * 1000.0);
         let slo = |ms: Option<f64>| ms.filter(|v| v.is_finite() && *v > 0.0).unwrap_or(0.0);
         let tpot_headroom_ms = match tpot_ms {
@@ -161,8 +163,11 @@ impl Scorer for PredictedLatencyProducer {
         }
         let mut predictions = cycle.latency.take().unwrap_or_default();
         predictions.endpoints.clear();
+        // Pods share hardware and engine: how TTFT grows with the batch is learned over all
+        // of them, for a pod whose own load varied too little to tell.
+        let shared = SharedSlopes::of(pool.endpoints.iter().map(|e| &e.latency));
         for index in 0..pool.len() {
-            let prediction = self.predict_at(request, pool, cycle, index);
+            let prediction = self.predict_at(request, pool, cycle, (index, shared));
             predictions.endpoints.push(prediction);
         }
         cycle.latency = Some(predictions);
