@@ -3,10 +3,12 @@
 //! (`vllm:time_to_first_token_seconds`, `vllm:inter_token_latency_seconds`), which the
 //! filter's scrapes already read. Over each window of scrapes the mean of each is set against
 //! what the picker saw of the pod meanwhile (its queue and its running batch):
-//! - TTFT is the pace's terms (the wait behind the queue, the prefill of the uncached prompt;
-//!   see [`crate::pace`]) plus what they leave unexplained, as a line in the running batch (a
-//!   batching engine's prefill shares each step with the batch's decodes); before the pace is
-//!   known, TTFT itself as a line in the batch;
+//! - TTFT is the prefill of the request's uncached prompt at the pod's pace (see
+//!   [`crate::pace`]) plus the rest of it as a line in the pod's load (running plus waiting):
+//!   how much a queued or batched request delays a first token is learned, not assumed, since
+//!   a batching engine's queue drains by steps and a slot engine's by finishes. The slope is
+//!   shared over the pool's pods where a pod's own load varied too little to tell. Before the
+//!   pace is known, TTFT itself is the line;
 //! - TPOT is a line in the running batch, fitted by weighted least squares with older
 //!   windows counting less.
 //!
@@ -130,9 +132,9 @@ pub struct LatencyModel {
     /// The last scrape's time, queue and running batch.
     last: Option<(u64, f64, f64)>,
     seen: Seen,
-    /// Seconds of TTFT the pace's wait and prefill do not explain, against the batch.
+    /// TTFT less the prefill of the window's mean prompt, against the load.
     ttft_unexplained: FadingLine,
-    /// TTFT against the batch, for a pod whose pace is not known yet.
+    /// TTFT against the load, for a pod whose prefill pace is not known yet.
     ttft: FadingLine,
     tpot: FadingLine,
 }
@@ -205,13 +207,13 @@ impl LatencyModel {
         if !(window.ttft_s.is_finite() && window.ttft_s >= 0.0) {
             return;
         }
-        self.ttft.add(window.running, window.ttft_s);
-        let explained = window.computed_tokens_per_request.and_then(|tokens| {
-            Some(wait_s(pace, window.waiting, window.running)? + pace.prefill_s(tokens)?)
-        });
-        if let Some(explained) = explained.filter(|e| e.is_finite()) {
-            self.ttft_unexplained
-                .add(window.running, (window.ttft_s - explained).max(0.0));
+        let load = window.waiting + window.running;
+        self.ttft.add(load, window.ttft_s);
+        let prefill = window
+            .computed_tokens_per_request
+            .and_then(|tokens| pace.prefill_s(tokens));
+        if let Some(prefill) = prefill.filter(|p| p.is_finite()) {
+            self.ttft_unexplained.add(load, window.ttft_s - prefill);
         }
         if let Some(tpot) = window.tpot_s.filter(|t| t.is_finite() && *t >= 0.0) {
             self.tpot.add(window.running, tpot);
@@ -233,12 +235,16 @@ impl LatencyModel {
         uncached_tokens: f64,
         shared: SharedSlopes,
     ) -> Option<f64> {
-        let unexplained = self.ttft_unexplained.at_with(running, shared.unexplained);
-        let modelled = unexplained.and_then(|unexplained| {
-            Some(unexplained + wait_s(pace, waiting, running)? + pace.prefill_s(uncached_tokens)?)
-        });
+        let load = waiting.max(0.0) + running.max(0.0);
+        // With no load spread seen anywhere yet, a request of load costs what the pace says
+        // one more in the queue does: its service time over the batch.
+        let prior = pace.wait_s(1.0, running.max(1.0)).filter(|s| s.is_finite());
+        let modelled = self
+            .ttft_unexplained
+            .at_with(load, shared.unexplained.or(prior))
+            .and_then(|rest| Some(rest + pace.prefill_s(uncached_tokens)?));
         modelled
-            .or_else(|| self.ttft.at_with(running, shared.direct))
+            .or_else(|| self.ttft.at_with(load, shared.direct.or(prior)))
             .filter(|t| t.is_finite())
     }
 
@@ -249,17 +255,20 @@ impl LatencyModel {
     }
 }
 
-/// The wait for a slot behind `waiting` requests, the batch's size standing in for the slots
-/// when the pod does not say (a full batch is the pod's capacity).
-fn wait_s(pace: &Pace, waiting: f64, running: f64) -> Option<f64> {
-    pace.wait_s(waiting, running.max(1.0))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::harness::test;
     use crate::pace::WorkTotals;
+
+    /// `sums` as they stood before its last `served` first tokens of `ttft` each.
+    fn sums_before(sums: &LatencyTotals, served: f64, ttft: f64) -> LatencyTotals {
+        LatencyTotals {
+            first_tokens: sums.first_tokens - served,
+            ttft_seconds: sums.ttft_seconds - served * ttft,
+            ..*sums
+        }
+    }
 
     fn totals(first: f64, ttft: f64, inter: f64, itl: f64) -> LatencyTotals {
         LatencyTotals {
@@ -271,12 +280,13 @@ mod tests {
     }
 
     #[test]
-    fn learns_the_mean_ttft_before_the_pace_and_the_base_after() {
+    fn learns_ttft_against_the_load_and_the_prompt() {
         let mut model = LatencyModel::default();
         let pace = Pace::default();
         model.observe(0, totals(0.0, 0.0, 0.0, 0.0), (0.0, 1.0), Some(0.0), &pace);
+        let none = SharedSlopes::default();
         assert_eq!(
-            model.ttft_s(&pace, (0.0, 1.0), 100.0, SharedSlopes::default()),
+            model.ttft_s(&pace, (0.0, 1.0), 100.0, none),
             None,
             "nothing learned"
         );
@@ -287,11 +297,10 @@ mod tests {
             Some(400.0),
             &pace,
         );
-        let ttft = model
-            .ttft_s(&pace, (0.0, 1.0), 100.0, SharedSlopes::default())
-            .unwrap();
+        let ttft = model.ttft_s(&pace, (0.0, 1.0), 100.0, none).unwrap();
         assert!((ttft - 0.05).abs() < 1e-9, "the mean: {ttft}");
-        // With a pace (1 s a request, 0.1 ms a token), the queue and the prompt count.
+        // With a prefill pace of 0.1 ms a token, windows at a load of 2 (60 ms) and of 6
+        // (400 ms): the load's cost is learned, and the prompt's is the pace's.
         let mut paced = Pace::default();
         paced.observe(0, WorkTotals::default(), 2.0);
         paced.observe(
@@ -304,28 +313,35 @@ mod tests {
             2.0,
         );
         let mut model = LatencyModel::default();
-        model.observe(0, totals(0.0, 0.0, 0.0, 0.0), (0.0, 2.0), Some(0.0), &paced);
-        model.observe(
-            1000,
-            totals(2.0, 0.06, 20.0, 0.2),
-            (0.0, 2.0),
-            Some(200.0),
-            &paced,
-        );
-        let idle = model
-            .ttft_s(&paced, (0.0, 2.0), 100.0, SharedSlopes::default())
-            .unwrap();
-        let queued = model
-            .ttft_s(&paced, (4.0, 2.0), 100.0, SharedSlopes::default())
-            .unwrap();
-        let longer = model
-            .ttft_s(&paced, (0.0, 2.0), 1000.0, SharedSlopes::default())
-            .unwrap();
+        let mut sums = totals(0.0, 0.0, 0.0, 0.0);
+        let mut tokens = 0.0;
+        model.observe(0, sums, (0.0, 2.0), Some(tokens), &paced);
+        for (second, (waiting, ttft)) in [(0.0, 0.06), (4.0, 0.4), (0.0, 0.06), (4.0, 0.4)]
+            .into_iter()
+            .enumerate()
+        {
+            sums.first_tokens += 2.0;
+            sums.ttft_seconds += 2.0 * ttft;
+            tokens += 200.0;
+            let at = (second as u64 + 1) * 1000;
+            // The load holds through the window: one scrape at its start, one at its end.
+            model.observe(
+                at - 500,
+                sums_before(&sums, 2.0, ttft),
+                (waiting, 2.0),
+                Some(tokens - 200.0),
+                &paced,
+            );
+            model.observe(at, sums, (waiting, 2.0), Some(tokens), &paced);
+        }
+        let idle = model.ttft_s(&paced, (0.0, 2.0), 100.0, none).unwrap();
+        let loaded = model.ttft_s(&paced, (4.0, 2.0), 100.0, none).unwrap();
+        let longer = model.ttft_s(&paced, (0.0, 2.0), 1000.0, none).unwrap();
+        assert!(loaded > idle + 0.2, "idle {idle}, loaded {loaded}");
         assert!(
-            (queued - idle - 2.0).abs() < 1e-9,
-            "4 waiting / 2 slots x 1 s"
+            (longer - idle - 0.09).abs() < 1e-6,
+            "900 more tokens at 0.1 ms"
         );
-        assert!(longer > idle, "a longer uncached prompt takes longer");
     }
 
     #[test]

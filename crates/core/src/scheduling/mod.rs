@@ -852,6 +852,9 @@ impl Scheduler {
                 );
             }
             line.push(')');
+            if let Some(ttft) = row.predicted_ttft_ms {
+                let _ = write!(line, " predicted_ttft_ms={ttft:.0}");
+            }
         }
         if !profile.is_empty() {
             line.push(']');
@@ -881,11 +884,13 @@ impl Scheduler {
                         (name, score, scorer.weight)
                     })
                     .collect();
+                let predicted = self.cycle.latency.as_ref().and_then(|l| l.get(endpoint));
                 rows.push(ExplainRow {
                     profile: profile.name.as_str(),
                     address: pool.get(endpoint).map_or("?", |e| e.address.as_str()),
                     total: trace.totals.get(i).copied().unwrap_or(0.0),
                     scores,
+                    predicted_ttft_ms: predicted.map(|p| p.ttft_ms),
                 });
             }
         }
@@ -901,6 +906,8 @@ pub struct ExplainRow<'a> {
     pub total: f64,
     /// `(scorer name, clamped score, weight)`.
     pub scores: Vec<(&'a str, f64, f64)>,
+    /// `predicted-latency-producer`'s TTFT for the request there, ms.
+    pub predicted_ttft_ms: Option<f64>,
 }
 
 /// Runs a profile's scorers over the trace's candidates: clamped scores, weighted totals.
