@@ -80,7 +80,9 @@ fn fresh(director: &mut Director, pods: usize) {
             .on_scrape_ok(
                 i,
                 1000,
-                "vllm:num_requests_waiting 0\nvllm:num_requests_running 0\nvllm:kv_cache_usage_perc 0\n",
+                // vLLM's names, and TensorRT-LLM's for the config that reads pods as that.
+                "vllm:num_requests_waiting 0\nvllm:num_requests_running 0\nvllm:kv_cache_usage_perc 0\n\
+                 trtllm_num_requests_waiting 0\ntrtllm_num_requests_running 0\n",
             )
             .expect("scrape parses");
     }

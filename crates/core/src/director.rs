@@ -201,6 +201,7 @@ impl Director {
             header_use,
             selector_warned: vec![false; config.metric_selectors.len()],
             pool: Pool::new(endpoints)
+                .with_default_engine(config.default_engine.clone())
                 .with_live_load(config.pool.load_signals == LoadSignals::Live)
                 .with_replicas(config.pool.replicas),
             scheduler: config.scheduler,

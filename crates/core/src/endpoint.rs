@@ -12,6 +12,16 @@ pub const ROLE_LABEL: &str = "llm-d.ai/role";
 /// Label naming the engine whose metric names a pod exposes.
 pub const ENGINE_TYPE_LABEL: &str = "inference.networking.k8s.io/engine-type";
 
+/// A pod's engine: its engine-type label's, else the pool's default, else vLLM.
+fn engine_of(labels: &BTreeMap<String, String>, default_engine: Option<&str>) -> Engine {
+    Engine::from_label(
+        labels
+            .get(ENGINE_TYPE_LABEL)
+            .map(String::as_str)
+            .or(default_engine),
+    )
+}
+
 /// Parses `ip:port` (IPv6 as `[addr]:port`) into the canonical text form used everywhere:
 /// in the destination header, in logs and as the pool's key. Only addresses a pod can have
 /// are accepted: see [`unroutable`].
@@ -119,7 +129,7 @@ pub struct EndpointState {
 
 impl EndpointState {
     pub fn new(address: String, labels: BTreeMap<String, String>) -> Self {
-        let engine = Engine::from_label(labels.get(ENGINE_TYPE_LABEL).map(String::as_str));
+        let engine = engine_of(&labels, None);
         EndpointState {
             address,
             labels,
@@ -149,9 +159,10 @@ impl EndpointState {
     }
 
     /// New labels from discovery; the engine follows the engine-type label.
-    pub fn set_labels(&mut self, labels: BTreeMap<String, String>) {
+    /// New labels; the engine follows the engine-type label, else `default_engine`.
+    pub fn set_labels(&mut self, labels: BTreeMap<String, String>, default_engine: Option<&str>) {
         if labels != self.labels {
-            self.engine = Engine::from_label(labels.get(ENGINE_TYPE_LABEL).map(String::as_str));
+            self.engine = engine_of(&labels, default_engine);
             self.labels = labels;
         }
     }
@@ -298,6 +309,8 @@ pub struct Pool {
     pub replicas: f64,
     /// Address -> index, so lookups by address (snapshots, membership lists) stay linear in
     /// the pool rather than quadratic. Endpoints are only ever appended, by `set_members`.
+    /// The engine a pod without the engine-type label is read as; vLLM when `None`.
+    default_engine: Option<String>,
     by_address: HashMap<String, usize>,
     /// Host time of the last tick.
     now_ms: u64,
@@ -322,10 +335,21 @@ impl Pool {
             endpoints,
             live_load: true,
             replicas: 1.0,
+            default_engine: None,
             by_address,
             now_ms: 0,
             transitions: Vec::new(),
         }
+    }
+
+    /// Pods without the engine-type label are read as `engine` (`core-metrics-extractor`'s
+    /// `defaultEngine`).
+    pub fn with_default_engine(mut self, engine: Option<String>) -> Self {
+        for endpoint in &mut self.endpoints {
+            endpoint.engine = engine_of(&endpoint.labels, engine.as_deref());
+        }
+        self.default_engine = engine;
+        self
     }
 
     /// See [`Pool::live_load`].
@@ -405,14 +429,15 @@ impl Pool {
                             endpoint.removed = false;
                             added.push(address.clone());
                         }
-                        endpoint.set_labels(labels.clone());
+                        endpoint.set_labels(labels.clone(), self.default_engine.as_deref());
                     }
                 }
                 None => {
                     self.by_address
                         .insert(address.clone(), self.endpoints.len());
-                    self.endpoints
-                        .push(EndpointState::new(address.clone(), labels.clone()));
+                    let mut endpoint = EndpointState::new(address.clone(), labels.clone());
+                    endpoint.engine = engine_of(labels, self.default_engine.as_deref());
+                    self.endpoints.push(endpoint);
                     added.push(address.clone());
                 }
             }

@@ -43,6 +43,9 @@ pub struct FilterConfig {
     pub warnings: Vec<String>,
     /// Where the pods' model lists are read, with `models-data-source`.
     pub models_source: Option<ModelsSource>,
+    /// The engine a pod without the engine-type label is read as (`core-metrics-extractor`'s
+    /// `defaultEngine`); vLLM when `None`.
+    pub default_engine: Option<String>,
 }
 
 /// Every pool of a document: one named [`DEFAULT_POOL_NAME`] serving every model for a
@@ -234,6 +237,13 @@ fn load_raw(
         scheduler.set_admission(plugins::admitter::latency_slo_admitter::admits);
     }
     scheduler.set_saturation_detector(detector);
+    let default_engine = raw_plugins
+        .iter()
+        .filter(|p| {
+            plugins::known_type(&p.type_name)
+                == Some(plugins::datalayer::core_metrics_extractor::TYPE)
+        })
+        .find_map(|p| plugins::datalayer::core_metrics_extractor::default_engine(&p.parameters));
     let config = FilterConfig {
         scheduler,
         pool,
@@ -242,6 +252,7 @@ fn load_raw(
         flow_control,
         warnings,
         models_source,
+        default_engine,
     };
     Ok((config, effective))
 }

@@ -875,3 +875,27 @@ fn flow_control_sends_a_request_to_a_pod_with_room() {
         .unwrap();
     assert_eq!(routed.destination, "10.0.0.2:8000", "pod 0 has no room");
 }
+
+/// `core-metrics-extractor`'s `defaultEngine` reads an unlabelled pod's page by that engine's
+/// metric names; a labelled pod keeps its label's.
+#[test]
+fn a_default_engine_reads_unlabelled_pods_by_its_metric_names() {
+    let config = load(
+        "plugins:\n- {type: core-metrics-extractor, parameters: {defaultEngine: trtllm-serve}}\n- {type: queue-scorer}\npool:\n  endpoints:\n  - address: 10.0.0.1:8000\n  - address: 10.0.0.2:8000\n    labels: {inference.networking.k8s.io/engine-type: vllm}\n",
+        1,
+    )
+    .unwrap();
+    assert_eq!(config.default_engine.as_deref(), Some("trtllm-serve"));
+    let mut director = crate::director::Director::new(config);
+    let trtllm = "trtllm_num_requests_waiting 3\ntrtllm_num_requests_running 1\n";
+    assert!(director.on_scrape_ok(0, 1000, trtllm).is_ok());
+    assert_eq!(director.pool().waiting(0), Some(3.0));
+    assert!(
+        director.on_scrape_ok(1, 1000, trtllm).is_err(),
+        "the labelled pod is read as vLLM"
+    );
+    assert!(load_with_pool(
+        "plugins:\n- {type: core-metrics-extractor, parameters: {defaultEngine: tgi}}\n"
+    )
+    .is_err());
+}

@@ -11,6 +11,15 @@ use serde_yaml::Value;
 
 pub const TYPE: &str = "core-metrics-extractor";
 
+/// `defaultEngine` values: the engine a pod without the engine label is read as ("" is vLLM).
+const ENGINES: [&str; 5] = ["", "vllm", "sglang", "trtllm-serve", "trtllm"];
+
+/// The `defaultEngine` of a `core-metrics-extractor`'s parameters, when one is set.
+pub fn default_engine(parameters: &Value) -> Option<String> {
+    let parameters: Parameters = super::parameters(parameters).ok()?;
+    (!parameters.default_engine.is_empty()).then_some(parameters.default_engine)
+}
+
 /// The registry's entry for this plugin.
 pub const SPEC: PluginSpec = PluginSpec::new(TYPE, Kind::BuiltIn, build, effective::<Parameters>)
     .done_by("the filter's scrape reads each engine's queue, running, KV-cache, LoRA and cache-config series itself (vLLM, SGLang and TensorRT-LLM names, chosen by the pod's inference.networking.k8s.io/engine-type label)");
@@ -34,10 +43,11 @@ pub fn build(parameters: &Value) -> Result<Plugin, String> {
             parameters.engine_label_key
         ));
     }
-    if !matches!(parameters.default_engine.as_str(), "" | "vllm") {
+    if !ENGINES.contains(&parameters.default_engine.as_str()) {
         return Err(format!(
-            "defaultEngine {:?}: a pod without an engine label is read as vLLM; label it {ENGINE_TYPE_LABEL}: {} instead",
-            parameters.default_engine, parameters.default_engine
+            "defaultEngine {:?} must be one of {:?} (the engines whose metric names are built in)",
+            parameters.default_engine,
+            &ENGINES[1..]
         ));
     }
     if !parameters.engine_configs.is_null() {
@@ -61,7 +71,7 @@ mod tests {
         assert!(build(&ours).is_ok());
         for (given, needle) in [
             ("{engineLabelKey: llm-d.ai/engine-type}", "engineLabelKey"),
-            ("{defaultEngine: sglang}", "defaultEngine"),
+            ("{defaultEngine: tgi}", "defaultEngine"),
             ("{engineConfigs: [{name: x}]}", "prometheus-metric"),
         ] {
             let value: Value = serde_yaml::from_str(given).unwrap();
