@@ -7,7 +7,7 @@
 //!   weighted (`ttftWeight`, `tpotWeight`): `least` favours the smallest headroom (packing
 //!   requests onto pods just fast enough, keeping the fastest free), `most` the largest.
 //! - With no prediction anywhere (nothing learned yet), a composite of free KV cache, queue
-//!   and prefix share.
+//!   and prefix share, each a pod's own (llm-d-router scales the queue by the longest).
 
 use crate::scheduling::plugins::spec::{effective, Data, Ignored, Kind, PluginSpec, Signal};
 use crate::scheduling::{Plugin, Prediction, SchedulingContext, Scorer};
@@ -193,24 +193,21 @@ impl LatencyScorer {
         }
     }
 
-    /// Nothing predicted anywhere: free KV cache, a short queue and a long prefix match.
+    /// Nothing predicted anywhere: free KV cache, a short queue and a long prefix match. The
+    /// queue term is `1 / (1 + queue)`, where llm-d-router scales each queue by the longest:
+    /// one pod's queue (a hostile page's) must not reorder the others.
     fn composite(&self, ctx: &SchedulingContext<'_>, candidates: &[usize], scores: &mut [f64]) {
         let p = &self.parameters;
         let total = p.composite_kv_weight + p.composite_queue_weight + p.composite_prefix_weight;
         if total <= 0.0 {
             return;
         }
-        let longest = candidates
-            .iter()
-            .filter_map(|&c| ctx.pool.waiting(c))
-            .fold(0.0, f64::max);
         for (score, &c) in scores.iter_mut().zip(candidates) {
             let free_kv = 1.0 - ctx.pool.kv_usage(c).unwrap_or(1.0);
-            let queue = if longest > 0.0 {
-                ctx.pool.waiting(c).map_or(0.0, |q| (longest - q) / longest)
-            } else {
-                1.0
-            };
+            let queue = ctx
+                .pool
+                .waiting(c)
+                .map_or(0.0, |q| 1.0 / (1.0 + q.max(0.0)));
             let sum = p.composite_kv_weight * free_kv
                 + p.composite_queue_weight * queue
                 + p.composite_prefix_weight * ctx.cycle.hit_ratio(c);
