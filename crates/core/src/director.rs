@@ -29,7 +29,7 @@ pub struct HeaderUse {
     pub objective: bool,
     /// `epp-profile`, for `header-profile-handler`.
     pub profile: bool,
-    /// The SLO headers, for `predicted-latency-producer`.
+    /// The SLO headers, for `predicted-latency-producer` and flow control's SLO ordering.
     pub slo: bool,
 }
 
@@ -193,7 +193,12 @@ impl Director {
             session_token: reads_header(SESSION_TOKEN_HEADER),
             test_selection: reads_header(TEST_SELECTION_HEADER),
             profile: reads_header(PROFILE_HEADER),
-            slo: reads_header(SLO_TTFT_HEADER),
+            // The latency plugins and flow control's SLO ordering read the same header once.
+            slo: reads_header(SLO_TTFT_HEADER)
+                || config
+                    .flow_control
+                    .as_ref()
+                    .is_some_and(|flow| flow.orders_by_slo()),
             objective: !config.pool.objectives.is_empty(),
         };
         Director {

@@ -429,15 +429,13 @@ impl RequestFlow {
         let fairness_id = header_text(host, LLMD_FAIRNESS_ID_HEADER)
             .or_else(|| header_text(host, FAIRNESS_ID_HEADER))
             .unwrap_or_else(|| DEFAULT_FAIRNESS_ID.to_owned());
+        // Read with the other protocol headers (see `HeaderUse::slo`).
         let slo_ttft_ms = director
             .flow_control()
             .is_some_and(|flow| flow.reads_slo_header())
-            .then(|| {
-                header_text(host, SLO_TTFT_HEADER)
-                    .or_else(|| header_text(host, SLO_TTFT_LEGACY_HEADER))
-            })
+            .then_some(self.headers.slo_ttft_ms)
             .flatten()
-            .and_then(|text| text.parse().ok());
+            .map(|ms| ms.ceil() as u64);
         Arrival {
             id: self.id,
             request_id: self.request_id.clone(),

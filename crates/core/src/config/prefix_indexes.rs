@@ -87,12 +87,10 @@ fn create_default(
 ) -> Result<(), ConfigError> {
     let key = "plugins (the default approx-prefix-cache-producer)";
     let parameters = index_parameters(&Value::Null, key, warnings)?;
-    let index = PrefixCacheScorer::new(parsed(&parameters, key)?)
-        .map_err(|reason| ConfigError::invalid(key, reason))?;
     instances.push(PluginInstance {
         name: producer::TYPE.to_owned(),
         type_name: producer::TYPE,
-        plugin: Plugin::Scorer(Box::new(index)),
+        plugin: index(&parameters, key, true)?,
     });
     Ok(())
 }
@@ -127,20 +125,26 @@ fn parsed(parameters: &Value, key: &str) -> Result<scorer::Parameters, ConfigErr
     plugins::parameters(parameters).map_err(|reason| ConfigError::invalid(key, reason))
 }
 
-fn replace_with_index(
-    instances: &mut [PluginInstance],
-    index: usize,
-    parameters: &Value,
-    key: &str,
-    publishes: bool,
-) -> Result<(), ConfigError> {
+/// A prefix index with these (scorer) parameters; see the module for `publishes`.
+fn index(parameters: &Value, key: &str, publishes: bool) -> Result<Plugin, ConfigError> {
     let mut built = PrefixCacheScorer::new(parsed(parameters, key)?)
         .map_err(|reason| ConfigError::invalid(key, reason))?;
     if !publishes {
         built.keep_matches_private();
     }
-    if let Some(instance) = instances.get_mut(index) {
-        instance.plugin = Plugin::Scorer(Box::new(built));
+    Ok(Plugin::Scorer(Box::new(built)))
+}
+
+fn replace_with_index(
+    instances: &mut [PluginInstance],
+    at: usize,
+    parameters: &Value,
+    key: &str,
+    publishes: bool,
+) -> Result<(), ConfigError> {
+    let plugin = index(parameters, key, publishes)?;
+    if let Some(instance) = instances.get_mut(at) {
+        instance.plugin = plugin;
     }
     Ok(())
 }

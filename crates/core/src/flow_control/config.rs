@@ -79,6 +79,13 @@ pub struct FlowControlConfig {
 }
 
 impl FlowControlConfig {
+    /// A band orders its requests by their TTFT SLO's deadline (`slo-deadline-ordering-policy`).
+    pub fn orders_by_slo(&self) -> bool {
+        self.bands
+            .iter()
+            .any(|band| band.ordering == crate::scheduling::flow_policy::Ordering::SloDeadline)
+    }
+
     /// The band a priority is queued in: its own, else band 0 (as llm-d falls back).
     pub fn band(&self, priority: i32) -> Option<&BandConfig> {
         self.bands

@@ -202,10 +202,7 @@ impl FlowControl {
 
     /// Whether any band orders by the TTFT objective header (so it is worth reading).
     pub fn reads_slo_header(&self) -> bool {
-        self.config
-            .bands
-            .iter()
-            .any(|band| band.ordering == crate::scheduling::flow_policy::Ordering::SloDeadline)
+        self.config.orders_by_slo()
     }
 
     pub fn holds(&self, id: u32) -> bool {

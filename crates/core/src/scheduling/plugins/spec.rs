@@ -101,6 +101,9 @@ pub struct PluginSpec {
     pub limitation: Option<&'static str>,
 }
 
+const ONE_PREFIX_INDEX: &str =
+    "the filter has one prefix index: the one the default approx-prefix-cache-producer names";
+
 /// A parameter accepted for llm-d configs that changes nothing here.
 #[derive(Debug, Clone, Copy)]
 pub struct Ignored {
@@ -114,6 +117,17 @@ pub struct Ignored {
 }
 
 impl Ignored {
+    /// llm-d's names for the prefix plugin a plugin reads matches from: here there is one
+    /// prefix index (the default producer's), so naming another changes nothing.
+    pub const PREFIX_PLUGIN_NAME: Ignored =
+        Ignored::parameter("prefixPluginName", ONE_PREFIX_INDEX);
+    pub const PREFIX_PLUGIN_TYPE: Ignored =
+        Ignored::parameter("prefixPluginType", ONE_PREFIX_INDEX);
+    pub const PREFIX_PRODUCER: Ignored = Ignored::producer(
+        "prefixMatchInfoProducerName",
+        "approx-prefix-cache-producer",
+    );
+
     pub const fn parameter(key: &'static str, why: &'static str) -> Self {
         Ignored {
             key,

@@ -24,7 +24,7 @@ pub const SPEC: PluginSpec = PluginSpec::new(TYPE, Kind::BuiltIn, build, effecti
             "maxEstimatedOutputTokens",
             "the filter counts max_tokens as the output of every request in flight",
         ),
-        Ignored::producer("prefixMatchInfoProducerName", "approx-prefix-cache-producer"),
+        Ignored::PREFIX_PRODUCER,
         Ignored::parameter(
             "syncCrossReplicaState",
             "replicas never talk; each counts its own placements, times pool.replicas",

@@ -18,9 +18,7 @@ use crate::latency::SharedSlopes;
 use crate::protocol::{SLO_TPOT_HEADER, SLO_TTFT_HEADER};
 use crate::request::InferenceRequest;
 use crate::scheduling::plugins::spec::{effective, Data, Ignored, Kind, PluginSpec, Signal};
-use crate::scheduling::{
-    CycleState, LatencyPredictions, Plugin, Prediction, SchedulingContext, Scorer,
-};
+use crate::scheduling::{CycleState, Plugin, Prediction, SchedulingContext, Scorer};
 use serde_yaml::Value;
 
 pub const TYPE: &str = "predicted-latency-producer";
@@ -50,10 +48,7 @@ pub const SPEC: PluginSpec = PluginSpec::new(TYPE, Kind::BuiltIn, build, effecti
             "useEncoderCacheFeatures",
             "multimodal encoder caches are not modelled",
         ),
-        Ignored::producer(
-            "prefixMatchInfoProducerName",
-            "approx-prefix-cache-producer",
-        ),
+        Ignored::PREFIX_PRODUCER,
         Ignored::producer("inFlightLoadProducerName", "inflight-load-producer"),
         Ignored::producer(
             "encoderCacheMatchInfoProducerName",
@@ -163,7 +158,7 @@ impl Scorer for PredictedLatencyProducer {
         }
         let mut predictions = cycle.latency.take().unwrap_or_default();
         predictions.endpoints.clear();
-        // Pods share hardware and engine: how TTFT grows with the batch is learned over all
+        // Pods share hardware and engine: how TTFT grows with the load is learned over all
         // of them, for a pod whose own load varied too little to tell.
         let shared = SharedSlopes::of(pool.endpoints.iter().map(|e| &e.latency));
         for index in 0..pool.len() {
@@ -175,11 +170,6 @@ impl Scorer for PredictedLatencyProducer {
 
     /// A producer, in no profile's scores.
     fn score(&mut self, _ctx: &SchedulingContext<'_>, _candidates: &[usize], _scores: &mut [f64]) {}
-}
-
-/// Reads the predictions, for plugins that consume them.
-pub fn predictions(cycle: &CycleState) -> Option<&LatencyPredictions> {
-    cycle.latency.as_ref()
 }
 
 #[cfg(test)]

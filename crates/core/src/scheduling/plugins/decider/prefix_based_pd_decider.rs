@@ -13,15 +13,9 @@ pub const TYPE: &str = "prefix-based-pd-decider";
 pub const SPEC: PluginSpec = PluginSpec::new(TYPE, Kind::PdDecider, build, effective::<Parameters>)
     .consuming(&[Data::PrefixMatches])
     .ignoring(&[
-        Ignored::parameter(
-            "prefixPluginName",
-            "the filter has one prefix index: the one the default approx-prefix-cache-producer names",
-        ),
-        Ignored::parameter(
-            "prefixPluginType",
-            "the filter has one prefix index: the one the default approx-prefix-cache-producer names",
-        ),
-        Ignored::producer("prefixMatchInfoProducerName", "approx-prefix-cache-producer"),
+        Ignored::PREFIX_PLUGIN_NAME,
+        Ignored::PREFIX_PLUGIN_TYPE,
+        Ignored::PREFIX_PRODUCER,
     ]);
 
 #[derive(Debug, Clone, PartialEq, serde::Deserialize, serde::Serialize)]

@@ -22,10 +22,7 @@ pub const TYPE: &str = "prefix-cache-affinity-filter";
 pub const SPEC: PluginSpec = PluginSpec::new(TYPE, Kind::Filter, build, effective::<Parameters>)
     .consuming(&[Data::PrefixMatches, Data::InFlight])
     .ignoring(&[
-        Ignored::producer(
-            "prefixMatchInfoProducerName",
-            "approx-prefix-cache-producer",
-        ),
+        Ignored::PREFIX_PRODUCER,
         Ignored::producer("inFlightLoadProducerName", "inflight-load-producer"),
     ]);
 

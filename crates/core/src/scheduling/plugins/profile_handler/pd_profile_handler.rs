@@ -10,35 +10,22 @@ use serde_yaml::Value;
 pub const TYPE: &str = "pd-profile-handler";
 
 /// The registry's entry for this plugin.
-pub const SPEC: PluginSpec = PluginSpec::new(
-    TYPE,
-    Kind::ProfileHandler,
-    build,
-    effective::<Parameters>,
-)
-.consuming(&[Data::PrefixMatches])
-.ignoring(&[
-    Ignored::parameter(
-        "hashBlockSize",
-        "prefix matches come from the prefix index and its own block size",
-    ),
-    Ignored::parameter(
-        "prefixPluginName",
-        "the filter has one prefix index: the one the default approx-prefix-cache-producer names",
-    ),
-    Ignored::parameter(
-        "prefixPluginType",
-        "the filter has one prefix index: the one the default approx-prefix-cache-producer names",
-    ),
-    Ignored::parameter(
-        "primaryPort",
-        "the destination is the picked endpoint's own address and port",
-    ),
-    Ignored::producer(
-        "prefixMatchInfoProducerName",
-        "approx-prefix-cache-producer",
-    ),
-]);
+pub const SPEC: PluginSpec =
+    PluginSpec::new(TYPE, Kind::ProfileHandler, build, effective::<Parameters>)
+        .consuming(&[Data::PrefixMatches])
+        .ignoring(&[
+            Ignored::parameter(
+                "hashBlockSize",
+                "prefix matches come from the prefix index and its own block size",
+            ),
+            Ignored::PREFIX_PLUGIN_NAME,
+            Ignored::PREFIX_PLUGIN_TYPE,
+            Ignored::parameter(
+                "primaryPort",
+                "the destination is the picked endpoint's own address and port",
+            ),
+            Ignored::PREFIX_PRODUCER,
+        ]);
 
 #[derive(Debug, Clone, PartialEq, serde::Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase", default)]

@@ -28,10 +28,7 @@ pub const SPEC: PluginSpec = PluginSpec::new(TYPE, Kind::Scorer, build, effectiv
             "latencyPredictionInfoProducerName",
             "predicted-latency-producer",
         ),
-        Ignored::producer(
-            "prefixMatchInfoProducerName",
-            "approx-prefix-cache-producer",
-        ),
+        Ignored::PREFIX_PRODUCER,
     ]);
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize, serde::Serialize)]

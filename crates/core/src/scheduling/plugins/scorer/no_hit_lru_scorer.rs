@@ -16,19 +16,13 @@ pub const TYPE: &str = "no-hit-lru-scorer";
 pub const SPEC: PluginSpec = PluginSpec::new(TYPE, Kind::Scorer, build, effective::<Parameters>)
     .consuming(&[Data::PrefixMatches])
     .ignoring(&[
-        Ignored::parameter(
-            "prefixPluginName",
-            "the filter has one prefix index: the one the default approx-prefix-cache-producer names",
-        ),
-        Ignored::parameter(
-            "prefixPluginType",
-            "the filter has one prefix index: the one the default approx-prefix-cache-producer names",
-        ),
+        Ignored::PREFIX_PLUGIN_NAME,
+        Ignored::PREFIX_PLUGIN_TYPE,
         Ignored::parameter(
             "lruSize",
             "the endpoints served are ordered by their last cold request, with no size bound beyond the pool",
         ),
-        Ignored::producer("prefixMatchInfoProducerName", "approx-prefix-cache-producer"),
+        Ignored::PREFIX_PRODUCER,
     ]);
 
 #[derive(Debug, Clone, PartialEq, serde::Deserialize, serde::Serialize)]
