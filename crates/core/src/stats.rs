@@ -274,6 +274,23 @@ impl<H: Metrics> Stats<H> {
         }
     }
 
+    /// Defines now every stat this pool's stats would define later (each endpoint's, the
+    /// plugins' counters, and with `host_calls` the host-call counters), for a host that
+    /// creates stats only while it loads the configuration (Envoy's dynamic modules).
+    pub fn define_all(&self, director: &Director, host_calls: bool) {
+        while self
+            .endpoints
+            .try_borrow()
+            .is_ok_and(|known| known.len() < director.pool().endpoints.len())
+        {
+            self.cover(director);
+        }
+        self.plugin_counters(director);
+        if host_calls {
+            self.host_calls(&[0; HostCall::ALL.len()]);
+        }
+    }
+
     fn bump(&self, id: Option<u32>) {
         if let Some(id) = id {
             let _ = self.host.increment(id, 1);

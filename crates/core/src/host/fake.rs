@@ -103,26 +103,8 @@ impl HttpHost for FakeHost {
     }
 }
 
-/// Envoy's shared data semantics: a CAS token per key, bumped on every write.
-#[derive(Default)]
-pub struct FakeShared {
-    data: RefCell<HashMap<String, (Vec<u8>, u32)>>,
-}
-
-impl SharedData for FakeShared {
-    fn get(&self, key: &str) -> Result<Option<(Vec<u8>, u32)>, HostError> {
-        Ok(self.data.borrow().get(key).cloned())
-    }
-    fn set(&self, key: &str, value: &[u8], cas: Option<u32>) -> Result<bool, HostError> {
-        let mut data = self.data.borrow_mut();
-        let current = data.get(key).map_or(0, |(_, c)| *c);
-        if cas.is_some_and(|cas| cas != current) {
-            return Ok(false);
-        }
-        data.insert(key.into(), (value.to_vec(), current + 1));
-        Ok(true)
-    }
-}
+/// Envoy's shared data semantics, in memory (the store the native module shares process-wide).
+pub type FakeShared = super::SharedMemory;
 
 /// Shared data that keeps nothing: a process with one VM and no flow control, where no
 /// other VM reads what this one writes.

@@ -55,6 +55,39 @@ pub trait SharedData {
     fn set(&self, key: &str, value: &[u8], cas: Option<u32>) -> Result<bool, HostError>;
 }
 
+/// Shared data in this process's memory, with Envoy's semantics: a CAS token per key, bumped on
+/// every write. What a host without Envoy's shared data (the native module, the tests) shares
+/// between its pickers.
+#[derive(Default)]
+pub struct SharedMemory {
+    data: std::sync::Mutex<std::collections::HashMap<String, (Vec<u8>, u32)>>,
+}
+
+impl SharedMemory {
+    fn data(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, (Vec<u8>, u32)>> {
+        // A writer that panicked left whole values behind: the map is still usable.
+        self.data
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+impl SharedData for SharedMemory {
+    fn get(&self, key: &str) -> Result<Option<(Vec<u8>, u32)>, HostError> {
+        Ok(self.data().get(key).cloned())
+    }
+
+    fn set(&self, key: &str, value: &[u8], cas: Option<u32>) -> Result<bool, HostError> {
+        let mut data = self.data();
+        let current = data.get(key).map_or(0, |(_, cas)| *cas);
+        if cas.is_some_and(|cas| cas != current) {
+            return Ok(false);
+        }
+        data.insert(key.into(), (value.to_vec(), current.wrapping_add(1)));
+        Ok(true)
+    }
+}
+
 /// Outgoing HTTP calls (scrapes, discovery) and the answer being delivered.
 pub trait HttpCallouts {
     /// Sends a request to an Envoy cluster; the token names it in the response callback.
@@ -192,6 +225,21 @@ impl HeaderPairs {
         (data == bytes.len()).then_some(HeaderPairs { bytes, spans })
     }
 
+    /// The map from `(key, value)` pairs, for a host that hands out a pair array (Envoy's
+    /// dynamic-module ABI) rather than proxy-wasm's encoding.
+    pub fn from_pairs<'a>(pairs: impl IntoIterator<Item = (&'a [u8], &'a [u8])>) -> HeaderPairs {
+        let mut map = HeaderPairs::default();
+        for (key, value) in pairs {
+            let key_start = map.bytes.len();
+            map.bytes.extend_from_slice(key);
+            let key_end = map.bytes.len();
+            map.bytes.extend_from_slice(value);
+            map.spans
+                .push((key_start, key_end, key_end, map.bytes.len()));
+        }
+        map
+    }
+
     /// The first value of `name` (lowercase, as Envoy keeps header names).
     pub fn get(&self, name: &str) -> Option<&[u8]> {
         self.spans
@@ -225,6 +273,22 @@ pub mod fake;
 mod tests {
     use super::*;
     use crate::harness::test;
+
+    #[test]
+    fn pairs_read_alike_from_either_encoding() {
+        let pairs: [(&[u8], &[u8]); 3] = [(b":path", b"/v1"), (b"x", b""), (b"x", b"2")];
+        let decoded = HeaderPairs::decode(encode_header_map(&[
+            (":path", "/v1"),
+            ("x", ""),
+            ("x", "2"),
+        ]));
+        for map in [HeaderPairs::from_pairs(pairs), decoded.unwrap()] {
+            assert_eq!(map.get(":path"), Some(&b"/v1"[..]));
+            assert_eq!(map.get("x"), Some(&b""[..]));
+            assert!(!map.contains("y"));
+            assert_eq!(map.keys().count(), 3);
+        }
+    }
 
     #[test]
     fn header_map_encoding() {

@@ -128,6 +128,16 @@ impl<H: VmHost> WorkerVm<H> {
         })
     }
 
+    /// Defines every stat at once, for a host that creates stats only while it loads the
+    /// configuration (Envoy's dynamic modules); endpoints discovered later go without.
+    pub fn define_all_stats(&self) {
+        for (index, stats) in self.stats.iter().enumerate() {
+            if let Some(director) = self.picker.director(index) {
+                stats.define_all(director, index == 0);
+            }
+        }
+    }
+
     pub fn picker(&self) -> &Picker {
         &self.picker
     }

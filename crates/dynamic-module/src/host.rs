@@ -1,0 +1,308 @@
+//! The picker's side of Envoy in a native module: the core's host traits over the ABI's
+//! callbacks. One [`NativeHost`] per filter config: its callouts and stats go through that
+//! config, its timer is [`Ticker`], its shared data is this process's memory, and its streams
+//! are [`NativeStream`]s.
+
+use crate::abi::{self, envoy, EnvoyPtr, ModuleBuffer, ModuleHeader};
+use crate::stream::{NativeStream, Streams};
+use crate::ticker::Ticker;
+use inference_picker_core::host::{
+    Clock, HostCall, HostError, HttpCallouts, MetricKind, Metrics, SharedData, SharedMemory,
+};
+use inference_picker_core::vm::VmHost;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::thread::ThreadId;
+
+/// The ABI answers most calls with a bare false; a failed call is reported with this status.
+pub const FAILED: u32 = 1;
+
+/// Every picker of this Envoy shares one store: the scrape lease and snapshot, the in-flight
+/// counts and flow control's ledger keep the core's semantics, so exactly one picker scrapes a
+/// pool however many filter configs name it.
+static SHARED: std::sync::LazyLock<SharedMemory> = std::sync::LazyLock::new(SharedMemory::default);
+
+pub fn shared() -> &'static SharedMemory {
+    &SHARED
+}
+
+/// Calls into Envoy by kind, as the wasm filter counts its host calls.
+static CALLS: [AtomicU64; HostCall::ALL.len()] = [const { AtomicU64::new(0) }; HostCall::ALL.len()];
+
+pub fn count(call: HostCall) {
+    if let Some(counter) = CALLS.get(call as usize) {
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+pub fn failed(call: &'static str) -> HostError {
+    HostError {
+        call,
+        status: FAILED,
+    }
+}
+
+/// Locks a mutex whose holder may have panicked: every value behind these locks stays whole.
+pub fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// A callout's answer while the core reads it.
+pub struct CalloutAnswer {
+    pub status: Option<Vec<u8>>,
+    pub body: Vec<u8>,
+}
+
+/// What one filter config's host knows.
+pub struct HostState {
+    /// Envoy's filter config: callouts and stats go through it.
+    pub config: EnvoyPtr,
+    /// The thread Envoy configured the filter on, its main thread: config callouts must start
+    /// there.
+    pub main_thread: ThreadId,
+    pub ticker: Arc<Ticker>,
+    pub streams: Mutex<Streams>,
+    pub answer: Mutex<Option<CalloutAnswer>>,
+    /// Our stat ids are indices here: each stat's kind and Envoy's id for it.
+    stats: Mutex<Vec<(MetricKind, usize)>>,
+}
+
+#[derive(Clone)]
+pub struct NativeHost {
+    pub state: Arc<HostState>,
+}
+
+impl NativeHost {
+    pub fn new(config: EnvoyPtr, ticker: Arc<Ticker>) -> NativeHost {
+        NativeHost {
+            state: Arc::new(HostState {
+                config,
+                main_thread: std::thread::current().id(),
+                ticker,
+                streams: Mutex::new(Streams::default()),
+                answer: Mutex::new(None),
+                stats: Mutex::new(Vec::new()),
+            }),
+        }
+    }
+
+    fn stat(&self, id: u32) -> Option<(MetricKind, usize)> {
+        let index = usize::try_from(id).ok()?;
+        lock(&self.state.stats).get(index).copied()
+    }
+}
+
+impl SharedData for NativeHost {
+    fn get(&self, key: &str) -> Result<Option<(Vec<u8>, u32)>, HostError> {
+        count(HostCall::SharedData);
+        shared().get(key)
+    }
+
+    fn set(&self, key: &str, value: &[u8], cas: Option<u32>) -> Result<bool, HostError> {
+        count(HostCall::SharedData);
+        shared().set(key, value, cas)
+    }
+}
+
+impl HttpCallouts for NativeHost {
+    /// Config callouts run on Envoy's main thread (ticks and callout answers arrive there).
+    fn dispatch(
+        &self,
+        cluster: &str,
+        headers: &[(&str, &str)],
+        timeout_ms: u32,
+    ) -> Result<u32, HostError> {
+        const CALL: &str = "http_filter_config_http_callout";
+        count(HostCall::HttpCall);
+        if std::thread::current().id() != self.state.main_thread {
+            return Err(failed(CALL));
+        }
+        let envoy = envoy().ok_or(failed(CALL))?;
+        let mut headers: Vec<ModuleHeader> = headers
+            .iter()
+            .map(|(name, value)| ModuleHeader::of(name, value))
+            .collect();
+        let mut id = 0u64;
+        // SAFETY: the config pointer is Envoy's, alive while this config is; the headers and
+        // cluster name are read during the call only.
+        let result = unsafe {
+            (envoy.http_filter_config_http_callout)(
+                self.state.config.0,
+                &mut id,
+                ModuleBuffer::of(cluster.as_bytes()),
+                headers.as_mut_ptr(),
+                headers.len(),
+                ModuleBuffer::NULL,
+                u64::from(timeout_ms),
+            )
+        };
+        if result != abi::CALLOUT_INIT_SUCCESS {
+            return Err(HostError {
+                call: CALL,
+                status: result,
+            });
+        }
+        u32::try_from(id).map_err(|_| failed(CALL))
+    }
+
+    fn response_status(&self) -> Option<Vec<u8>> {
+        lock(&self.state.answer).as_ref()?.status.clone()
+    }
+
+    fn response_body(&self, size: usize) -> Result<Vec<u8>, HostError> {
+        let answer = lock(&self.state.answer);
+        let body = answer.as_ref().map_or(&[][..], |answer| &answer.body);
+        Ok(body.get(..size).unwrap_or(body).to_vec())
+    }
+}
+
+impl Metrics for NativeHost {
+    /// Stats are defined while Envoy loads the config; Envoy freezes them after (a later
+    /// definition fails, and the core goes without that stat).
+    fn define(&self, kind: MetricKind, name: &str) -> Result<u32, HostError> {
+        const CALL: &str = "http_filter_config_define_stat";
+        count(HostCall::Metric);
+        let envoy = envoy().ok_or(failed(CALL))?;
+        let define = match kind {
+            MetricKind::Counter => envoy.http_filter_config_define_counter,
+            MetricKind::Gauge => envoy.http_filter_config_define_gauge,
+            MetricKind::Histogram => envoy.http_filter_config_define_histogram,
+        };
+        let mut envoy_id = 0usize;
+        let name = ModuleBuffer::of(name.as_bytes());
+        // SAFETY: Envoy's config pointer; no labels; the name is read during the call.
+        let result = unsafe {
+            define(
+                self.state.config.0,
+                name,
+                std::ptr::null_mut(),
+                0,
+                &mut envoy_id,
+            )
+        };
+        if result != abi::METRICS_SUCCESS {
+            return Err(HostError {
+                call: CALL,
+                status: result,
+            });
+        }
+        let mut stats = lock(&self.state.stats);
+        stats.push((kind, envoy_id));
+        u32::try_from(stats.len() - 1).map_err(|_| failed(CALL))
+    }
+
+    fn increment(&self, id: u32, offset: i64) -> Result<(), HostError> {
+        const CALL: &str = "http_filter_config_increment_stat";
+        count(HostCall::Metric);
+        let envoy = envoy().ok_or(failed(CALL))?;
+        let (kind, envoy_id) = self.stat(id).ok_or(failed(CALL))?;
+        let update = match (kind, offset >= 0) {
+            (MetricKind::Counter, true) => envoy.http_filter_config_increment_counter,
+            (MetricKind::Gauge, true) => envoy.http_filter_config_increment_gauge,
+            (MetricKind::Gauge, false) => envoy.http_filter_config_decrement_gauge,
+            _ => return Err(failed(CALL)),
+        };
+        self.update_stat(CALL, update, envoy_id, offset.unsigned_abs())
+    }
+
+    fn record(&self, id: u32, value: u64) -> Result<(), HostError> {
+        const CALL: &str = "http_filter_config_record_stat";
+        count(HostCall::Metric);
+        let envoy = envoy().ok_or(failed(CALL))?;
+        let (kind, envoy_id) = self.stat(id).ok_or(failed(CALL))?;
+        let update = match kind {
+            MetricKind::Gauge => envoy.http_filter_config_set_gauge,
+            MetricKind::Histogram => envoy.http_filter_config_record_histogram_value,
+            MetricKind::Counter => return Err(failed(CALL)),
+        };
+        self.update_stat(CALL, update, envoy_id, value)
+    }
+}
+
+type StatUpdate =
+    unsafe extern "C" fn(*mut std::ffi::c_void, usize, *mut ModuleBuffer, usize, u64) -> u32;
+
+impl NativeHost {
+    fn update_stat(
+        &self,
+        call: &'static str,
+        update: StatUpdate,
+        envoy_id: usize,
+        value: u64,
+    ) -> Result<(), HostError> {
+        // SAFETY: Envoy's config pointer and a stat Envoy defined on it; no labels. Stats are
+        // thread-safe in Envoy, so any thread may update them.
+        let result = unsafe {
+            update(
+                self.state.config.0,
+                envoy_id,
+                std::ptr::null_mut(),
+                0,
+                value,
+            )
+        };
+        if result == abi::METRICS_SUCCESS {
+            Ok(())
+        } else {
+            Err(HostError {
+                call,
+                status: result,
+            })
+        }
+    }
+}
+
+impl Clock for NativeHost {
+    fn now_ms(&self) -> Result<u64, HostError> {
+        self.now_ns().map(|nanos| nanos / 1_000_000)
+    }
+}
+
+impl VmHost for NativeHost {
+    type Stream = NativeStream;
+
+    fn stream(&self) -> NativeStream {
+        NativeStream::current(self.state.clone())
+    }
+
+    fn switch_to_stream(&self, id: u32) -> Result<(), HostError> {
+        count(HostCall::Stream);
+        lock(&self.state.streams).switch_to(id)
+    }
+
+    fn resume_stream(&self) -> Result<(), HostError> {
+        count(HostCall::Stream);
+        lock(&self.state.streams).resume_current()
+    }
+
+    fn set_tick_period_ms(&self, period_ms: u32) -> Result<(), HostError> {
+        self.state.ticker.set_period_ms(period_ms);
+        Ok(())
+    }
+
+    /// The wall clock, as proxy-wasm's clock call reads it.
+    fn now_ns(&self) -> Result<u64, HostError> {
+        count(HostCall::Clock);
+        let since_epoch = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_err(|_| failed("clock"))?;
+        u64::try_from(since_epoch.as_nanos()).map_err(|_| failed("clock"))
+    }
+
+    /// A native module has no linear memory of its own: its heap is Envoy's.
+    fn memory_bytes(&self) -> u64 {
+        0
+    }
+
+    fn take_host_calls(&self) -> [u64; HostCall::ALL.len()] {
+        let mut counts = [0; HostCall::ALL.len()];
+        for (count, counter) in counts.iter_mut().zip(&CALLS) {
+            *count = counter.swap(0, Ordering::Relaxed);
+        }
+        counts
+    }
+
+    fn sync_log_level(&self) {
+        crate::logging::sync_level();
+    }
+}

@@ -1,0 +1,512 @@
+//! The picker as an Envoy dynamic module: a native shared library Envoy loads with
+//! `envoy.filters.http.dynamic_modules`, the same core and configuration as the proxy-wasm
+//! filter behind a second thin edge. Envoy's hooks land here and go to the core's [`WorkerVm`];
+//! `host` and `stream` carry out what it asks through Envoy's callbacks (`abi`).
+//!
+//! One picker per filter config serves every worker of this Envoy (behind one lock), so the
+//! shared state proxy-wasm copies between VMs is plain memory here; the core's lease still runs,
+//! through this process's [`host::shared`] store, so exactly one picker scrapes each pool
+//! however many configs name it. Ticks, scrapes and callout answers run on Envoy's main thread;
+//! request hooks on the stream's worker.
+#![deny(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+#![cfg_attr(not(test), deny(clippy::indexing_slicing))]
+
+mod abi;
+mod host;
+mod logging;
+mod stream;
+mod ticker;
+
+use abi::{status, EnvoyBuffer, EnvoyHeader, EnvoyPtr};
+use host::{lock, CalloutAnswer, NativeHost};
+use inference_picker_core::request_flow::{Flow, Outcome, RequestFlow};
+use inference_picker_core::vm::{answer_unavailable, WorkerVm};
+use std::cell::Cell;
+use std::ffi::{c_char, c_void};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+use stream::{NativeStream, Own, RUN_QUEUED};
+use ticker::{Ticker, TICK};
+
+/// The id the core's root callbacks (ticks, callout answers) run as; streams count from 1.
+pub const ROOT_ID: u32 = 0;
+
+static NEXT_STREAM_ID: AtomicU32 = AtomicU32::new(1);
+
+thread_local! {
+    /// This thread is inside the picker: Envoy re-enters a filter's hooks from within a call
+    /// (a local reply sent from a request hook runs the response hooks at once).
+    static IN_PICKER: Cell<bool> = const { Cell::new(false) };
+}
+
+/// One filter config's picker, shared by its streams on every worker.
+struct Picker {
+    host: NativeHost,
+    vm: Mutex<WorkerVm<NativeHost>>,
+}
+
+impl Picker {
+    /// Runs `step` on the VM, with `own` as the stream of the running hook (`None`: a main
+    /// thread callback). Returns the step's result and whether the core let `own` go on; `None`
+    /// when this thread is already inside the picker.
+    fn run<R>(
+        &self,
+        own: Option<Own>,
+        step: impl FnOnce(&mut WorkerVm<NativeHost>) -> R,
+    ) -> Option<(R, bool)> {
+        if IN_PICKER.get() {
+            return None;
+        }
+        IN_PICKER.set(true);
+        let mut vm = lock(&self.vm);
+        lock(&self.host.state.streams).enter(own);
+        let result = step(&mut vm);
+        let resumed = lock(&self.host.state.streams).leave();
+        drop(vm);
+        IN_PICKER.set(false);
+        Some((result, resumed))
+    }
+}
+
+/// One stream's filter.
+struct StreamFilter {
+    picker: Arc<Picker>,
+    request: RequestFlow,
+}
+
+impl StreamFilter {
+    /// Runs one request hook; true if the request goes on.
+    fn step(
+        &mut self,
+        envoy: EnvoyPtr,
+        step: impl FnOnce(&mut WorkerVm<NativeHost>, &mut RequestFlow) -> Flow,
+    ) -> bool {
+        let id = self.request.id();
+        let own = Own {
+            id,
+            filter: envoy,
+            resumed: false,
+        };
+        let (request, host) = (&mut self.request, &self.picker.host);
+        let ran = self.picker.run(Some(own), |vm| {
+            let flow = step(vm, request);
+            if flow == Flow::Pause && request.outcome == Outcome::Held {
+                hold(host, id, envoy);
+            }
+            flow
+        });
+        match ran {
+            Some((Flow::Continue, _)) => true,
+            Some((Flow::Pause, resumed)) => resumed,
+            None => {
+                answer_unavailable(&NativeStream::direct(envoy));
+                false
+            }
+        }
+    }
+}
+
+/// Flow control holds the stream: keep what its worker needs to act on it later.
+fn hold(host: &NativeHost, id: u32, envoy: EnvoyPtr) {
+    use inference_picker_core::host::HttpHost;
+    let path = NativeStream::direct(envoy)
+        .request_header(":path")
+        .unwrap_or_default();
+    // SAFETY: called within a request hook of this stream, on its worker.
+    let held = unsafe { lock(&host.state.streams).hold(id, envoy, path) };
+    if let Err(error) = held {
+        log::error!("inference-picker: holding a request: {error}");
+    }
+}
+
+/// # Safety
+/// `module` must be null or a pointer this module returned from the matching `_new` hook.
+unsafe fn borrow<'a, T>(module: *const c_void) -> Option<&'a mut T> {
+    module.cast::<T>().cast_mut().as_mut()
+}
+
+#[no_mangle]
+extern "C" fn envoy_dynamic_module_on_program_init() -> *const c_char {
+    match abi::load() {
+        Ok(()) => {
+            logging::install();
+            abi::ABI_VERSION.as_ptr()
+        }
+        Err(missing) => {
+            // Envoy's own log cannot be reached without the callbacks.
+            eprintln!(
+                "inference-picker: this Envoy has no {missing}; the module is built for Envoy {} (dynamic-module ABI {:?}): build it for this Envoy or run that one",
+                abi::ENVOY_VERSION,
+                abi::ABI_VERSION,
+            );
+            std::ptr::null()
+        }
+    }
+}
+
+/// Loads the configuration (the same YAML as the wasm filter's) and starts the tick; null
+/// (Envoy refuses the config) with the reason logged.
+#[no_mangle]
+extern "C" fn envoy_dynamic_module_on_http_filter_config_new(
+    config_envoy: *mut c_void,
+    name: EnvoyBuffer,
+    config: EnvoyBuffer,
+) -> *const c_void {
+    // SAFETY: Envoy's buffers, valid during this call; copied here.
+    let (name, text) = unsafe { (name.bytes().to_vec(), config.bytes().to_vec()) };
+    match configure(EnvoyPtr(config_envoy), &text) {
+        Ok(picker) => Box::into_raw(Box::new(picker)).cast_const().cast(),
+        Err(error) => {
+            let name = String::from_utf8_lossy(&name);
+            log::error!("inference-picker: filter {name}: {error}");
+            std::ptr::null()
+        }
+    }
+}
+
+fn configure(config_envoy: EnvoyPtr, text: &[u8]) -> Result<Arc<Picker>, String> {
+    let envoy = abi::envoy().ok_or("the module's callbacks are not loaded")?;
+    let ticker = Ticker::new();
+    let host = NativeHost::new(config_envoy, ticker.clone());
+    let vm = WorkerVm::configure(host.clone(), ROOT_ID, text, None)?;
+    // Envoy freezes a module's stats once this hook returns.
+    vm.define_all_stats();
+    // SAFETY: Envoy's config pointer, on the main thread within its config hook.
+    let scheduler = EnvoyPtr(unsafe { (envoy.http_filter_config_scheduler_new)(config_envoy.0) });
+    if scheduler.is_null() {
+        return Err("Envoy gave no scheduler for the metrics tick".into());
+    }
+    ticker
+        .start(scheduler)
+        .map_err(|error| format!("cannot start the metrics tick: {error}"))?;
+    Ok(Arc::new(Picker {
+        host,
+        vm: Mutex::new(vm),
+    }))
+}
+
+#[no_mangle]
+extern "C" fn envoy_dynamic_module_on_http_filter_config_destroy(config: *const c_void) {
+    if config.is_null() {
+        return;
+    }
+    // SAFETY: the pointer `config_new` returned, destroyed once.
+    let picker = unsafe { Box::from_raw(config.cast::<Arc<Picker>>().cast_mut()) };
+    picker.host.state.ticker.stop();
+}
+
+#[no_mangle]
+extern "C" fn envoy_dynamic_module_on_http_filter_config_scheduled(
+    _config_envoy: *mut c_void,
+    config: *const c_void,
+    event: u64,
+) {
+    // SAFETY: the pointer `config_new` returned, alive until `config_destroy`.
+    let Some(picker) = (unsafe { borrow::<Arc<Picker>>(config) }) else {
+        return;
+    };
+    if event == TICK {
+        picker.run(None, WorkerVm::on_tick);
+    }
+}
+
+#[no_mangle]
+extern "C" fn envoy_dynamic_module_on_http_filter_config_http_callout_done(
+    _config_envoy: *mut c_void,
+    config: *const c_void,
+    callout_id: u64,
+    result: u32,
+    headers: *const EnvoyHeader,
+    headers_size: usize,
+    body_chunks: *const EnvoyBuffer,
+    body_chunks_size: usize,
+) {
+    // SAFETY: the pointer `config_new` returned, alive until `config_destroy`.
+    let Some(picker) = (unsafe { borrow::<Arc<Picker>>(config) }) else {
+        return;
+    };
+    let Ok(token) = u32::try_from(callout_id) else {
+        return;
+    };
+    // SAFETY: Envoy's arrays of the given sizes, valid during this call (or null).
+    let (headers, chunks) = unsafe {
+        (
+            slice_or_empty(headers, headers_size),
+            slice_or_empty(body_chunks, body_chunks_size),
+        )
+    };
+    let answered = result == abi::CALLOUT_SUCCESS;
+    // SAFETY: each header and chunk is Envoy's, valid during this call.
+    let status = headers.iter().find_map(|header| {
+        let (key, value) = unsafe { header.pair() };
+        (key == b":status").then(|| value.to_vec())
+    });
+    let body: Vec<u8> = chunks
+        .iter()
+        .flat_map(|chunk| unsafe { chunk.bytes() }.iter().copied())
+        .collect();
+    // The core reads a callout with no headers as one that timed out or was reset.
+    let num_headers = if answered { headers.len().max(1) } else { 0 };
+    let body_size = body.len();
+    *lock(&picker.host.state.answer) = Some(CalloutAnswer { status, body });
+    picker.run(None, |vm| {
+        vm.on_callout_response(token, num_headers, body_size)
+    });
+    *lock(&picker.host.state.answer) = None;
+}
+
+/// # Safety
+/// `data` must be null or point at `size` initialised values for the borrow's lifetime.
+unsafe fn slice_or_empty<'a, T>(data: *const T, size: usize) -> &'a [T] {
+    if data.is_null() || size == 0 {
+        &[]
+    } else {
+        std::slice::from_raw_parts(data, size)
+    }
+}
+
+#[no_mangle]
+extern "C" fn envoy_dynamic_module_on_http_filter_new(
+    config: *const c_void,
+    _filter_envoy: *mut c_void,
+) -> *const c_void {
+    // SAFETY: the pointer `config_new` returned, alive until `config_destroy`.
+    let Some(picker) = (unsafe { borrow::<Arc<Picker>>(config) }) else {
+        return std::ptr::null();
+    };
+    let id = NEXT_STREAM_ID.fetch_add(1, Ordering::Relaxed).max(1);
+    let filter = StreamFilter {
+        picker: Arc::clone(picker),
+        request: RequestFlow::new(id),
+    };
+    Box::into_raw(Box::new(filter)).cast_const().cast()
+}
+
+#[no_mangle]
+extern "C" fn envoy_dynamic_module_on_http_filter_request_headers(
+    filter_envoy: *mut c_void,
+    filter: *const c_void,
+    end_of_stream: bool,
+) -> u32 {
+    // SAFETY: the pointer `filter_new` returned, used on its worker only.
+    let Some(filter) = (unsafe { borrow::<StreamFilter>(filter) }) else {
+        return status::CONTINUE;
+    };
+    let go_on = filter.step(EnvoyPtr(filter_envoy), |vm, request| {
+        vm.on_request_headers(request, end_of_stream)
+    });
+    if go_on {
+        status::CONTINUE
+    } else {
+        status::HEADERS_STOP_ITERATION
+    }
+}
+
+#[no_mangle]
+extern "C" fn envoy_dynamic_module_on_http_filter_request_body(
+    filter_envoy: *mut c_void,
+    filter: *const c_void,
+    end_of_stream: bool,
+) -> u32 {
+    // SAFETY: the pointer `filter_new` returned, used on its worker only.
+    let Some(filter) = (unsafe { borrow::<StreamFilter>(filter) }) else {
+        return status::CONTINUE;
+    };
+    let envoy = EnvoyPtr(filter_envoy);
+    let body_size = NativeStream::direct(envoy).request_body_size();
+    let go_on = filter.step(envoy, |vm, request| {
+        vm.on_request_body(request, body_size, end_of_stream)
+    });
+    if go_on {
+        status::CONTINUE
+    } else {
+        status::BODY_STOP_AND_BUFFER
+    }
+}
+
+#[no_mangle]
+extern "C" fn envoy_dynamic_module_on_http_filter_request_trailers(
+    filter_envoy: *mut c_void,
+    filter: *const c_void,
+) -> u32 {
+    // SAFETY: the pointer `filter_new` returned, used on its worker only.
+    let Some(filter) = (unsafe { borrow::<StreamFilter>(filter) }) else {
+        return status::CONTINUE;
+    };
+    if filter.step(EnvoyPtr(filter_envoy), WorkerVm::on_request_trailers) {
+        status::CONTINUE
+    } else {
+        status::TRAILERS_STOP_ITERATION
+    }
+}
+
+#[no_mangle]
+extern "C" fn envoy_dynamic_module_on_http_filter_response_headers(
+    filter_envoy: *mut c_void,
+    filter: *const c_void,
+    _end_of_stream: bool,
+) -> u32 {
+    // SAFETY: the pointer `filter_new` returned, used on its worker only.
+    if let Some(filter) = unsafe { borrow::<StreamFilter>(filter) } {
+        let own = Own {
+            id: filter.request.id(),
+            filter: EnvoyPtr(filter_envoy),
+            resumed: false,
+        };
+        let request = &mut filter.request;
+        // A local reply the picker sends runs this hook within the picker: nothing to learn.
+        filter
+            .picker
+            .run(Some(own), |vm| vm.on_response_headers(request));
+    }
+    status::CONTINUE
+}
+
+/// The stream is gone: its slot (or its place in the queue) is given back. Envoy runs this
+/// from its deferred deletes, never within another hook.
+#[no_mangle]
+extern "C" fn envoy_dynamic_module_on_http_filter_destroy(filter: *const c_void) {
+    if filter.is_null() {
+        return;
+    }
+    // SAFETY: the pointer `filter_new` returned, destroyed once.
+    let mut filter = unsafe { Box::from_raw(filter.cast::<StreamFilter>().cast_mut()) };
+    let id = filter.request.id();
+    let StreamFilter { picker, request } = &mut *filter;
+    picker.run(None, |vm| {
+        vm.on_stream_done(request);
+        lock(&picker.host.state.streams).forget(id);
+    });
+}
+
+/// A held stream's worker carries out what the core decided for it, then lets it go on.
+#[no_mangle]
+extern "C" fn envoy_dynamic_module_on_http_filter_scheduled(
+    filter_envoy: *mut c_void,
+    filter: *const c_void,
+    event: u64,
+) {
+    // SAFETY: the pointer `filter_new` returned, used on its worker only.
+    let Some(filter) = (unsafe { borrow::<StreamFilter>(filter) }) else {
+        return;
+    };
+    if event != RUN_QUEUED {
+        return;
+    }
+    let queued = lock(&filter.picker.host.state.streams).take_queued(filter.request.id());
+    if NativeStream::direct(EnvoyPtr(filter_envoy)).carry_out(queued) {
+        if let Some(envoy) = abi::envoy() {
+            // SAFETY: this stream's worker, within its hook.
+            unsafe { (envoy.http_filter_continue_decoding)(filter_envoy) };
+        }
+    }
+}
+
+/// The hooks Envoy requires of every HTTP filter module, which this picker does not use: the
+/// response body and trailers, the end of the stream (the slot is given back at `destroy`,
+/// which Envoy never runs within another hook), per-stream callouts and write watermarks.
+mod unused_hooks {
+    use std::ffi::c_void;
+
+    const CONTINUE: u32 = super::status::CONTINUE;
+
+    #[no_mangle]
+    extern "C" fn envoy_dynamic_module_on_http_filter_response_body(
+        _: *mut c_void,
+        _: *const c_void,
+        _: bool,
+    ) -> u32 {
+        CONTINUE
+    }
+
+    #[no_mangle]
+    extern "C" fn envoy_dynamic_module_on_http_filter_response_trailers(
+        _: *mut c_void,
+        _: *const c_void,
+    ) -> u32 {
+        CONTINUE
+    }
+
+    #[no_mangle]
+    extern "C" fn envoy_dynamic_module_on_http_filter_stream_complete(
+        _: *mut c_void,
+        _: *const c_void,
+    ) {
+    }
+
+    #[no_mangle]
+    extern "C" fn envoy_dynamic_module_on_http_filter_http_callout_done(
+        _: *mut c_void,
+        _: *const c_void,
+        _: u64,
+        _: u32,
+        _: *const c_void,
+        _: usize,
+        _: *const c_void,
+        _: usize,
+    ) {
+    }
+
+    #[no_mangle]
+    extern "C" fn envoy_dynamic_module_on_http_filter_http_stream_headers(
+        _: *mut c_void,
+        _: *const c_void,
+        _: u64,
+        _: *const c_void,
+        _: usize,
+        _: bool,
+    ) {
+    }
+
+    #[no_mangle]
+    extern "C" fn envoy_dynamic_module_on_http_filter_http_stream_data(
+        _: *mut c_void,
+        _: *const c_void,
+        _: u64,
+        _: *const c_void,
+        _: usize,
+        _: bool,
+    ) {
+    }
+
+    #[no_mangle]
+    extern "C" fn envoy_dynamic_module_on_http_filter_http_stream_trailers(
+        _: *mut c_void,
+        _: *const c_void,
+        _: u64,
+        _: *const c_void,
+        _: usize,
+    ) {
+    }
+
+    #[no_mangle]
+    extern "C" fn envoy_dynamic_module_on_http_filter_http_stream_complete(
+        _: *mut c_void,
+        _: *const c_void,
+        _: u64,
+    ) {
+    }
+
+    #[no_mangle]
+    extern "C" fn envoy_dynamic_module_on_http_filter_http_stream_reset(
+        _: *mut c_void,
+        _: *const c_void,
+        _: u64,
+        _: u32,
+    ) {
+    }
+
+    #[no_mangle]
+    extern "C" fn envoy_dynamic_module_on_http_filter_downstream_above_write_buffer_high_watermark(
+        _: *mut c_void,
+        _: *const c_void,
+    ) {
+    }
+
+    #[no_mangle]
+    extern "C" fn envoy_dynamic_module_on_http_filter_downstream_below_write_buffer_low_watermark(
+        _: *mut c_void,
+        _: *const c_void,
+    ) {
+    }
+}

@@ -1,0 +1,520 @@
+//! The streams the core acts on. The stream whose hook runs is reached directly; a stream flow
+//! control holds is another thread's (its worker's), so what the core does to it is queued and
+//! carried out on that worker, through the stream's scheduler, before it resumes.
+
+use crate::abi::{body, envoy, header_map, EnvoyBuffer, EnvoyHeader, EnvoyPtr, ModuleBuffer};
+use crate::abi::{ModuleHeader, ATTRIBUTE_UPSTREAM_ADDRESS, METADATA_DYNAMIC};
+use crate::host::{count, failed, lock, shared, HostState};
+use inference_picker_core::error_response::{ErrorShape, RequestError};
+use inference_picker_core::host::{HeaderPairs, HostCall, HostError, HttpHost, SharedData};
+use inference_picker_core::protocol::{
+    DESTINATION_HEADER, DROPPED_REASON_HEADER, FALLBACK_HEADER, SUBSET_HINT_KEY,
+    SUBSET_HINT_NAMESPACE,
+};
+use std::collections::HashMap;
+use std::sync::Arc;
+
+/// The GIE protocol's metadata namespace for the picked endpoints, written directly (the wasm
+/// filter needs Envoy's header_to_metadata filter for it).
+const LB_NAMESPACE: &str = "envoy.lb";
+
+/// The event a held stream's scheduler fires: run what was queued for it.
+pub const RUN_QUEUED: u64 = 1;
+
+/// What the core did to a held stream, carried out on its worker.
+pub enum Queued {
+    SetHeader(String, String),
+    RemoveHeader(String),
+    ReplaceBody(Vec<u8>),
+    SendError(RequestError, ErrorShape),
+    Resume,
+}
+
+/// A stream flow control holds.
+pub struct Held {
+    scheduler: EnvoyPtr,
+    /// Its `:path`, read when it was held: a refusal's body is shaped by its API.
+    path: Vec<u8>,
+    queued: Vec<Queued>,
+}
+
+/// The stream whose hook is running.
+#[derive(Clone, Copy)]
+pub struct Own {
+    pub id: u32,
+    pub filter: EnvoyPtr,
+    /// The core let it go within its own hook: the hook continues instead of stopping.
+    pub resumed: bool,
+}
+
+/// Which stream the core's calls act on.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Target {
+    Nothing,
+    Own,
+    Held(u32),
+}
+
+/// The stream of the running hook, the streams held, and which one the core acts on.
+pub struct Streams {
+    own: Option<Own>,
+    current: Target,
+    held: HashMap<u32, Held>,
+}
+
+impl Default for Streams {
+    fn default() -> Self {
+        Streams {
+            own: None,
+            current: Target::Nothing,
+            held: HashMap::new(),
+        }
+    }
+}
+
+impl Streams {
+    /// A hook of stream `own` (or, with `None`, a main-thread callback) starts.
+    pub fn enter(&mut self, own: Option<Own>) {
+        self.current = if own.is_some() {
+            Target::Own
+        } else {
+            Target::Nothing
+        };
+        self.own = own;
+    }
+
+    /// The hook ends: whether the core let its own stream go.
+    pub fn leave(&mut self) -> bool {
+        self.current = Target::Nothing;
+        self.own.take().is_some_and(|own| own.resumed)
+    }
+
+    /// Id 0 is the root (no stream); otherwise the hook's own stream or a held one.
+    pub fn switch_to(&mut self, id: u32) -> Result<(), HostError> {
+        self.current = match self.own {
+            _ if id == crate::ROOT_ID => Target::Nothing,
+            Some(own) if own.id == id => Target::Own,
+            _ if self.held.contains_key(&id) => Target::Held(id),
+            _ => return Err(failed("switch_to_stream")),
+        };
+        Ok(())
+    }
+
+    pub fn resume_current(&mut self) -> Result<(), HostError> {
+        match self.current {
+            Target::Own => {
+                if let Some(own) = &mut self.own {
+                    own.resumed = true;
+                }
+                Ok(())
+            }
+            Target::Held(id) => self.queue(id, Queued::Resume),
+            Target::Nothing => Err(failed("resume_stream")),
+        }
+    }
+
+    /// Keeps stream `id` as held: its worker will be asked to carry out what the core decides.
+    ///
+    /// # Safety
+    /// Call on the stream's worker, within one of its hooks (the scheduler is made there).
+    pub unsafe fn hold(
+        &mut self,
+        id: u32,
+        filter: EnvoyPtr,
+        path: Vec<u8>,
+    ) -> Result<(), HostError> {
+        let envoy = envoy().ok_or(failed("http_filter_scheduler_new"))?;
+        let scheduler = EnvoyPtr((envoy.http_filter_scheduler_new)(filter.0));
+        if scheduler.is_null() {
+            return Err(failed("http_filter_scheduler_new"));
+        }
+        let held = Held {
+            scheduler,
+            path,
+            queued: Vec::new(),
+        };
+        if let Some(replaced) = self.held.insert(id, held) {
+            delete_scheduler(replaced.scheduler);
+        }
+        Ok(())
+    }
+
+    /// The stream ended: forget it.
+    pub fn forget(&mut self, id: u32) {
+        if let Some(held) = self.held.remove(&id) {
+            delete_scheduler(held.scheduler);
+        }
+    }
+
+    /// What was queued for stream `id`, to carry out on its worker.
+    pub fn take_queued(&mut self, id: u32) -> Vec<Queued> {
+        self.held
+            .get_mut(&id)
+            .map(|held| std::mem::take(&mut held.queued))
+            .unwrap_or_default()
+    }
+
+    fn queue(&mut self, id: u32, action: Queued) -> Result<(), HostError> {
+        let held = self.held.get_mut(&id).ok_or(failed("held stream"))?;
+        let first = held.queued.is_empty();
+        held.queued.push(action);
+        if first {
+            let envoy = envoy().ok_or(failed("http_filter_scheduler_commit"))?;
+            // SAFETY: the scheduler is alive until `forget` deletes it; committing is allowed
+            // from any thread and does nothing once the stream is gone.
+            unsafe { (envoy.http_filter_scheduler_commit)(held.scheduler.0, RUN_QUEUED) };
+        }
+        Ok(())
+    }
+
+    fn held_path(&self, id: u32) -> Option<Vec<u8>> {
+        self.held.get(&id).map(|held| held.path.clone())
+    }
+}
+
+fn delete_scheduler(scheduler: EnvoyPtr) {
+    if let Some(envoy) = envoy() {
+        // SAFETY: a scheduler this module made and has not deleted yet.
+        unsafe { (envoy.http_filter_scheduler_delete)(scheduler.0) };
+    }
+}
+
+/// Where a stream's calls go.
+enum Reach {
+    Direct(EnvoyPtr),
+    Queued(u32),
+    Nowhere,
+}
+
+/// One stream as the core's request flow sees it.
+pub struct NativeStream {
+    state: Option<Arc<HostState>>,
+    reach: Reach,
+}
+
+impl NativeStream {
+    /// The stream the core currently acts on.
+    pub fn current(state: Arc<HostState>) -> NativeStream {
+        let reach = {
+            let streams = lock(&state.streams);
+            match (streams.current, streams.own) {
+                (Target::Own, Some(own)) => Reach::Direct(own.filter),
+                (Target::Held(id), _) => Reach::Queued(id),
+                _ => Reach::Nowhere,
+            }
+        };
+        NativeStream {
+            state: Some(state),
+            reach,
+        }
+    }
+
+    /// A stream reached directly, on its own worker within one of its hooks.
+    pub fn direct(filter: EnvoyPtr) -> NativeStream {
+        NativeStream {
+            state: None,
+            reach: Reach::Direct(filter),
+        }
+    }
+
+    /// Carries out what was queued for this (direct) stream; true if it may go on.
+    pub fn carry_out(&self, queued: Vec<Queued>) -> bool {
+        let mut resume = false;
+        for action in queued {
+            let done = match action {
+                Queued::SetHeader(name, value) => self.set_request_header(&name, &value),
+                Queued::RemoveHeader(name) => self.remove_request_header(&name),
+                Queued::ReplaceBody(body) => self.replace_request_body(0, &body),
+                Queued::SendError(error, shape) => self.send_error(&error, shape),
+                Queued::Resume => {
+                    resume = true;
+                    Ok(())
+                }
+            };
+            if let Err(error) = done {
+                log::warn!("inference-picker: acting on a released request: {error}");
+            }
+        }
+        resume
+    }
+
+    fn filter(&self, call: &'static str) -> Result<EnvoyPtr, HostError> {
+        match self.reach {
+            Reach::Direct(filter) => Ok(filter),
+            _ => Err(failed(call)),
+        }
+    }
+
+    /// Queues `action` for a held stream; `None` when this stream is reached directly.
+    fn queue(&self, action: impl FnOnce() -> Queued) -> Option<Result<(), HostError>> {
+        match (&self.reach, &self.state) {
+            (Reach::Queued(id), Some(state)) => Some(lock(&state.streams).queue(*id, action())),
+            (Reach::Queued(_), None) | (Reach::Nowhere, _) => Some(Err(failed("no stream"))),
+            (Reach::Direct(_), _) => None,
+        }
+    }
+
+    fn header(&self, map: u32, name: &str) -> Option<Vec<u8>> {
+        count(HostCall::HeaderRead);
+        let filter = self.filter("http_get_header").ok()?;
+        let envoy = envoy()?;
+        let mut value = EnvoyBuffer::EMPTY;
+        let key = ModuleBuffer::of(name.as_bytes());
+        // SAFETY: this stream's own hook is running; the value is copied before it returns.
+        unsafe {
+            let found =
+                (envoy.http_get_header)(filter.0, map, key, &mut value, 0, std::ptr::null_mut());
+            (found && !value.ptr.is_null()).then(|| value.bytes().to_vec())
+        }
+    }
+
+    fn set_header(&self, map: u32, name: &str, value: ModuleBuffer) -> Result<(), HostError> {
+        let filter = self.filter("http_set_header")?;
+        let envoy = envoy().ok_or(failed("http_set_header"))?;
+        let key = ModuleBuffer::of(name.as_bytes());
+        // SAFETY: this stream's own hook is running; Envoy copies the buffers.
+        let done = unsafe { (envoy.http_set_header)(filter.0, map, key, value) };
+        done.then_some(()).ok_or(failed("http_set_header"))
+    }
+
+    /// The picked endpoints go into `envoy.lb` as they go into their headers.
+    fn set_lb_metadata(&self, filter: EnvoyPtr, name: &str, value: &str) -> Result<(), HostError> {
+        let envoy = envoy().ok_or(failed("http_set_dynamic_metadata_string"))?;
+        let (namespace, key) = (LB_NAMESPACE.as_bytes(), name.as_bytes());
+        // SAFETY: this stream's own hook is running; Envoy copies the buffers.
+        unsafe {
+            (envoy.http_set_dynamic_metadata_string)(
+                filter.0,
+                ModuleBuffer::of(namespace),
+                ModuleBuffer::of(key),
+                ModuleBuffer::of(value.as_bytes()),
+            );
+        }
+        Ok(())
+    }
+
+    /// The request body's chunks: what Envoy buffered, then the chunk of this callback.
+    fn body_chunks(&self, filter: EnvoyPtr) -> Vec<&[u8]> {
+        let Some(envoy) = envoy() else {
+            return Vec::new();
+        };
+        // SAFETY: this stream's own hook is running.
+        let released = unsafe { (envoy.http_received_buffered_request_body)(filter.0) };
+        // A buffer an earlier filter released arrives as the received chunk: read it once.
+        let kinds: &[u32] = if released {
+            &[body::RECEIVED_REQUEST]
+        } else {
+            &[body::BUFFERED_REQUEST, body::RECEIVED_REQUEST]
+        };
+        let mut chunks = Vec::new();
+        for &kind in kinds {
+            // SAFETY: as above; the slices live until the hook returns or the body changes,
+            // and the caller copies them first.
+            unsafe {
+                let size = (envoy.http_get_body_chunks_size)(filter.0, kind);
+                let mut buffers = vec![EnvoyBuffer::EMPTY; size];
+                if size > 0 && (envoy.http_get_body_chunks)(filter.0, kind, buffers.as_mut_ptr()) {
+                    chunks.extend(buffers.into_iter().map(|buffer| buffer.bytes()));
+                }
+            }
+        }
+        chunks
+    }
+
+    /// The request body's size now (both parts, as [`HttpHost::request_body`] reads it).
+    pub fn request_body_size(&self) -> usize {
+        let Ok(filter) = self.filter("http_get_body_size") else {
+            return 0;
+        };
+        self.body_chunks(filter)
+            .iter()
+            .map(|chunk| chunk.len())
+            .sum()
+    }
+}
+
+impl HttpHost for NativeStream {
+    fn request_header(&self, name: &str) -> Option<Vec<u8>> {
+        if let (Reach::Queued(id), Some(state)) = (&self.reach, &self.state) {
+            // A held stream's only header read: its path, for the shape of a refusal.
+            return (name == ":path")
+                .then(|| lock(&state.streams).held_path(*id))
+                .flatten();
+        }
+        self.header(header_map::REQUEST, name)
+    }
+
+    fn request_headers(&self) -> Option<HeaderPairs> {
+        count(HostCall::HeaderRead);
+        let filter = self.filter("http_get_headers").ok()?;
+        let envoy = envoy()?;
+        // SAFETY: this stream's own hook is running; the pairs are copied before it returns.
+        unsafe {
+            let size = (envoy.http_get_headers_size)(filter.0, header_map::REQUEST);
+            let mut headers = vec![EnvoyHeader::EMPTY; size];
+            if size > 0
+                && !(envoy.http_get_headers)(filter.0, header_map::REQUEST, headers.as_mut_ptr())
+            {
+                return None;
+            }
+            Some(HeaderPairs::from_pairs(
+                headers.into_iter().map(|header| header.pair()),
+            ))
+        }
+    }
+
+    fn set_request_header(&self, name: &str, value: &str) -> Result<(), HostError> {
+        if let Some(queued) = self.queue(|| Queued::SetHeader(name.into(), value.into())) {
+            return queued;
+        }
+        count(HostCall::HeaderWrite);
+        self.set_header(
+            header_map::REQUEST,
+            name,
+            ModuleBuffer::of(value.as_bytes()),
+        )?;
+        if name == DESTINATION_HEADER || name == FALLBACK_HEADER {
+            self.set_lb_metadata(
+                self.filter("http_set_dynamic_metadata_string")?,
+                name,
+                value,
+            )?;
+        }
+        Ok(())
+    }
+
+    fn remove_request_header(&self, name: &str) -> Result<(), HostError> {
+        if let Some(queued) = self.queue(|| Queued::RemoveHeader(name.into())) {
+            return queued;
+        }
+        count(HostCall::HeaderRemove);
+        self.set_header(header_map::REQUEST, name, ModuleBuffer::NULL)
+    }
+
+    fn request_body(&self, size: usize) -> Result<Vec<u8>, HostError> {
+        count(HostCall::BodyRead);
+        let filter = self.filter("http_get_body_chunks")?;
+        let mut bytes = Vec::with_capacity(size);
+        for chunk in self.body_chunks(filter) {
+            let room = size.saturating_sub(bytes.len());
+            bytes.extend_from_slice(chunk.get(..room).unwrap_or(chunk));
+        }
+        Ok(bytes)
+    }
+
+    /// Replaces the whole body: drains both parts, then appends where the body continues (the
+    /// chunk of a body callback, else the buffer).
+    fn replace_request_body(&self, _size: usize, body: &[u8]) -> Result<(), HostError> {
+        if let Some(queued) = self.queue(|| Queued::ReplaceBody(body.to_vec())) {
+            return queued;
+        }
+        count(HostCall::BodyWrite);
+        let filter = self.filter("http_drain_body")?;
+        let envoy = envoy().ok_or(failed("http_drain_body"))?;
+        // SAFETY: this stream's own hook is running; Envoy copies the appended bytes.
+        unsafe {
+            for kind in [body::BUFFERED_REQUEST, body::RECEIVED_REQUEST] {
+                let size = (envoy.http_get_body_size)(filter.0, kind);
+                (envoy.http_drain_body)(filter.0, kind, size);
+            }
+            let appended =
+                (envoy.http_append_body)(filter.0, body::RECEIVED_REQUEST, ModuleBuffer::of(body))
+                    || (envoy.http_append_body)(
+                        filter.0,
+                        body::BUFFERED_REQUEST,
+                        ModuleBuffer::of(body),
+                    );
+            appended.then_some(()).ok_or(failed("http_append_body"))
+        }
+    }
+
+    fn response_header(&self, name: &str) -> Option<Vec<u8>> {
+        self.header(header_map::RESPONSE, name)
+    }
+
+    fn set_response_header(&self, name: &str, value: &str) -> Result<(), HostError> {
+        count(HostCall::HeaderWrite);
+        self.set_header(
+            header_map::RESPONSE,
+            name,
+            ModuleBuffer::of(value.as_bytes()),
+        )
+    }
+
+    fn upstream_address(&self) -> Option<String> {
+        count(HostCall::Property);
+        let filter = self.filter("http_filter_get_attribute_string").ok()?;
+        let envoy = envoy()?;
+        let mut value = EnvoyBuffer::EMPTY;
+        // SAFETY: this stream's own hook is running; the value is copied before it returns.
+        let bytes = unsafe {
+            let found = (envoy.http_filter_get_attribute_string)(
+                filter.0,
+                ATTRIBUTE_UPSTREAM_ADDRESS,
+                &mut value,
+            );
+            found.then(|| value.bytes().to_vec())?
+        };
+        String::from_utf8(bytes)
+            .ok()
+            .filter(|address| !address.is_empty())
+    }
+
+    fn subset_hint(&self) -> Option<Vec<u8>> {
+        count(HostCall::Property);
+        let filter = self.filter("http_get_metadata_string").ok()?;
+        let envoy = envoy()?;
+        let mut value = EnvoyBuffer::EMPTY;
+        let namespace = ModuleBuffer::of(SUBSET_HINT_NAMESPACE.as_bytes());
+        let key = ModuleBuffer::of(SUBSET_HINT_KEY.as_bytes());
+        // SAFETY: this stream's own hook is running; the value is copied before it returns.
+        unsafe {
+            let found = (envoy.http_get_metadata_string)(
+                filter.0,
+                METADATA_DYNAMIC,
+                namespace,
+                key,
+                &mut value,
+            );
+            found.then(|| value.bytes().to_vec())
+        }
+    }
+
+    fn send_error(&self, error: &RequestError, shape: ErrorShape) -> Result<(), HostError> {
+        if let Some(queued) = self.queue(|| Queued::SendError(error.clone(), shape)) {
+            return queued;
+        }
+        count(HostCall::LocalReply);
+        let filter = self.filter("http_send_response")?;
+        let envoy = envoy().ok_or(failed("http_send_response"))?;
+        let mut headers = vec![ModuleHeader::of("content-type", "application/json")];
+        if let Some(reason) = error.dropped_reason() {
+            headers.push(ModuleHeader::of(DROPPED_REASON_HEADER, reason));
+        }
+        let body = error.to_json_for(shape);
+        // SAFETY: this stream's own hook is running; Envoy copies the reply.
+        unsafe {
+            (envoy.http_send_response)(
+                filter.0,
+                u32::from(error.status()),
+                headers.as_mut_ptr(),
+                headers.len(),
+                ModuleBuffer::of(&body),
+                ModuleBuffer::of(b"inference_picker"),
+            );
+        }
+        Ok(())
+    }
+
+    fn now_ms(&self) -> u64 {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |since| {
+                u64::try_from(since.as_millis()).unwrap_or(u64::MAX)
+            })
+    }
+
+    fn shared_data(&self) -> &dyn SharedData {
+        shared()
+    }
+}
