@@ -7,20 +7,13 @@ mod support;
 
 use std::time::Duration;
 use support::{
-    completion, eventually, shipped_picker_config, with_addresses, with_endpoints, with_pool_keys,
-    Envoy, Sim,
+    completion, eventually, picker_sample, shipped_picker_config, with_addresses, with_endpoints,
+    with_pool_keys, Envoy, Sim,
 };
 
 /// The value of the Prometheus sample whose line starts with `series`.
-fn sample(text: &str, series: &str) -> Option<f64> {
-    text.lines()
-        .find(|line| line.starts_with(series))
-        .and_then(|line| line.rsplit(' ').next())
-        .and_then(|value| value.parse().ok())
-}
-
 fn stat(envoy: &Envoy, series: &str) -> f64 {
-    sample(&envoy.admin_get("/stats/prometheus").text(), series).unwrap_or(0.0)
+    picker_sample(&envoy.admin_get("/stats/prometheus").text(), series).unwrap_or(0.0)
 }
 
 fn scrape_failures(envoy: &Envoy, sim: &Sim) -> f64 {

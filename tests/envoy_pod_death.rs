@@ -8,8 +8,8 @@ mod support;
 
 use std::time::{Duration, Instant};
 use support::{
-    eventually, shipped_picker_config, with_endpoints, with_pool_keys, BackgroundLoad, Envoy,
-    Served, Sim,
+    eventually, series, shipped_picker_config, with_endpoints, with_pool_keys, BackgroundLoad,
+    Envoy, Served, Sim,
 };
 
 /// Clients in flight through the gateway.
@@ -31,7 +31,9 @@ fn gateway(sims: &[&Sim], backoff: &str) -> Envoy {
 /// The filter's pick counter for `address`, summed over Envoy's workers. Each worker adds its
 /// picks to it on its tick, not per request.
 fn picks(envoy: &Envoy, address: &str) -> u64 {
-    let series = format!("inference_picker_endpoint_picks{{endpoint=\"{address}\"}}");
+    let series = series(&format!(
+        "inference_picker_endpoint_picks{{endpoint=\"{address}\"}}"
+    ));
     envoy
         .admin_get("/stats/prometheus")
         .text()

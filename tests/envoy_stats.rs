@@ -3,16 +3,9 @@
 
 mod support;
 
-use support::{completion, shipped_picker_config, with_endpoints, Envoy, Sim};
+use support::{completion, picker_sample, shipped_picker_config, with_endpoints, Envoy, Sim};
 
 /// The value of the Prometheus sample whose line starts with `series`.
-fn sample(text: &str, series: &str) -> Option<f64> {
-    text.lines()
-        .find(|line| line.starts_with(series))
-        .and_then(|line| line.rsplit(' ').next())
-        .and_then(|value| value.parse().ok())
-}
-
 #[test]
 fn picks_decisions_and_scrapes_are_envoy_stats() {
     let a = Sim::start("pod-a", &[]);
@@ -33,42 +26,48 @@ fn picks_decisions_and_scrapes_are_envoy_stats() {
         "inference_picker_endpoint_picks{{endpoint=\"{}\"}}",
         b.address
     );
-    assert_eq!(sample(&text, &picks_a), Some(7.0), "{text}");
-    assert_eq!(sample(&text, &picks_b), Some(0.0), "{text}");
+    assert_eq!(picker_sample(&text, &picks_a), Some(7.0), "{text}");
+    assert_eq!(picker_sample(&text, &picks_b), Some(0.0), "{text}");
     assert_eq!(
-        sample(&text, "inference_picker_decisions{outcome=\"routed\"}"),
+        picker_sample(&text, "inference_picker_decisions{outcome=\"routed\"}"),
         Some(7.0)
     );
     assert_eq!(
-        sample(&text, "inference_picker_decisions{outcome=\"400\"}"),
+        picker_sample(&text, "inference_picker_decisions{outcome=\"400\"}"),
         Some(1.0)
     );
     let scrapes = format!(
         "inference_picker_endpoint_scrape_success{{endpoint=\"{}\"}}",
         a.address
     );
-    assert!(sample(&text, &scrapes).unwrap_or(0.0) >= 3.0, "{text}");
+    assert!(
+        picker_sample(&text, &scrapes).unwrap_or(0.0) >= 3.0,
+        "{text}"
+    );
     let age = format!(
         "inference_picker_endpoint_metrics_age_ms{{endpoint=\"{}\"}}",
         a.address
     );
-    assert!(sample(&text, &age).is_some_and(|ms| ms < 2000.0), "{text}");
+    assert!(
+        picker_sample(&text, &age).is_some_and(|ms| ms < 2000.0),
+        "{text}"
+    );
     assert!(
         text.contains("inference_picker_scheduling_time_us_bucket"),
         "{text}"
     );
     // Pool-wide scrape health: both fresh, a round's duration, nothing refused by the host.
     assert_eq!(
-        sample(&text, "inference_picker_endpoints_fresh{}"),
+        picker_sample(&text, "inference_picker_endpoints_fresh{}"),
         Some(2.0),
         "{text}"
     );
     assert!(
-        sample(&text, "inference_picker_scrape_round_ms{}").is_some(),
+        picker_sample(&text, "inference_picker_scrape_round_ms{}").is_some(),
         "{text}"
     );
     assert_eq!(
-        sample(&text, "inference_picker_scrapes_unsent{}"),
+        picker_sample(&text, "inference_picker_scrapes_unsent{}"),
         Some(0.0),
         "{text}"
     );
@@ -81,6 +80,6 @@ fn picks_decisions_and_scrapes_are_envoy_stats() {
     // The prefix scorer's own counters, labelled with the plugin's name.
     for counter in ["home_picks", "home_spills"] {
         let series = format!("inference_picker_plugin_{counter}{{plugin=\"prefix-cache-scorer\"}}");
-        assert!(sample(&text, &series).is_some(), "{series}: {text}");
+        assert!(picker_sample(&text, &series).is_some(), "{series}: {text}");
     }
 }

@@ -5,6 +5,7 @@
 //! - [`http`]: one request per connection, and what tests read from a response;
 //! - [`processes`]: simulated pods and Envoy started per test and stopped by pid, ports,
 //!   temporary directories;
+//! - [`edge`]: which of the picker's edges (wasm filter, dynamic module) Envoy runs;
 //! - [`envoy_config`]: Envoy configs through typed accessors, picker configs with the test's
 //!   pods;
 //! - [`load`]: request bodies and a timed keep-alive client;
@@ -13,6 +14,7 @@
 //! Everything is re-exported here, so users write `support::Sim`, `support::request`, ...
 #![allow(dead_code, unused_imports)]
 
+pub mod edge;
 pub mod envoy_config;
 pub mod http;
 pub mod http1;
@@ -20,6 +22,7 @@ pub mod load;
 pub mod processes;
 pub mod wait;
 
+pub use edge::{module_dir, picker_sample, sample, series, to_module_edge, Edge};
 pub use envoy_config::{
     cluster_members, example_config, is_pool_cluster, lb_endpoint, picker_config_of,
     shipped_envoy_config, shipped_picker_config, static_cluster, with_addresses, with_endpoints,

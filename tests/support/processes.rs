@@ -1,6 +1,7 @@
 //! Real processes on loopback: simulated pods ([`Sim`]) and Envoy ([`Envoy`]), started per test
 //! and stopped by pid when their handle drops; ports and temporary directories.
 
+use super::edge::{module_dir, to_module_edge, Edge};
 use super::envoy_config::{picker_config_of, with_endpoints, EnvoyConfig};
 use super::http::{request, try_request, Response};
 use super::wait::eventually;
@@ -337,11 +338,11 @@ impl Drop for SimPool {
     }
 }
 
-/// `wasm:debug` (one decision line per request, which the tests read) unless
+/// The picker's logger at `debug` (one decision line per request, which the tests read) unless
 /// `INFERENCE_PICKER_WASM_LOG` says otherwise; benchmarks run at `info`.
-fn wasm_log_level() -> String {
+fn picker_log_level() -> String {
     let level = std::env::var("INFERENCE_PICKER_WASM_LOG").unwrap_or_else(|_| "debug".into());
-    format!("wasm:{level}")
+    format!("{}:{level}", Edge::current().log_component())
 }
 
 /// Envoy from `envoy/examples/<name>` (the example's picker config in envoy.yaml), with the
@@ -422,9 +423,17 @@ impl Envoy {
         listener.set_picker_config(picker_config);
         config.set_pool_members(picker_config);
         adjust(&mut config);
+        let edge = Edge::current();
+        if edge == Edge::Module {
+            to_module_edge(&mut config);
+        }
         let config_path = dir.0.join("envoy.yaml");
         std::fs::write(&config_path, config.render()).expect("write config");
-        let child = Command::new(envoy_binary())
+        let mut command = Command::new(envoy_binary());
+        if edge == Edge::Module {
+            command.env("ENVOY_DYNAMIC_MODULES_SEARCH_PATH", module_dir());
+        }
+        let child = command
             .arg("-c")
             .arg(&config_path)
             .args([
@@ -432,7 +441,7 @@ impl Envoy {
                 &concurrency.to_string(),
                 "--disable-hot-restart",
             ])
-            .args(["-l", "info", "--component-log-level", &wasm_log_level()])
+            .args(["-l", "info", "--component-log-level", &picker_log_level()])
             .args(["--file-flush-interval-msec", "100"])
             .arg("--log-path")
             .arg(dir.0.join("envoy.log"))

@@ -211,8 +211,11 @@ callbacks! {
     http_send_response: fn(Ptr, u32, *mut ModuleHeader, usize, ModuleBuffer, ModuleBuffer);
     http_set_dynamic_metadata_string: fn(Ptr, ModuleBuffer, ModuleBuffer, ModuleBuffer);
     http_get_metadata_string: fn(Ptr, u32, ModuleBuffer, ModuleBuffer, *mut EnvoyBuffer) -> bool;
+    http_get_metadata_list_size: fn(Ptr, u32, ModuleBuffer, ModuleBuffer, *mut usize) -> bool;
+    http_get_metadata_list_string: fn(Ptr, u32, ModuleBuffer, ModuleBuffer, usize, *mut EnvoyBuffer) -> bool;
     http_filter_get_attribute_string: fn(Ptr, u32, *mut EnvoyBuffer) -> bool;
     http_filter_continue_decoding: fn(Ptr);
+    http_clear_route_cache: fn(Ptr);
     http_filter_scheduler_new: fn(Ptr) -> Ptr;
     http_filter_scheduler_commit: fn(Ptr, u64);
     http_filter_scheduler_delete: fn(Ptr);

@@ -47,13 +47,13 @@ struct Picker {
 
 impl Picker {
     /// Runs `step` on the VM, with `own` as the stream of the running hook (`None`: a main
-    /// thread callback). Returns the step's result and whether the core let `own` go on; `None`
-    /// when this thread is already inside the picker.
+    /// thread callback). Returns the step's result and what the core did to `own`; `None` when
+    /// this thread is already inside the picker.
     fn run<R>(
         &self,
         own: Option<Own>,
         step: impl FnOnce(&mut WorkerVm<NativeHost>) -> R,
-    ) -> Option<(R, bool)> {
+    ) -> Option<(R, Option<Own>)> {
         if IN_PICKER.get() {
             return None;
         }
@@ -61,10 +61,10 @@ impl Picker {
         let mut vm = lock(&self.vm);
         lock(&self.host.state.streams).enter(own);
         let result = step(&mut vm);
-        let resumed = lock(&self.host.state.streams).leave();
+        let own = lock(&self.host.state.streams).leave();
         drop(vm);
         IN_PICKER.set(false);
-        Some((result, resumed))
+        Some((result, own))
     }
 }
 
@@ -86,6 +86,7 @@ impl StreamFilter {
             id,
             filter: envoy,
             resumed: false,
+            rewrote: false,
         };
         let (request, host) = (&mut self.request, &self.picker.host);
         let ran = self.picker.run(Some(own), |vm| {
@@ -95,14 +96,14 @@ impl StreamFilter {
             }
             flow
         });
-        match ran {
-            Some((Flow::Continue, _)) => true,
-            Some((Flow::Pause, resumed)) => resumed,
-            None => {
-                answer_unavailable(&NativeStream::direct(envoy));
-                false
-            }
+        let Some((flow, own)) = ran else {
+            answer_unavailable(&NativeStream::direct(envoy));
+            return false;
+        };
+        if own.is_some_and(|own| own.rewrote) {
+            NativeStream::direct(envoy).choose_route_again();
         }
+        flow == Flow::Continue || own.is_some_and(|own| own.resumed)
     }
 }
 
@@ -352,6 +353,7 @@ extern "C" fn envoy_dynamic_module_on_http_filter_response_headers(
             id: filter.request.id(),
             filter: EnvoyPtr(filter_envoy),
             resumed: false,
+            rewrote: false,
         };
         let request = &mut filter.request;
         // A local reply the picker sends runs this hook within the picker: nothing to learn.

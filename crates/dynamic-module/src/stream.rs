@@ -8,8 +8,7 @@ use crate::host::{count, failed, lock, shared, HostState};
 use inference_picker_core::error_response::{ErrorShape, RequestError};
 use inference_picker_core::host::{HeaderPairs, HostCall, HostError, HttpHost, SharedData};
 use inference_picker_core::protocol::{
-    DESTINATION_HEADER, DROPPED_REASON_HEADER, FALLBACK_HEADER, SUBSET_HINT_KEY,
-    SUBSET_HINT_NAMESPACE,
+    DESTINATION_HEADER, DROPPED_REASON_HEADER, SUBSET_HINT_KEY, SUBSET_HINT_NAMESPACE,
 };
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -45,6 +44,9 @@ pub struct Own {
     pub filter: EnvoyPtr,
     /// The core let it go within its own hook: the hook continues instead of stopping.
     pub resumed: bool,
+    /// The core wrote its request headers: the route is chosen again (a route may match on
+    /// them, as the multi-pool config's does on the pool header).
+    pub rewrote: bool,
 }
 
 /// Which stream the core's calls act on.
@@ -83,10 +85,16 @@ impl Streams {
         self.own = own;
     }
 
-    /// The hook ends: whether the core let its own stream go.
-    pub fn leave(&mut self) -> bool {
+    /// The hook ends: what the core did to its own stream.
+    pub fn leave(&mut self) -> Option<Own> {
         self.current = Target::Nothing;
-        self.own.take().is_some_and(|own| own.resumed)
+        self.own.take()
+    }
+
+    fn own_rewritten(&mut self) {
+        if let (Target::Own, Some(own)) = (self.current, &mut self.own) {
+            own.rewrote = true;
+        }
     }
 
     /// Id 0 is the root (no stream); otherwise the hook's own stream or a held one.
@@ -220,6 +228,9 @@ impl NativeStream {
     /// Carries out what was queued for this (direct) stream; true if it may go on.
     pub fn carry_out(&self, queued: Vec<Queued>) -> bool {
         let mut resume = false;
+        let rewrites = queued
+            .iter()
+            .any(|action| matches!(action, Queued::SetHeader(..) | Queued::RemoveHeader(_)));
         for action in queued {
             let done = match action {
                 Queued::SetHeader(name, value) => self.set_request_header(&name, &value),
@@ -235,7 +246,25 @@ impl NativeStream {
                 log::warn!("inference-picker: acting on a released request: {error}");
             }
         }
+        if rewrites {
+            self.choose_route_again();
+        }
         resume
+    }
+
+    /// Envoy chooses the route again, after the picker wrote the request headers.
+    pub fn choose_route_again(&self) {
+        if let (Reach::Direct(filter), Some(envoy)) = (&self.reach, envoy()) {
+            // SAFETY: this stream's own hook is running.
+            unsafe { (envoy.http_clear_route_cache)(filter.0) };
+        }
+    }
+
+    /// Notes that the running hook's own stream had its headers rewritten.
+    fn rewritten(&self) {
+        if let Some(state) = &self.state {
+            lock(&state.streams).own_rewritten();
+        }
     }
 
     fn filter(&self, call: &'static str) -> Result<EnvoyPtr, HostError> {
@@ -277,7 +306,7 @@ impl NativeStream {
         done.then_some(()).ok_or(failed("http_set_header"))
     }
 
-    /// The picked endpoints go into `envoy.lb` as they go into their headers.
+    /// A destination header's value into `envoy.lb`, under the header's name.
     fn set_lb_metadata(&self, filter: EnvoyPtr, name: &str, value: &str) -> Result<(), HostError> {
         let envoy = envoy().ok_or(failed("http_set_dynamic_metadata_string"))?;
         let (namespace, key) = (LB_NAMESPACE.as_bytes(), name.as_bytes());
@@ -373,7 +402,10 @@ impl HttpHost for NativeStream {
             name,
             ModuleBuffer::of(value.as_bytes()),
         )?;
-        if name == DESTINATION_HEADER || name == FALLBACK_HEADER {
+        self.rewritten();
+        // Every GIE destination header (the pick, its fallbacks, its scores) goes into
+        // envoy.lb too, as the wasm filter's header_to_metadata step copies them.
+        if name.starts_with(DESTINATION_HEADER) {
             self.set_lb_metadata(
                 self.filter("http_set_dynamic_metadata_string")?,
                 name,
@@ -388,7 +420,9 @@ impl HttpHost for NativeStream {
             return queued;
         }
         count(HostCall::HeaderRemove);
-        self.set_header(header_map::REQUEST, name, ModuleBuffer::NULL)
+        self.set_header(header_map::REQUEST, name, ModuleBuffer::NULL)?;
+        self.rewritten();
+        Ok(())
     }
 
     fn request_body(&self, size: usize) -> Result<Vec<u8>, HostError> {
@@ -460,23 +494,51 @@ impl HttpHost for NativeStream {
             .filter(|address| !address.is_empty())
     }
 
+    /// GIE's hint is a list of addresses; a plain string is read too. The core parses the
+    /// addresses separated by commas.
     fn subset_hint(&self) -> Option<Vec<u8>> {
         count(HostCall::Property);
-        let filter = self.filter("http_get_metadata_string").ok()?;
+        let filter = self.filter("http_get_metadata_list_size").ok()?.0;
         let envoy = envoy()?;
-        let mut value = EnvoyBuffer::EMPTY;
         let namespace = ModuleBuffer::of(SUBSET_HINT_NAMESPACE.as_bytes());
         let key = ModuleBuffer::of(SUBSET_HINT_KEY.as_bytes());
-        // SAFETY: this stream's own hook is running; the value is copied before it returns.
+        let mut value = EnvoyBuffer::EMPTY;
+        let mut size = 0usize;
+        // SAFETY: this stream's own hook is running; each value is copied before it returns.
         unsafe {
-            let found = (envoy.http_get_metadata_string)(
-                filter.0,
+            if !(envoy.http_get_metadata_list_size)(
+                filter,
                 METADATA_DYNAMIC,
                 namespace,
                 key,
-                &mut value,
-            );
-            found.then(|| value.bytes().to_vec())
+                &mut size,
+            ) {
+                let found = (envoy.http_get_metadata_string)(
+                    filter,
+                    METADATA_DYNAMIC,
+                    namespace,
+                    key,
+                    &mut value,
+                );
+                return found.then(|| value.bytes().to_vec());
+            }
+            let mut addresses = Vec::new();
+            for index in 0..size {
+                if (envoy.http_get_metadata_list_string)(
+                    filter,
+                    METADATA_DYNAMIC,
+                    namespace,
+                    key,
+                    index,
+                    &mut value,
+                ) {
+                    if !addresses.is_empty() {
+                        addresses.push(b',');
+                    }
+                    addresses.extend_from_slice(value.bytes());
+                }
+            }
+            Some(addresses)
         }
     }
 
