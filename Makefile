@@ -7,6 +7,7 @@ VENV := .venv
 ENVOY := $(VENV)/bin/envoy
 ENVOY_VERSION := 1.40.0
 WASM := target/wasm32-wasip1/release/inference_picker.wasm
+MODULE := target/release/libinference_picker_module.so
 EXPORTS_TOOL := target/tools/release/wasm-exports
 STAGE_WASM := target/profile-filter/wasm32-wasip1/release/profile_filter
 UNUSED_EXPORTS := proxy_on_response_body proxy_on_response_trailers proxy_on_done \
@@ -38,14 +39,17 @@ wasm-bindgen-runner:
 	@test "$$($(WBG_RUNNER) --version 2>/dev/null)" = "wasm-bindgen-test-runner $(WASM_BINDGEN_VERSION)" || \
 	  $(CARGO) install wasm-bindgen-cli --version $(WASM_BINDGEN_VERSION) --locked --root $(TOOLS)
 
-## build: the filter, at target/wasm32-wasip1/release/inference_picker.wasm, without the
-## exports of the callbacks it never needs: the SDK exports every one, and Envoy calls into the
-## VM for each callback the module exports (a streamed response's every chunk, trailers, a
-## stream's end before its log, TCP and gRPC events)
+## build: both artefacts over the same core. The wasm filter, at
+## target/wasm32-wasip1/release/inference_picker.wasm, without the exports of the callbacks it
+## never needs: the SDK exports every one, and Envoy calls into the VM for each callback the
+## module exports (a streamed response's every chunk, trailers, a stream's end before its log,
+## TCP and gRPC events). The native dynamic module, at
+## target/release/libinference_picker_module.so (envoy/envoy-module.yaml).
 build: toolchain wasm-exports
 	$(CARGO) build --release --target wasm32-wasip1 -p inference-picker
 	$(EXPORTS_TOOL) drop $(WASM) $(UNUSED_EXPORTS)
-	@ls -l $(WASM)
+	$(CARGO) build --release -p inference-picker-module
+	@ls -l $(WASM) $(MODULE)
 
 ## fault-filter: the filter with its fault-injection feature, for the fail-open test only (a
 ## request can abort its VM); in target/faults, apart from the shipped artefact
@@ -98,8 +102,13 @@ wasm-unit: toolchain wasm-bindgen-runner
 	echo "wasm-unit: $$ran of $$native unit tests ran under wasm-bindgen-test in Node $$(node --version)"; \
 	test "$$ran" = "$$native"
 
+## integration: every test against the wasm filter, then the Envoy suite again against the
+## dynamic module (INFERENCE_PICKER_EDGE=module: tests/support/edge.rs swaps the filter). Not
+## twice: the fail-open test (it aborts a wasm VM) and envoy_module (edge-independent checks).
+MODULE_SUITE := $(patsubst tests/%.rs,--test %,$(filter-out tests/envoy_fail_open.rs tests/envoy_module.rs,$(wildcard tests/envoy_*.rs)))
 integration: build fault-filter sim envoy $(H2)
 	$(CARGO) test --tests -- --test-threads 2
+	INFERENCE_PICKER_EDGE=module $(CARGO) test $(MODULE_SUITE) -- --test-threads 2
 
 test: lint unit wasm-unit integration
 

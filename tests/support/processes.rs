@@ -340,9 +340,9 @@ impl Drop for SimPool {
 
 /// The picker's logger at `debug` (one decision line per request, which the tests read) unless
 /// `INFERENCE_PICKER_WASM_LOG` says otherwise; benchmarks run at `info`.
-fn picker_log_level() -> String {
+fn picker_log_level(edge: Edge) -> String {
     let level = std::env::var("INFERENCE_PICKER_WASM_LOG").unwrap_or_else(|_| "debug".into());
-    format!("{}:{level}", Edge::current().log_component())
+    format!("{}:{level}", edge.log_component())
 }
 
 /// Envoy from `envoy/examples/<name>` (the example's picker config in envoy.yaml), with the
@@ -388,8 +388,20 @@ impl Envoy {
         concurrency: u32,
         adjust: impl Fn(&mut EnvoyConfig),
     ) -> Envoy {
+        Envoy::start_on(Edge::current(), base, picker_config, concurrency, adjust)
+    }
+
+    /// Like `start_from`, with the picker as `edge` whatever this run's edge is (the
+    /// benchmarks run both in one Envoy run each).
+    pub fn start_on(
+        edge: Edge,
+        base: &str,
+        picker_config: &str,
+        concurrency: u32,
+        adjust: impl Fn(&mut EnvoyConfig),
+    ) -> Envoy {
         retry_bind("envoy", || {
-            Envoy::try_start(base, picker_config, concurrency, &adjust)
+            Envoy::try_start(edge, base, picker_config, concurrency, &adjust)
         })
         .unwrap_or_else(|log| panic!("envoy exited:\n{log}"))
     }
@@ -398,7 +410,13 @@ impl Envoy {
     /// comes up instead.
     pub fn refused(picker_config: &str) -> String {
         match retry_bind("envoy", || {
-            Envoy::try_start("envoy/envoy.yaml", picker_config, 1, &|_| {})
+            Envoy::try_start(
+                Edge::current(),
+                "envoy/envoy.yaml",
+                picker_config,
+                1,
+                &|_| {},
+            )
         }) {
             Ok(envoy) => panic!("envoy accepted the configuration:\n{}", envoy.log()),
             Err(log) => log,
@@ -406,6 +424,7 @@ impl Envoy {
     }
 
     fn try_start(
+        edge: Edge,
         base: &str,
         picker_config: &str,
         concurrency: u32,
@@ -423,7 +442,6 @@ impl Envoy {
         listener.set_picker_config(picker_config);
         config.set_pool_members(picker_config);
         adjust(&mut config);
-        let edge = Edge::current();
         if edge == Edge::Module {
             to_module_edge(&mut config);
         }
@@ -441,7 +459,12 @@ impl Envoy {
                 &concurrency.to_string(),
                 "--disable-hot-restart",
             ])
-            .args(["-l", "info", "--component-log-level", &picker_log_level()])
+            .args([
+                "-l",
+                "info",
+                "--component-log-level",
+                &picker_log_level(edge),
+            ])
             .args(["--file-flush-interval-msec", "100"])
             .arg("--log-path")
             .arg(dir.0.join("envoy.log"))
