@@ -11,7 +11,7 @@ use support::{
     with_pool_keys, Envoy, Sim,
 };
 
-/// The value of the Prometheus sample whose line starts with `series`.
+/// A picker series' value in `/stats/prometheus` (0 when absent).
 fn stat(envoy: &Envoy, series: &str) -> f64 {
     picker_sample(&envoy.admin_get("/stats/prometheus").text(), series).unwrap_or(0.0)
 }

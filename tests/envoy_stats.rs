@@ -3,9 +3,10 @@
 
 mod support;
 
-use support::{completion, picker_sample, shipped_picker_config, with_endpoints, Envoy, Sim};
+use support::{
+    completion, picker_sample, sample, shipped_picker_config, with_endpoints, Envoy, Sim,
+};
 
-/// The value of the Prometheus sample whose line starts with `series`.
 #[test]
 fn picks_decisions_and_scrapes_are_envoy_stats() {
     let a = Sim::start("pod-a", &[]);

@@ -3,7 +3,7 @@
 //! config, its timer is [`Ticker`], its shared data is this process's memory, and its streams
 //! are [`NativeStream`]s.
 
-use crate::abi::{self, envoy, EnvoyPtr, ModuleBuffer, ModuleHeader};
+use crate::abi::{self, envoy, EnvoyBuffer, EnvoyPtr, ModuleBuffer, ModuleHeader};
 use crate::stream::{NativeStream, Streams};
 use crate::ticker::Ticker;
 use inference_picker_core::host::{
@@ -47,11 +47,16 @@ pub fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-/// A callout's answer while the core reads it.
+/// A callout's answer while the core reads it: its status, and its body where Envoy holds it,
+/// copied only as far as the core reads (a page over `pool.maxMetricsBytes` is never copied).
 pub struct CalloutAnswer {
     pub status: Option<Vec<u8>>,
-    pub body: Vec<u8>,
+    pub body: Vec<EnvoyBuffer>,
 }
+
+// SAFETY: the body's buffers are Envoy's, valid during the callout hook that sets the answer on
+// the main thread and clears it before returning; nothing reads them on another thread.
+unsafe impl Send for CalloutAnswer {}
 
 /// What one filter config's host knows.
 pub struct HostState {
@@ -150,9 +155,17 @@ impl HttpCallouts for NativeHost {
     }
 
     fn response_body(&self, size: usize) -> Result<Vec<u8>, HostError> {
+        count(HostCall::BodyRead);
         let answer = lock(&self.state.answer);
-        let body = answer.as_ref().map_or(&[][..], |answer| &answer.body);
-        Ok(body.get(..size).unwrap_or(body).to_vec())
+        let chunks = answer.as_ref().map_or(&[][..], |answer| &answer.body);
+        let mut body = Vec::with_capacity(size);
+        for chunk in chunks {
+            // SAFETY: see `CalloutAnswer`: valid until the callout hook returns.
+            let bytes = unsafe { chunk.bytes() };
+            let room = size.saturating_sub(body.len());
+            body.extend_from_slice(bytes.get(..room).unwrap_or(bytes));
+        }
+        Ok(body)
     }
 }
 
@@ -289,9 +302,10 @@ impl VmHost for NativeHost {
         u64::try_from(since_epoch.as_nanos()).map_err(|_| failed("clock"))
     }
 
-    /// A native module has no linear memory of its own: its heap is Envoy's.
+    /// What the module holds on the heap now (it shares Envoy's; [`crate::memory`] counts
+    /// its own allocations).
     fn memory_bytes(&self) -> u64 {
-        0
+        crate::memory::live_bytes()
     }
 
     fn take_host_calls(&self) -> [u64; HostCall::ALL.len()] {

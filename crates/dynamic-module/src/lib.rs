@@ -14,6 +14,7 @@
 mod abi;
 mod host;
 mod logging;
+mod memory;
 mod stream;
 mod ticker;
 
@@ -242,13 +243,10 @@ extern "C" fn envoy_dynamic_module_on_http_filter_config_http_callout_done(
         let (key, value) = unsafe { header.pair() };
         (key == b":status").then(|| value.to_vec())
     });
-    let body: Vec<u8> = chunks
-        .iter()
-        .flat_map(|chunk| unsafe { chunk.bytes() }.iter().copied())
-        .collect();
+    let body_size = chunks.iter().map(|chunk| chunk.length).sum();
     // The core reads a callout with no headers as one that timed out or was reset.
     let num_headers = if answered { headers.len().max(1) } else { 0 };
-    let body_size = body.len();
+    let body = chunks.to_vec();
     *lock(&picker.host.state.answer) = Some(CalloutAnswer { status, body });
     picker.run(None, |vm| {
         vm.on_callout_response(token, num_headers, body_size)
