@@ -26,7 +26,7 @@ WBG_RUNNER := $(TOOLS)/bin/wasm-bindgen-test-runner
 FUZZ_SECONDS ?= 60
 FUZZ_TARGETS := body_parser prometheus_parser config_loader
 
-.PHONY: all build fault-filter sim envoy toolchain wasm-bindgen-runner lint unit wasm-unit integration test demo e2e-vllm engine-shape vllm-scrape-cost soak bench extproc bench-quick bench-schedule bench-hop bench-quality bench-memory bench-scaleout bench-overload bench-pools bench-profile profile-filter wasm-micro wasm-exports peers fuzz check compose-up compose-down image clean
+.PHONY: e2e-vllm-module all build fault-filter sim envoy toolchain wasm-bindgen-runner lint unit wasm-unit integration test demo e2e-vllm engine-shape vllm-scrape-cost soak bench extproc bench-quick bench-schedule bench-hop bench-quality bench-memory bench-scaleout bench-overload bench-pools bench-profile profile-filter wasm-micro wasm-exports peers fuzz check compose-up compose-down image clean
 
 all: build
 
@@ -123,7 +123,9 @@ demo: build sim envoy
 ## git-ignored .venv-vllm (~6 GB) the first time.
 VLLM_VENV := .venv-vllm
 VLLM_MODEL := target/vllm-model
-E2E_VLLM_OUT := bench/results/e2e-vllm.txt
+# `INFERENCE_PICKER_EDGE=module make e2e-vllm` (or `make e2e-vllm-module`) runs it against the
+# dynamic module, recorded apart.
+E2E_VLLM_OUT := bench/results/e2e-vllm$(if $(filter module,$(INFERENCE_PICKER_EDGE)),-module,).txt
 e2e-vllm: build envoy
 	@bash tests/vllm/install.sh $(VLLM_VENV)
 	@$(VLLM_VENV)/bin/python tests/vllm/make_model.py $(VLLM_MODEL)
@@ -131,10 +133,15 @@ e2e-vllm: build envoy
 	  dirty=$$(git status --porcelain -- . ':!$(E2E_VLLM_OUT)'); \
 	  { echo "command: make e2e-vllm"; \
 	    echo "commit: $$(git rev-parse HEAD)$${dirty:+ (dirty: the tree had uncommitted changes)}"; \
-	    echo "date: $$(date -u '+%Y-%m-%d %H:%M UTC'); machine: $$(nproc) cores"; \
+	    echo "date: $$(date -u '+%Y-%m-%d %H:%M UTC'); machine: $$(nproc) cores; edge: $${INFERENCE_PICKER_EDGE:-wasm}"; \
 	    echo; } > $(E2E_VLLM_OUT); \
 	  $(CARGO) run --quiet --example e2e-vllm -- --venv $(VLLM_VENV) --model-dir $(VLLM_MODEL) 2>&1 \
 	    | tee -a $(E2E_VLLM_OUT)
+
+## e2e-vllm-module: e2e-vllm against the dynamic module (envoy/envoy-module.yaml), recorded in
+## bench/results/e2e-vllm-module.txt
+e2e-vllm-module:
+	INFERENCE_PICKER_EDGE=module $(MAKE) e2e-vllm
 
 ## engine-shape: the simulator's batching engine (the routing-quality pods' flags) against a real
 ## vLLM 0.32.0 CPU server, same client, same requests, no Envoy: TTFT against uncached prompt

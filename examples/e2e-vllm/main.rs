@@ -23,7 +23,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
-use support::{free_port, repo, shipped_picker_config, with_addresses, Envoy, Response};
+use support::{free_port, repo, shipped_picker_config, with_addresses, Edge, Envoy, Response};
 
 const START_TIMEOUT: Duration = Duration::from_secs(240);
 
@@ -36,9 +36,12 @@ fn main() {
     };
     let _ = std::fs::remove_dir_all(&setup.log_dir);
     std::fs::create_dir_all(&setup.log_dir).expect("log dir");
+    let edge = match Edge::current() {
+        Edge::Wasm => "the wasm filter and the shipped envoy/envoy.yaml",
+        Edge::Module => "the dynamic module and envoy/envoy-module.yaml",
+    };
     println!(
-        "e2e-vllm: vLLM 0.32.0 (CPU) x2 + Envoy 1.40 with the shipped envoy/envoy.yaml; \
-         load average at start: {}",
+        "e2e-vllm: vLLM 0.32.0 (CPU) x2 + Envoy 1.40 with {edge}; load average at start: {}",
         load_average()
     );
     let mut report = Report::default();
