@@ -162,6 +162,7 @@ pub mod status {
     pub const CONTINUE: u32 = 0;
     pub const HEADERS_STOP_ITERATION: u32 = 1;
     pub const BODY_STOP_AND_BUFFER: u32 = 1;
+    pub const BODY_STOP_NO_BUFFER: u32 = 3;
     pub const TRAILERS_STOP_ITERATION: u32 = 1;
 }
 

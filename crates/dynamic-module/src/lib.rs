@@ -21,7 +21,7 @@ mod ticker;
 use abi::{status, EnvoyBuffer, EnvoyHeader, EnvoyPtr};
 use host::{lock, CalloutAnswer, NativeHost};
 use inference_picker_core::request_flow::{Flow, Outcome, RequestFlow};
-use inference_picker_core::vm::{answer_unavailable, WorkerVm};
+use inference_picker_core::vm::{answer_no_endpoint, answer_unavailable, WorkerVm};
 use std::cell::Cell;
 use std::ffi::{c_char, c_void};
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -92,7 +92,9 @@ impl StreamFilter {
         let (request, host) = (&mut self.request, &self.picker.host);
         let ran = self.picker.run(Some(own), |vm| {
             let flow = step(vm, request);
-            if flow == Flow::Pause && request.outcome == Outcome::Held {
+            // Held, unless the core let it go within this same hook.
+            let resumed = lock(&host.state.streams).own_resumed();
+            if flow == Flow::Pause && request.outcome == Outcome::Held && !resumed {
                 hold(host, id, envoy);
             }
             flow
@@ -108,23 +110,40 @@ impl StreamFilter {
     }
 }
 
-/// Flow control holds the stream: keep what its worker needs to act on it later.
+/// Flow control holds the stream: keep what its worker needs to act on it later. If Envoy
+/// gives no scheduler to reach it with, it is answered 503 now (it leaves the queue when its
+/// stream ends) rather than left waiting for a release that could not reach it.
 fn hold(host: &NativeHost, id: u32, envoy: EnvoyPtr) {
     use inference_picker_core::host::HttpHost;
-    let path = NativeStream::direct(envoy)
-        .request_header(":path")
-        .unwrap_or_default();
+    let stream = NativeStream::direct(envoy);
+    let path = stream.request_header(":path").unwrap_or_default();
     // SAFETY: called within a request hook of this stream, on its worker.
     let held = unsafe { lock(&host.state.streams).hold(id, envoy, path) };
     if let Err(error) = held {
         log::error!("inference-picker: holding a request: {error}");
+        answer_no_endpoint(&stream, "flow control could not hold the request");
     }
 }
 
+/// A filter config's picker, shared by the main thread and every worker.
+///
 /// # Safety
-/// `module` must be null or a pointer this module returned from the matching `_new` hook.
-unsafe fn borrow<'a, T>(module: *const c_void) -> Option<&'a mut T> {
-    module.cast::<T>().cast_mut().as_mut()
+/// `config` must be null or a pointer `config_new` returned, not yet destroyed.
+unsafe fn picker_of<'a>(config: *const c_void) -> Option<&'a Arc<Picker>> {
+    config.cast::<Arc<Picker>>().as_ref()
+}
+
+/// A stream's filter, used by its worker only; `None` (the hook does nothing) when this thread
+/// is already inside the picker, where a hook Envoy runs re-entrantly would alias the filter
+/// the outer hook holds.
+///
+/// # Safety
+/// `filter` must be null or a pointer `filter_new` returned, not yet destroyed.
+unsafe fn stream_filter<'a>(filter: *const c_void) -> Option<&'a mut StreamFilter> {
+    if IN_PICKER.get() {
+        return None;
+    }
+    filter.cast::<StreamFilter>().cast_mut().as_mut()
 }
 
 #[no_mangle]
@@ -132,6 +151,11 @@ extern "C" fn envoy_dynamic_module_on_program_init() -> *const c_char {
     match abi::load() {
         Ok(()) => {
             logging::install();
+            // Release builds abort on a panic, and here that is Envoy's process: say why first,
+            // at Envoy's critical level (the code denies what panics; this is the last word).
+            std::panic::set_hook(Box::new(|info| {
+                logging::critical(&format!("inference-picker: panic, Envoy aborts: {info}"));
+            }));
             abi::ABI_VERSION.as_ptr()
         }
         Err(missing) => {
@@ -204,10 +228,11 @@ extern "C" fn envoy_dynamic_module_on_http_filter_config_scheduled(
     event: u64,
 ) {
     // SAFETY: the pointer `config_new` returned, alive until `config_destroy`.
-    let Some(picker) = (unsafe { borrow::<Arc<Picker>>(config) }) else {
+    let Some(picker) = (unsafe { picker_of(config) }) else {
         return;
     };
     if event == TICK {
+        picker.host.state.ticker.ticked();
         picker.run(None, WorkerVm::on_tick);
     }
 }
@@ -224,7 +249,7 @@ extern "C" fn envoy_dynamic_module_on_http_filter_config_http_callout_done(
     body_chunks_size: usize,
 ) {
     // SAFETY: the pointer `config_new` returned, alive until `config_destroy`.
-    let Some(picker) = (unsafe { borrow::<Arc<Picker>>(config) }) else {
+    let Some(picker) = (unsafe { picker_of(config) }) else {
         return;
     };
     let Ok(token) = u32::try_from(callout_id) else {
@@ -270,7 +295,7 @@ extern "C" fn envoy_dynamic_module_on_http_filter_new(
     _filter_envoy: *mut c_void,
 ) -> *const c_void {
     // SAFETY: the pointer `config_new` returned, alive until `config_destroy`.
-    let Some(picker) = (unsafe { borrow::<Arc<Picker>>(config) }) else {
+    let Some(picker) = (unsafe { picker_of(config) }) else {
         return std::ptr::null();
     };
     let id = NEXT_STREAM_ID.fetch_add(1, Ordering::Relaxed).max(1);
@@ -288,7 +313,7 @@ extern "C" fn envoy_dynamic_module_on_http_filter_request_headers(
     end_of_stream: bool,
 ) -> u32 {
     // SAFETY: the pointer `filter_new` returned, used on its worker only.
-    let Some(filter) = (unsafe { borrow::<StreamFilter>(filter) }) else {
+    let Some(filter) = (unsafe { stream_filter(filter) }) else {
         return status::CONTINUE;
     };
     let go_on = filter.step(EnvoyPtr(filter_envoy), |vm, request| {
@@ -308,18 +333,25 @@ extern "C" fn envoy_dynamic_module_on_http_filter_request_body(
     end_of_stream: bool,
 ) -> u32 {
     // SAFETY: the pointer `filter_new` returned, used on its worker only.
-    let Some(filter) = (unsafe { borrow::<StreamFilter>(filter) }) else {
+    let Some(filter) = (unsafe { stream_filter(filter) }) else {
         return status::CONTINUE;
     };
+    // Decided already (routed, or refused and answered): the rest of the body only passes.
+    match filter.request.outcome {
+        Outcome::Routed(_) => return status::CONTINUE,
+        Outcome::Rejected(_) => return status::BODY_STOP_NO_BUFFER,
+        Outcome::Pending | Outcome::Held => {}
+    }
     let envoy = EnvoyPtr(filter_envoy);
     let body_size = NativeStream::direct(envoy).request_body_size();
     let go_on = filter.step(envoy, |vm, request| {
         vm.on_request_body(request, body_size, end_of_stream)
     });
-    if go_on {
-        status::CONTINUE
-    } else {
-        status::BODY_STOP_AND_BUFFER
+    match (go_on, &filter.request.outcome) {
+        (true, _) => status::CONTINUE,
+        // A refusal was answered: nothing more of the body is kept.
+        (false, Outcome::Rejected(_)) => status::BODY_STOP_NO_BUFFER,
+        (false, _) => status::BODY_STOP_AND_BUFFER,
     }
 }
 
@@ -329,7 +361,7 @@ extern "C" fn envoy_dynamic_module_on_http_filter_request_trailers(
     filter: *const c_void,
 ) -> u32 {
     // SAFETY: the pointer `filter_new` returned, used on its worker only.
-    let Some(filter) = (unsafe { borrow::<StreamFilter>(filter) }) else {
+    let Some(filter) = (unsafe { stream_filter(filter) }) else {
         return status::CONTINUE;
     };
     if filter.step(EnvoyPtr(filter_envoy), WorkerVm::on_request_trailers) {
@@ -346,7 +378,7 @@ extern "C" fn envoy_dynamic_module_on_http_filter_response_headers(
     _end_of_stream: bool,
 ) -> u32 {
     // SAFETY: the pointer `filter_new` returned, used on its worker only.
-    if let Some(filter) = unsafe { borrow::<StreamFilter>(filter) } {
+    if let Some(filter) = unsafe { stream_filter(filter) } {
         let own = Own {
             id: filter.request.id(),
             filter: EnvoyPtr(filter_envoy),
@@ -387,7 +419,7 @@ extern "C" fn envoy_dynamic_module_on_http_filter_scheduled(
     event: u64,
 ) {
     // SAFETY: the pointer `filter_new` returned, used on its worker only.
-    let Some(filter) = (unsafe { borrow::<StreamFilter>(filter) }) else {
+    let Some(filter) = (unsafe { stream_filter(filter) }) else {
         return;
     };
     if event != RUN_QUEUED {

@@ -14,6 +14,11 @@ fn sink(level: u32, message: &str) {
 
 static LOGGER: HostLogger = HostLogger { sink };
 
+/// A line at Envoy's critical level, whatever `log`'s filter says.
+pub fn critical(message: &str) {
+    sink(inference_picker_core::host::LOG_CRITICAL, message);
+}
+
 pub fn install() {
     let _ = log::set_logger(&LOGGER);
     sync_level();

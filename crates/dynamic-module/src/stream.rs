@@ -10,6 +10,7 @@ use inference_picker_core::host::{HeaderPairs, HostCall, HostError, HttpHost, Sh
 use inference_picker_core::protocol::{
     DESTINATION_HEADER, DROPPED_REASON_HEADER, SUBSET_HINT_KEY, SUBSET_HINT_NAMESPACE,
 };
+use inference_picker_core::vm::answer_no_endpoint;
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -89,6 +90,11 @@ impl Streams {
     pub fn leave(&mut self) -> Option<Own> {
         self.current = Target::Nothing;
         self.own.take()
+    }
+
+    /// The core let the running hook's own stream go.
+    pub fn own_resumed(&self) -> bool {
+        self.own.is_some_and(|own| own.resumed)
     }
 
     fn own_rewritten(&mut self) {
@@ -243,7 +249,11 @@ impl NativeStream {
                 }
             };
             if let Err(error) = done {
-                log::warn!("inference-picker: acting on a released request: {error}");
+                // As on the direct path: a decision not written in full is refused, never
+                // sent on with what the client wrote.
+                log::error!("inference-picker: applying a released decision: {error}");
+                answer_no_endpoint(self, "the destination could not be set");
+                return false;
             }
         }
         if rewrites {
@@ -350,15 +360,20 @@ impl NativeStream {
         chunks
     }
 
-    /// The request body's size now (both parts, as [`HttpHost::request_body`] reads it).
+    /// The request body's size now (both parts, as [`HttpHost::request_body`] reads it),
+    /// without reading it.
     pub fn request_body_size(&self) -> usize {
-        let Ok(filter) = self.filter("http_get_body_size") else {
+        let (Reach::Direct(filter), Some(envoy)) = (&self.reach, envoy()) else {
             return 0;
         };
-        self.body_chunks(filter)
-            .iter()
-            .map(|chunk| chunk.len())
-            .sum()
+        // SAFETY: this stream's own hook is running.
+        unsafe {
+            let received = (envoy.http_get_body_size)(filter.0, body::RECEIVED_REQUEST);
+            if (envoy.http_received_buffered_request_body)(filter.0) {
+                return received;
+            }
+            received + (envoy.http_get_body_size)(filter.0, body::BUFFERED_REQUEST)
+        }
     }
 }
 

@@ -4,7 +4,9 @@
 
 use crate::abi::{envoy, EnvoyPtr};
 use crate::host::lock;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 /// The event the config's scheduler fires for a tick.
@@ -20,6 +22,9 @@ struct Timing {
 pub struct Ticker {
     timing: Mutex<Timing>,
     changed: Condvar,
+    /// A tick was committed and has not run yet: a busy main thread gets no backlog of them.
+    pending: AtomicBool,
+    thread: Mutex<Option<JoinHandle<()>>>,
 }
 
 impl Ticker {
@@ -30,7 +35,14 @@ impl Ticker {
                 scheduler: None,
             }),
             changed: Condvar::new(),
+            pending: AtomicBool::new(false),
+            thread: Mutex::new(None),
         })
+    }
+
+    /// The committed tick is running: the next may be committed.
+    pub fn ticked(&self) {
+        self.pending.store(false, Ordering::Release);
     }
 
     /// Takes effect at once, as proxy-wasm's tick period does.
@@ -39,20 +51,34 @@ impl Ticker {
         self.changed.notify_all();
     }
 
-    /// Starts ticking through `scheduler` (the config's, made on the main thread).
+    /// Starts ticking through `scheduler` (the config's, made on the main thread); on failure
+    /// the scheduler is deleted.
     pub fn start(self: &Arc<Self>, scheduler: EnvoyPtr) -> std::io::Result<()> {
         lock(&self.timing).scheduler = Some(scheduler);
         let ticker = Arc::clone(self);
-        std::thread::Builder::new()
+        let spawned = std::thread::Builder::new()
             .name("inference-picker-tick".into())
-            .spawn(move || ticker.run())
-            .map(drop)
+            .spawn(move || ticker.run());
+        match spawned {
+            Ok(thread) => {
+                *lock(&self.thread) = Some(thread);
+                Ok(())
+            }
+            Err(error) => {
+                self.stop();
+                Err(error)
+            }
+        }
     }
 
-    /// Stops the thread and deletes the scheduler; no tick is committed after this returns.
+    /// Stops the thread, waits for it, and deletes the scheduler: no tick is committed and no
+    /// code of the module runs on that thread after this returns.
     pub fn stop(&self) {
         let scheduler = lock(&self.timing).scheduler.take();
         self.changed.notify_all();
+        if let Some(thread) = lock(&self.thread).take() {
+            let _ = thread.join();
+        }
         if let (Some(scheduler), Some(envoy)) = (scheduler, envoy()) {
             // SAFETY: the scheduler this ticker was started with, deleted once.
             unsafe { (envoy.http_filter_config_scheduler_delete)(scheduler.0) };
@@ -68,7 +94,9 @@ impl Ticker {
             };
             let now = Instant::now();
             if timing.period_ms > 0 && now >= next {
-                if let Some(envoy) = envoy() {
+                // While the last tick waits for the main thread, this one is skipped.
+                let idle = !self.pending.swap(true, Ordering::AcqRel);
+                if let (true, Some(envoy)) = (idle, envoy()) {
                     // SAFETY: the scheduler is alive while it is in `timing` (stop takes it
                     // under this lock before deleting it); commit may come from any thread.
                     unsafe { (envoy.http_filter_config_scheduler_commit)(scheduler.0, TICK) };

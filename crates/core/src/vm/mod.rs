@@ -357,7 +357,12 @@ impl<H: VmHost> WorkerVm<H> {
 /// Answers a request that arrived before the VM was configured (or while it is busy in a
 /// callback that cannot be re-entered): 503, in the shape its API expects.
 pub fn answer_unavailable(stream: &impl HttpHost) {
-    let error = RequestError::NoEndpoint("the endpoint picker is not configured".into());
+    answer_no_endpoint(stream, "the endpoint picker is not configured");
+}
+
+/// Answers a request the edge cannot carry through (503, `why`, in the shape its API expects).
+pub fn answer_no_endpoint(stream: &impl HttpHost, why: &str) {
+    let error = RequestError::NoEndpoint(why.into());
     let path = stream.request_header(":path").unwrap_or_default();
     if let Err(host_error) = stream.send_error(&error, ApiKind::from_path(&path).error_shape()) {
         log::error!("inference-picker: sending the 503 reply: {host_error}");
