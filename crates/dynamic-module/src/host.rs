@@ -47,6 +47,16 @@ pub fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
+/// The wall clock in nanoseconds, as proxy-wasm's clock call reads it: the one clock of both
+/// the VM's host and its streams.
+pub fn wall_clock_ns() -> Result<u64, HostError> {
+    count(HostCall::Clock);
+    let since_epoch = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_err(|_| failed("clock"))?;
+    u64::try_from(since_epoch.as_nanos()).map_err(|_| failed("clock"))
+}
+
 /// A callout's answer while the core reads it: its status, and its body where Envoy holds it,
 /// copied only as far as the core reads (a page over `pool.maxMetricsBytes` is never copied).
 pub struct CalloutAnswer {
@@ -295,11 +305,7 @@ impl VmHost for NativeHost {
 
     /// The wall clock, as proxy-wasm's clock call reads it.
     fn now_ns(&self) -> Result<u64, HostError> {
-        count(HostCall::Clock);
-        let since_epoch = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_err(|_| failed("clock"))?;
-        u64::try_from(since_epoch.as_nanos()).map_err(|_| failed("clock"))
+        wall_clock_ns()
     }
 
     /// What the module holds on the heap now (it shares Envoy's; [`crate::memory`] counts

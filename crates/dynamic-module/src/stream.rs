@@ -4,7 +4,7 @@
 
 use crate::abi::{body, envoy, header_map, EnvoyBuffer, EnvoyHeader, EnvoyPtr, ModuleBuffer};
 use crate::abi::{ModuleHeader, ATTRIBUTE_UPSTREAM_ADDRESS, METADATA_DYNAMIC};
-use crate::host::{count, failed, lock, shared, HostState};
+use crate::host::{count, failed, lock, shared, wall_clock_ns, HostState};
 use inference_picker_core::error_response::{ErrorShape, RequestError};
 use inference_picker_core::host::{HeaderPairs, HostCall, HostError, HttpHost, SharedData};
 use inference_picker_core::protocol::{
@@ -584,11 +584,7 @@ impl HttpHost for NativeStream {
     }
 
     fn now_ms(&self) -> u64 {
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |since| {
-                u64::try_from(since.as_millis()).unwrap_or(u64::MAX)
-            })
+        wall_clock_ns().map_or(0, |nanos| nanos / 1_000_000)
     }
 
     fn shared_data(&self) -> &dyn SharedData {
