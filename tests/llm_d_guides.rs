@@ -1,7 +1,8 @@
 //! Every config of llm-d's well-lit-path guides and llm-d-router's well-known-configs test
 //! (`tests/fixtures/llm-d-guides/`, sources in its `SOURCES.md`) loads with the filter's own
-//! loader and routes, or is refused with an error naming what is missing; and the README's
-//! table of them says which, config by config.
+//! loader and routes, or is refused with an error naming what is missing; and the table of
+//! them in `docs/llm-d-guides.md` says which, config by config, with the count the README
+//! repeats.
 //!
 //! A config that loads warns only about parameters it sets that the filter does not apply,
 //! naming each one: what llm-d does by default (a profile with no picker, producers the EPP
@@ -53,16 +54,26 @@ fn with_pool(path: &Path) -> (String, String) {
     (text, loaded)
 }
 
-/// The README section that lists the guide configs.
-const GUIDES_HEADING: &str = "### llm-d's guide configs";
+/// The document that holds the table of the guide configs.
+const GUIDES_DOC: &str = "docs/llm-d-guides.md";
 
-/// The README's row for each config: its status cell.
-fn readme_rows() -> Vec<(String, String)> {
-    let readme = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md"))
-        .expect("README.md");
-    readme
-        .lines()
-        .skip_while(|line| !line.starts_with(GUIDES_HEADING))
+/// The section of `GUIDES_DOC` that lists the guide configs.
+const GUIDES_HEADING: &str = "## The configs";
+
+fn read_doc(relative: &str) -> String {
+    std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join(relative))
+        .unwrap_or_else(|e| panic!("{relative}: {e}"))
+}
+
+/// The table's row for each config: its status cell.
+fn table_rows() -> Vec<(String, String)> {
+    let doc = read_doc(GUIDES_DOC);
+    assert!(
+        doc.lines().any(|line| line == GUIDES_HEADING),
+        "{GUIDES_DOC} has no {GUIDES_HEADING:?} section"
+    );
+    doc.lines()
+        .skip_while(|line| *line != GUIDES_HEADING)
         .skip(1)
         .take_while(|line| !line.starts_with('#'))
         .filter_map(|line| {
@@ -90,8 +101,8 @@ fn fresh(director: &mut Director, pods: usize) {
 }
 
 #[test]
-fn every_guide_config_loads_and_routes_or_is_refused_as_the_readme_says() {
-    let rows = readme_rows();
+fn every_guide_config_loads_and_routes_or_is_refused_as_the_table_says() {
+    let rows = table_rows();
     let files = fixtures();
     assert!(files.len() >= 50, "the fixtures are missing");
     let mut loaded = 0;
@@ -102,12 +113,14 @@ fn every_guide_config_loads_and_routes_or_is_refused_as_the_readme_says() {
             .iter()
             .find(|(file, _)| *file == name)
             .map(|(_, status)| status.as_str())
-            .unwrap_or_else(|| panic!("the README's llm-d guide table has no row for {name}"));
+            .unwrap_or_else(|| {
+                panic!("the llm-d guide table of {GUIDES_DOC} has no row for {name}")
+            });
         match load(&config, 1) {
             Ok(config) => {
                 assert!(
                     status.starts_with("loads"),
-                    "{name} loads, the README says {status:?}"
+                    "{name} loads, {GUIDES_DOC} says {status:?}"
                 );
                 for warning in &config.warnings {
                     if warning.contains("is declared but no profile uses it") {
@@ -146,11 +159,11 @@ fn every_guide_config_loads_and_routes_or_is_refused_as_the_readme_says() {
                     .strip_prefix("refused: `")
                     .and_then(|rest| rest.split('`').next())
                     .unwrap_or_else(|| {
-                        panic!("{name} is refused ({error}), the README says {status:?}")
+                        panic!("{name} is refused ({error}), {GUIDES_DOC} says {status:?}")
                     });
                 assert!(
                     error.contains(named),
-                    "{name}: the README names `{named}`, the loader says: {error}"
+                    "{name}: {GUIDES_DOC} names `{named}`, the loader says: {error}"
                 );
             }
         }
@@ -158,12 +171,12 @@ fn every_guide_config_loads_and_routes_or_is_refused_as_the_readme_says() {
     assert_eq!(
         rows.len(),
         files.len(),
-        "the README's table lists a config that is not a fixture"
+        "the table of {GUIDES_DOC} lists a config that is not a fixture"
     );
     let count = format!("**{loaded} of {} load and route**", files.len());
-    let readme = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md"))
-        .expect("README.md");
-    assert!(readme.contains(&count), "the README must say {count}");
+    for doc in [GUIDES_DOC, "README.md"] {
+        assert!(read_doc(doc).contains(&count), "{doc} must say {count}");
+    }
 }
 
 /// llm-d's current default recipe declares the approximate producer and the affinity filter
