@@ -4,9 +4,9 @@ use crate::load::all_of;
 use crate::report::{csv_rows, csv_table, goal, markdown_table, Cell, Column, Part, Row};
 use crate::workloads::{half_shared_chats, padded_completion};
 use inference_picker_core::config::load as load_config;
-use inference_picker_core::director::Director;
 use inference_picker_core::endpoint::Health;
 use inference_picker_core::host::{HostError, MetricKind, Metrics};
+use inference_picker_core::picker::PoolSlot;
 use inference_picker_core::picker::STATS_PREFIX;
 use inference_picker_core::request::{parse_body, ApiKind};
 use inference_picker_core::scheduling::rng::Rng;
@@ -152,8 +152,8 @@ fn time_configure(endpoints: usize) -> ConfigureRow {
         let configured = configure(yaml.as_bytes(), 7).expect("config");
         load_ms = load_ms.min(started.elapsed().as_secs_f64() * 1e3);
         let started = Instant::now();
-        let director = configured.picker.director(0).expect("one pool");
-        let stats = Stats::define(NamedStats::default(), director, STATS_PREFIX);
+        let slot = configured.picker.slot(0).expect("one pool");
+        let stats = Stats::define(NamedStats::default(), slot, STATS_PREFIX);
         stats_ms = stats_ms.min(started.elapsed().as_secs_f64() * 1e3);
         std::hint::black_box(stats);
     }
@@ -239,21 +239,22 @@ fn time_picks(endpoints: usize, chars: usize) -> f64 {
         .map(|b| parse_body(ApiKind::ChatCompletions, b.as_bytes()).expect("body"))
         .collect();
     let iterations = (400_000 / endpoints.max(1)).clamp(200, 5000);
+    let PoolSlot { director, data, .. } = &mut picker;
     for request in requests.iter().take(16) {
-        let _ = picker.route_parsed(request);
+        let _ = director.route_parsed(data, request);
     }
     let started = Instant::now();
     for i in 0..iterations {
-        let routed = picker
-            .route_parsed(&requests[i % requests.len()])
+        let routed = director
+            .route_parsed(data, &requests[i % requests.len()])
             .expect("routed");
-        picker.release(&routed);
+        director.request_ended(data, &routed);
     }
     started.elapsed().as_nanos() as f64 / iterations as f64
 }
 
-/// A director over `endpoints` static endpoints, each scraped once with random load.
-fn director_with_fresh_metrics(endpoints: usize) -> Director {
+/// A pool of `endpoints` static endpoints, each scraped once with random load.
+fn director_with_fresh_metrics(endpoints: usize) -> PoolSlot {
     let mut yaml = String::from("pool:\n  endpoints:\n");
     for i in 0..endpoints {
         let _ = writeln!(
@@ -264,7 +265,7 @@ fn director_with_fresh_metrics(endpoints: usize) -> Director {
             i % 256
         );
     }
-    let mut picker = Director::new(load_config(&yaml, 7).expect("config"));
+    let mut picker = PoolSlot::new("bench".into(), load_config(&yaml, 7).expect("config"));
     let mut rng = Rng::new(3);
     for i in 0..endpoints {
         let body = format!(
@@ -272,10 +273,11 @@ fn director_with_fresh_metrics(endpoints: usize) -> Director {
             rng.below(10),
             rng.unit()
         );
-        picker.on_scrape_ok(i, 0, &body).expect("metrics");
+        picker.data.scrape_answered(i, 0, &body).expect("metrics");
     }
-    picker.on_tick(0);
+    picker.data.refresh_health(0);
     assert!(picker
+        .data
         .pool()
         .endpoints
         .iter()

@@ -13,12 +13,12 @@
 //! saturation, the bands, and whether the request would wait.
 
 use inference_picker_core::config::{load_set, PoolSet};
-use inference_picker_core::director::Director;
 use inference_picker_core::endpoint::Health;
 use inference_picker_core::flow_control::policy::{fairness_type, ordering_type};
 use inference_picker_core::flow_control::DEFAULT_FAIRNESS_ID;
 use inference_picker_core::host::fake::FakeVm;
 use inference_picker_core::picker::Picker;
+use inference_picker_core::picker::PoolSlot;
 use inference_picker_core::protocol::{
     FAIRNESS_ID_HEADER, LLMD_FAIRNESS_ID_HEADER, MODEL_REWRITE_HEADER, SUBSET_HINT_KEY,
 };
@@ -145,8 +145,8 @@ fn explain(args: &[String]) -> Result<(), String> {
     let pool = chosen_pool(vm.picker(), &args, body.as_deref())?;
     feed_metrics(&host, &mut vm, pool, &args)?;
     let now_ms = host.clock.0.get();
-    if let Some(director) = vm.picker().director(pool) {
-        print_flow_control(director, now_ms);
+    if let Some(slot) = vm.picker().slot(pool) {
+        print_flow_control(slot, now_ms);
     }
     let mut headers: Vec<(&str, &str)> = args
         .headers
@@ -162,8 +162,8 @@ fn explain(args: &[String]) -> Result<(), String> {
     if let Some(body) = &body {
         vm.on_request_body(&mut request, body.len(), true);
     }
-    let director = vm.picker().director(request.pool()).ok_or("no pool")?;
-    report(&request.outcome, director, &args)
+    let slot = vm.picker().slot(request.pool()).ok_or("no pool")?;
+    report(&request.outcome, slot, &args)
 }
 
 fn header(args: &ExplainArgs, name: &str) -> Option<String> {
@@ -203,8 +203,9 @@ fn feed_metrics(
     pool: usize,
     args: &ExplainArgs,
 ) -> Result<(), String> {
-    let director = vm.picker().director(pool).ok_or("no pool")?;
-    let addresses: Vec<String> = director
+    let slot = vm.picker().slot(pool).ok_or("no pool")?;
+    let addresses: Vec<String> = slot
+        .data
         .pool()
         .endpoints
         .iter()
@@ -242,8 +243,8 @@ fn feed_metrics(
     }
     host.clock.advance(vm.interval_ms(pool).unwrap_or(0));
     vm.on_tick();
-    let director = vm.picker().director(pool).ok_or("no pool")?;
-    for (endpoint, path) in director.pool().endpoints.iter().zip(&args.metrics) {
+    let slot = vm.picker().slot(pool).ok_or("no pool")?;
+    for (endpoint, path) in slot.data.pool().endpoints.iter().zip(&args.metrics) {
         if endpoint.health != Health::Fresh {
             println!(
                 "warning: {path}: no usable metrics in it; the endpoint counts as unreachable"
@@ -254,12 +255,13 @@ fn feed_metrics(
 }
 
 /// Flow control's view of the pool: its saturation against the usage limit, and the bands.
-fn print_flow_control(director: &Director, now_ms: u64) {
-    let Some(flow) = director.flow_control() else {
+fn print_flow_control(slot: &PoolSlot, now_ms: u64) {
+    let Some(queue) = &slot.queue else {
         return;
     };
-    let config = flow.config();
-    match director.pool_saturation(now_ms) {
+    let config = queue.control().config();
+    let saturation = slot.director.pool_saturation(&slot.data, now_ms);
+    match saturation {
         Some(saturation) => println!("flow control: pool saturation {saturation:.2}"),
         None => println!(
             "flow control: no routable endpoint: requests wait up to noEndpointRequestTTL, then 503"
@@ -270,7 +272,7 @@ fn print_flow_control(director: &Director, now_ms: u64) {
             "  band {:>4}: ceiling {:.2} ({}) maxRequests {} maxBytes {} {} {}",
             band.priority,
             band.ceiling,
-            match director.pool_saturation(now_ms) {
+            match saturation {
                 Some(s) if s < band.ceiling => "room, goes at once",
                 _ => "saturated, waits",
             },
@@ -283,8 +285,8 @@ fn print_flow_control(director: &Director, now_ms: u64) {
 }
 
 /// Every score behind the decision, then the decision.
-fn report(outcome: &Outcome, director: &Director, args: &ExplainArgs) -> Result<(), String> {
-    for row in director.explain_rows() {
+fn report(outcome: &Outcome, slot: &PoolSlot, args: &ExplainArgs) -> Result<(), String> {
+    for row in slot.director.explain_rows(&slot.data) {
         let scores: Vec<String> = row
             .scores
             .iter()
@@ -316,9 +318,10 @@ fn report(outcome: &Outcome, director: &Director, args: &ExplainArgs) -> Result<
             let flow = header(args, LLMD_FAIRNESS_ID_HEADER)
                 .or_else(|| header(args, FAIRNESS_ID_HEADER))
                 .unwrap_or_else(|| DEFAULT_FAIRNESS_ID.into());
-            let band = director
-                .flow_control()
-                .and_then(|queue| queue.band_of(STREAM_ID))
+            let band = slot
+                .queue
+                .as_ref()
+                .and_then(|queue| queue.control().band_of(STREAM_ID))
                 .map_or("-".into(), |band| band.to_string());
             println!(
                 "held: flow control queues it (band {band}, flow {flow:?}) until the pool's saturation drops below its band's ceiling"

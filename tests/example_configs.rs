@@ -1,9 +1,13 @@
 //! Every config in `examples/configs/` loads with the filter's own loader, without warnings,
 //! and routes as its comment says (checked natively through the picker with scraped metrics).
 
+#[path = "support/one_pool.rs"]
+mod one_pool;
+
 use inference_picker_core::config::{load, load_set};
-use inference_picker_core::director::{Director, Routed};
+use inference_picker_core::director::Routed;
 use inference_picker_core::request::{ApiKind, RequestHeaders};
+use one_pool::OnePool as Example;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
@@ -15,31 +19,29 @@ fn text(name: &str) -> String {
     std::fs::read_to_string(config_dir().join(name)).expect("example config exists")
 }
 
-fn picker(name: &str) -> Director {
+fn picker(name: &str) -> Example {
     let config = load(&text(name), 42).unwrap_or_else(|e| panic!("{name}: {e}"));
-    Director::new(config)
+    Example::new(config)
 }
 
 /// A vLLM scrape body with the given queue, running and KV usage, plus extra lines.
-fn scrape(picker: &mut Director, index: usize, waiting: u32, running: u32, kv: f64, extra: &str) {
+fn scrape(picker: &mut Example, index: usize, waiting: u32, running: u32, kv: f64, extra: &str) {
     let body = format!(
         "vllm:num_requests_waiting{{model_name=\"m\"}} {waiting}\n\
          vllm:num_requests_running{{model_name=\"m\"}} {running}\n\
          vllm:kv_cache_usage_perc{{model_name=\"m\"}} {kv}\n{extra}"
     );
-    picker
-        .on_scrape_ok(index, 1000, &body)
-        .expect("scrape parses");
+    picker.scrape(index, 1000, &body);
 }
 
-fn fresh(picker: &mut Director, count: usize) {
+fn fresh(picker: &mut Example, count: usize) {
     for i in 0..count {
         scrape(picker, i, 0, 0, 0.0, "");
     }
     picker.on_tick(1000);
 }
 
-fn route(picker: &mut Director, body: &str, headers: RequestHeaders) -> Routed {
+fn route(picker: &mut Example, body: &str, headers: RequestHeaders) -> Routed {
     picker
         .route(ApiKind::Completions, Some(body.as_bytes()), headers)
         .unwrap_or_else(|e| panic!("{body}: {e:?}"))

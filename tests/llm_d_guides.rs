@@ -8,9 +8,12 @@
 //! naming each one: what llm-d does by default (a profile with no picker, producers the EPP
 //! would create itself) loads silently.
 
+#[path = "support/one_pool.rs"]
+mod one_pool;
+
 use inference_picker_core::config::load;
-use inference_picker_core::director::Director;
 use inference_picker_core::request::{ApiKind, RequestHeaders};
+use one_pool::OnePool;
 use std::path::{Path, PathBuf};
 
 /// llm-d takes its pods from the InferencePool; the filter needs them listed. Every role a
@@ -85,17 +88,15 @@ fn table_rows() -> Vec<(String, String)> {
 }
 
 /// Scrapes every pod once so that load-based plugins see fresh metrics.
-fn fresh(director: &mut Director, pods: usize) {
+fn fresh(director: &mut OnePool, pods: usize) {
     for i in 0..pods {
-        director
-            .on_scrape_ok(
+        director.scrape(
                 i,
                 1000,
                 // vLLM's names, and TensorRT-LLM's for the config that reads pods as that.
                 "vllm:num_requests_waiting 0\nvllm:num_requests_running 0\nvllm:kv_cache_usage_perc 0\n\
                  trtllm_num_requests_waiting 0\ntrtllm_num_requests_running 0\n",
-            )
-            .expect("scrape parses");
+        );
     }
     director.on_tick(1000);
 }
@@ -137,7 +138,7 @@ fn every_guide_config_loads_and_routes_or_is_refused_as_the_table_says() {
                         "{name}: warns of {parameter:?}, which it does not set: {warning}"
                     );
                 }
-                let mut director = Director::new(config);
+                let mut director = OnePool::new(config);
                 fresh(&mut director, 5);
                 let routed = director
                     .route(
@@ -187,11 +188,11 @@ fn the_optimized_baseline_sticks_to_the_pod_holding_the_prompt() {
     let path = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests/fixtures/llm-d-guides/llmd-optimized-baseline.yaml");
     let (_, text) = with_pool(&path);
-    let mut director = Director::new(load(&text, 1).expect("loads"));
+    let mut director = OnePool::new(load(&text, 1).expect("loads"));
     fresh(&mut director, 5);
     let prompt = "Summarise the incident report in three lines. ".repeat(40);
     let body = format!(r#"{{"model":"m","messages":[{{"role":"user","content":"{prompt}"}}]}}"#);
-    let route = |director: &mut Director| {
+    let route = |director: &mut OnePool| {
         director
             .route(
                 ApiKind::ChatCompletions,
@@ -214,7 +215,7 @@ fn the_coordinator_guide_routes_each_stage_by_its_header() {
     let path = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests/fixtures/llm-d-guides/llmd-coord-disaggregation.yaml");
     let (_, text) = with_pool(&path);
-    let mut director = Director::new(load(&text, 1).expect("loads"));
+    let mut director = OnePool::new(load(&text, 1).expect("loads"));
     fresh(&mut director, 5);
     let body = br#"{"model":"m","messages":[{"role":"user","content":"describe the image"}]}"#;
     let mut route = |profile: Option<&str>| {
@@ -281,13 +282,11 @@ fn requests_to_pod_4(pod_4: (f64, f64)) -> usize {
     let (_, text) = with_pool(&path);
     let config = load(&text, 7).expect("loads");
     assert!(config.warnings.is_empty(), "{:?}", config.warnings);
-    let mut director = Director::new(config);
+    let mut director = OnePool::new(config);
     for (second, served) in [(1u64, 0.0), (2, 20.0), (3, 40.0), (4, 60.0)] {
         for pod in 0..5 {
             let (ttft, waiting) = if pod == 4 { pod_4 } else { (0.04, 0.0) };
-            director
-                .on_scrape_ok(pod, second * 1000, &page_after(served, ttft, waiting))
-                .expect("scrape parses");
+            director.scrape(pod, second * 1000, &page_after(served, ttft, waiting));
         }
         director.on_tick(second * 1000);
     }

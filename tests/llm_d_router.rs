@@ -2,9 +2,13 @@
 //! own loader, or fail with an error that names the plugin and what to use instead; and
 //! llm-d-router's spellings of the parameters we share reach the same behaviour as ours.
 
+#[path = "support/one_pool.rs"]
+mod one_pool;
+
 use inference_picker_core::config::load;
-use inference_picker_core::director::{Director, Routed};
+use inference_picker_core::director::Routed;
 use inference_picker_core::request::{ApiKind, RequestHeaders};
+use one_pool::OnePool;
 use std::path::Path;
 
 /// llm-d-router takes its pods from the InferencePool; the filter needs them listed.
@@ -37,20 +41,18 @@ fn error_of(config: &str) -> String {
     }
 }
 
-fn fresh(director: &mut Director) {
+fn fresh(director: &mut OnePool) {
     for i in 0..3 {
-        director
-            .on_scrape_ok(
-                i,
-                1000,
-                "vllm:num_requests_waiting 0\nvllm:kv_cache_usage_perc 0\n",
-            )
-            .expect("scrape parses");
+        director.scrape(
+            i,
+            1000,
+            "vllm:num_requests_waiting 0\nvllm:kv_cache_usage_perc 0\n",
+        );
     }
     director.on_tick(1000);
 }
 
-fn route(director: &mut Director, api: ApiKind, body: &str) -> Routed {
+fn route(director: &mut OnePool, api: ApiKind, body: &str) -> Routed {
     director
         .route(api, Some(body.as_bytes()), RequestHeaders::default())
         .unwrap_or_else(|e| panic!("{body}: {e:?}"))
@@ -61,7 +63,7 @@ fn a_pd_config_loads_and_disaggregates_long_uncached_prompts() {
     let config = load(&with_pool(&fixture("pd-approx-prefix.yaml")), 1).expect("loads");
     // Declaring the producers and parsers llm-d's EPP would create itself is silent.
     assert!(config.warnings.is_empty(), "{:?}", config.warnings);
-    let mut director = Director::new(config);
+    let mut director = OnePool::new(config);
     fresh(&mut director);
     let short = route(
         &mut director,
@@ -129,7 +131,7 @@ schedulingProfiles:
   plugins: [{{pluginRef: decode-filter}}, {{pluginRef: prefix-cache-scorer}}]
 "
     );
-    let mut director = Director::new(load(&with_pool(&flat), 1).expect("flat keys load"));
+    let mut director = OnePool::new(load(&with_pool(&flat), 1).expect("flat keys load"));
     fresh(&mut director);
     let body = format!(r#"{{"model":"m","prompt":"{}"}}"#, "x".repeat(200));
     let routed = route(&mut director, ApiKind::Completions, &body);
@@ -146,7 +148,7 @@ schedulingProfiles:
         "- type: pd-profile-handler\n  parameters: {decodeProfile: d, prefillProfile: p, deciderPluginName: pd}\n",
     );
     assert_ne!(legacy, flat);
-    let mut director = Director::new(load(&with_pool(&legacy), 1).expect("pd handler loads"));
+    let mut director = OnePool::new(load(&with_pool(&legacy), 1).expect("pd handler loads"));
     fresh(&mut director);
     let short = route(
         &mut director,

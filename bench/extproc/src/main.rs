@@ -148,7 +148,7 @@ fn main() {
 fn configure(text: &[u8]) -> Result<inference_picker_core::tick_flow::Configured, String> {
     let configured = inference_picker_core::tick_flow::configure(text, 7)?;
     let slots = configured.picker.slots();
-    if slots.iter().any(|slot| slot.director.flow_control().is_some()) {
+    if slots.iter().any(|slot| slot.queue.is_some()) {
         return Err("flow control is not supported by the ext_proc baseline".into());
     }
     Ok(configured)

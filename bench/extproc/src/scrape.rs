@@ -4,78 +4,145 @@
 
 use crate::exchange::Shared;
 use inference_picker_core::duration::duration_ms;
+use inference_picker_core::host::fake::{FakeCallouts, NoSharedData};
+use inference_picker_core::host::{HostError, HttpCallouts, SharedData};
+use std::cell::RefCell;
+use std::collections::HashMap;
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-/// One scrape to make: the pool, the endpoint's index in it, its address, path and timeout.
-type Job = (usize, usize, String, String, Duration);
-
 pub fn spawn(shared: Arc<Mutex<Shared>>) {
+    // The scrape calls each pool's data layer sends, recorded here and answered with what the
+    // fetch threads bring back: the same rounds, window and back-off as in Envoy.
+    let calls = Calls::default();
     std::thread::spawn(move || loop {
-        let Ok((interval, jobs)) = shared.lock().map(|mut shared| jobs(&mut shared)) else {
+        let Ok(interval) = shared.lock().map(|mut shared| start_rounds(&mut shared, &calls)) else {
             return;
         };
-        let fetches: Vec<_> = jobs
-            .into_iter()
-            .map(|(pool, index, address, path, timeout)| {
-                std::thread::spawn(move || (pool, index, fetch(&address, &path, timeout)))
-            })
-            .collect();
-        for fetch in fetches {
-            let Ok((pool, index, result)) = fetch.join() else {
-                continue;
-            };
-            let Ok(mut shared) = shared.lock() else {
-                return;
-            };
-            let now = duration_ms(shared.started.elapsed());
-            let Some(director) = shared.picker.director_mut(pool) else {
-                continue;
-            };
-            match result {
-                Some(body) => {
-                    if director.on_scrape_ok(index, now, &body).is_err() {
-                        director.on_scrape_failed(index);
-                    }
-                }
-                None => director.on_scrape_failed(index),
+        loop {
+            let jobs = take_jobs(&shared, &calls);
+            if jobs.is_empty() {
+                break;
+            }
+            let fetches: Vec<_> = jobs
+                .into_iter()
+                .map(|(pool, token, address, path, timeout)| {
+                    std::thread::spawn(move || (pool, token, fetch(&address, &path, timeout)))
+                })
+                .collect();
+            for fetch in fetches {
+                let Ok((pool, token, body)) = fetch.join() else {
+                    continue;
+                };
+                let Ok(mut shared) = shared.lock() else {
+                    return;
+                };
+                let now = duration_ms(shared.started.elapsed());
+                let Some(slot) = shared.picker.slot_mut(pool) else {
+                    continue;
+                };
+                let status = body.as_ref().map(|_| "200");
+                let body = body.unwrap_or_default();
+                calls.callouts.answer(token, status, &body);
+                slot.data.on_answer(&calls, token, body.len(), now, true, None);
+                // An answer lets the round's next scrapes go: they are this pool's too.
+                note_pool(&calls, pool);
             }
         }
         if let Ok(mut shared) = shared.lock() {
             let now = duration_ms(shared.started.elapsed());
             for slot in shared.picker.slots_mut() {
-                slot.director.on_tick(now);
+                slot.data.refresh_health(now);
             }
         }
         std::thread::sleep(interval);
     });
 }
 
-/// Every pool's due scrapes, and how long to wait before the next round.
-fn jobs(shared: &mut Shared) -> (Duration, Vec<Job>) {
+/// One scrape to make: the pool, the call's token, the endpoint's address, path and timeout.
+type Job = (usize, u32, String, String, Duration);
+
+/// The scrape calls of the data layers, kept to be answered.
+#[derive(Default)]
+struct Calls {
+    callouts: FakeCallouts,
+    /// Which pool sent each call.
+    pools: RefCell<HashMap<u32, usize>>,
+}
+
+impl HttpCallouts for Calls {
+    fn dispatch(
+        &self,
+        cluster: &str,
+        headers: &[(&str, &str)],
+        timeout_ms: u32,
+    ) -> Result<u32, HostError> {
+        self.callouts.dispatch(cluster, headers, timeout_ms)
+    }
+
+    fn response_status(&self) -> Option<Vec<u8>> {
+        self.callouts.response_status()
+    }
+
+    fn response_body(&self, size: usize) -> Result<Vec<u8>, HostError> {
+        self.callouts.response_body(size)
+    }
+}
+
+impl SharedData for Calls {
+    fn get(&self, key: &str) -> Result<Option<(Vec<u8>, u32)>, HostError> {
+        NoSharedData.get(key)
+    }
+
+    fn set(&self, key: &str, value: &[u8], cas: Option<u32>) -> Result<bool, HostError> {
+        NoSharedData.set(key, value, cas)
+    }
+}
+
+/// Every pool's data layer starts its due scrape round; returns how long to wait before the
+/// next.
+fn start_rounds(shared: &mut Shared, calls: &Calls) -> Duration {
     let mut interval = Duration::MAX;
-    let mut jobs = Vec::new();
-    let mut targets = Vec::new();
+    let now = duration_ms(shared.started.elapsed());
     for (pool, slot) in shared.picker.slots_mut().iter_mut().enumerate() {
-        let director = &mut slot.director;
-        director.take_scrape_targets(&mut targets);
-        let settings = director.settings();
-        interval = interval.min(settings.refresh_metrics_interval);
-        let (path, timeout) = (settings.metrics_path.clone(), settings.metrics_timeout);
-        jobs.extend(targets.iter().filter_map(|&index| {
-            let address = director.address(index)?.to_string();
-            Some((pool, index, address, path.clone(), timeout))
-        }));
+        interval = interval.min(slot.data.settings().refresh_metrics_interval);
+        slot.data.call_out(calls, now);
+        note_pool(calls, pool);
     }
     // No pool: look again in a second.
-    let interval = if interval == Duration::MAX {
+    if interval == Duration::MAX {
         Duration::from_secs(1)
     } else {
         interval
+    }
+}
+
+/// Marks the calls sent since the last look as `pool`'s.
+fn note_pool(calls: &Calls, pool: usize) {
+    let mut pools = calls.pools.borrow_mut();
+    for call in calls.callouts.sent.borrow().iter() {
+        pools.entry(call.token).or_insert(pool);
+    }
+}
+
+/// The calls sent and not fetched yet, as fetches to make.
+fn take_jobs(shared: &Arc<Mutex<Shared>>, calls: &Calls) -> Vec<Job> {
+    let Ok(shared) = shared.lock() else {
+        return Vec::new();
     };
-    (interval, jobs)
+    let sent = calls.callouts.take_sent();
+    let mut pools = calls.pools.borrow_mut();
+    sent.into_iter()
+        .filter_map(|call| {
+            let pool = pools.remove(&call.token)?;
+            let settings = shared.picker.slot(pool)?.data.settings();
+            let address = call.authority()?.to_owned();
+            let path = settings.metrics_path.clone();
+            Some((pool, call.token, address, path, settings.metrics_timeout))
+        })
+        .collect()
 }
 
 /// The body of a 200 answer, or None.

@@ -52,15 +52,15 @@ fn shipped_picker_config() -> Option<String> {
 /// The picker, its endpoints scraped once.
 pub fn shipped_picker() -> Option<Picker> {
     let mut picker = shipped_configuration()?.0;
-    let director = picker.director_mut(0)?;
+    let data = &mut picker.slot_mut(0)?.data;
     for (endpoint, waiting) in (0..ENDPOINTS).zip([1, 3]) {
         let metrics = format!(
             "vllm:num_requests_waiting {waiting}\nvllm:num_requests_running 2\n\
              vllm:kv_cache_usage_perc 0.{waiting}\n"
         );
-        director.on_scrape_ok(endpoint, 0, &metrics).ok()?;
+        data.scrape_answered(endpoint, 0, &metrics).ok()?;
     }
-    director.on_tick(0);
+    data.refresh_health(0);
     Some(picker)
 }
 
@@ -94,19 +94,19 @@ impl Ticks {
 
     /// Runs `n` ticks; the scrapes answered, so a tick that scrapes nothing shows as 0.
     pub fn run(&mut self, n: usize) -> usize {
-        let Some(director) = self.picker.director_mut(0) else {
+        let Some(slot) = self.picker.slot_mut(0) else {
             return 0;
         };
         let mut answered = 0;
         for _ in 0..n {
             self.host.clock.advance(50);
-            self.flow.on_tick(&self.host, director);
+            self.flow.on_tick(&self.host, slot);
             for call in self.host.callouts.take_sent() {
                 self.host
                     .callouts
                     .answer(call.token, Some("200"), VLLM_METRICS);
                 self.flow
-                    .on_callout_response(&self.host, director, call.token, VLLM_METRICS.len());
+                    .on_callout_response(&self.host, slot, call.token, VLLM_METRICS.len());
                 answered += 1;
             }
         }
@@ -218,12 +218,12 @@ fn decide(picker: &mut Picker, host: &BenchHost) -> bool {
     else {
         return false;
     };
-    let Some(director) = picker.director_mut(pool) else {
+    let Some(slot) = picker.slot_mut(pool) else {
         return false;
     };
-    match director.route_prepared(prepared) {
+    match slot.director.route_prepared(&mut slot.data, prepared) {
         Ok(routed) => {
-            director.release(&routed);
+            slot.director.request_ended(&mut slot.data, &routed);
             true
         }
         Err(_) => false,

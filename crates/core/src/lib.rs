@@ -9,6 +9,7 @@
 #![cfg_attr(not(test), deny(clippy::indexing_slicing))]
 
 pub mod config;
+pub mod datalayer;
 pub mod director;
 pub mod discovery;
 pub mod duration;
@@ -28,6 +29,7 @@ pub mod protocol;
 pub mod request;
 pub mod request_flow;
 pub mod scheduling;
+pub mod shared_keys;
 pub mod shared_state;
 pub mod stats;
 pub mod tick_flow;

@@ -2,8 +2,13 @@
 //! `x-gateway-model-name-rewrite`) names its pool, then that pool's director picks the endpoint.
 //! One body parse serves both.
 
-use crate::director::{Director, HeaderUse, Prepared};
+use crate::config::FilterConfig;
+use crate::datalayer::DataLayer;
+use crate::director::{Director, HeaderUse, Prepared, Routed};
 use crate::error_response::RequestError;
+use crate::flow_control::queue::{Admission, Queue};
+use crate::flow_control::{Arrival, FlowControl};
+use crate::host::SharedData;
 use crate::request::{ApiKind, RequestHeaders};
 use hashbrown::HashMap;
 
@@ -19,10 +24,77 @@ pub fn stats_prefix(pool_name: Option<&str>) -> String {
     }
 }
 
-/// One pool: its name and its director.
+/// What became of a prepared request.
+// Decided once per request and moved straight into the request's state: boxing would cost an
+// allocation per request.
+#[allow(clippy::large_enum_variant)]
+#[derive(Debug)]
+pub enum Decided {
+    Routed(Routed),
+    /// Flow control holds it: its stream waits for a release.
+    Held,
+    Refused(RequestError),
+}
+
+/// One pool, in three rooms that each own their state: the data layer (members, scraped
+/// state, in-flight counts), the director (the scheduler), and flow control's queue when the
+/// `flowControl` gate is on.
 pub struct PoolSlot {
     pub name: String,
+    pub data: DataLayer,
     pub director: Director,
+    pub queue: Option<Queue>,
+}
+
+impl PoolSlot {
+    pub fn new(name: String, mut config: FilterConfig) -> Self {
+        let data = DataLayer::new(&mut config);
+        let queue = config
+            .flow_control
+            .clone()
+            .map(|flow| Queue::new(FlowControl::new(flow, 0)));
+        PoolSlot {
+            name,
+            data,
+            director: Director::new(config),
+            queue,
+        }
+    }
+
+    /// The one way a prepared request is decided: flow control admits it (with `arrival`,
+    /// when the pool has a queue and the request is an inference one), then the director
+    /// schedules it; a held request is scheduled when the queue releases it.
+    pub fn decide(
+        &mut self,
+        prepared: Prepared,
+        arrival: Option<Arrival>,
+        now_ms: u64,
+        store: &dyn SharedData,
+    ) -> Decided {
+        let prepared = match (&mut self.queue, arrival) {
+            (Some(queue), Some(arrival)) => {
+                let rooms = (&self.director, &self.data);
+                match queue.admit(rooms, prepared, arrival, now_ms, store) {
+                    Admission::Now(prepared) => *prepared,
+                    Admission::Held => return Decided::Held,
+                    Admission::Refused(error) => return Decided::Refused(error),
+                }
+            }
+            _ => prepared,
+        };
+        match self.director.route_prepared(&mut self.data, prepared) {
+            Ok(routed) => Decided::Routed(routed),
+            Err(error) => Decided::Refused(error),
+        }
+    }
+
+    /// Requests wait in this pool's queue (here or, as last seen, in another VM), or refusals
+    /// wait to be sent.
+    pub fn flow_waiting(&self, now_ms: u64) -> bool {
+        self.queue
+            .as_ref()
+            .is_some_and(|queue| queue.waiting(now_ms))
+    }
 }
 
 /// Which pool serves a model: exact names a pool lists first (one lookup however many pools),
@@ -143,7 +215,7 @@ impl Picker {
         });
         let max_request_body_bytes = pools
             .iter()
-            .map(|slot| slot.director.settings().max_request_body_bytes)
+            .map(|slot| slot.data.settings().max_request_body_bytes)
             .max()
             .unwrap_or(0);
         let prompt_chars_needed = pools
@@ -162,11 +234,8 @@ impl Picker {
     }
 
     /// One pool serving every model (the single `pool` section; tests).
-    pub fn single(director: Director) -> Self {
-        let slot = PoolSlot {
-            name: crate::config::DEFAULT_POOL_NAME.into(),
-            director,
-        };
+    pub fn single(config: FilterConfig) -> Self {
+        let slot = PoolSlot::new(crate::config::DEFAULT_POOL_NAME.into(), config);
         Picker::new(vec![(slot, None)], None)
     }
 
@@ -186,12 +255,12 @@ impl Picker {
         &mut self.pools
     }
 
-    pub fn director(&self, pool: usize) -> Option<&Director> {
-        self.pools.get(pool).map(|slot| &slot.director)
+    pub fn slot(&self, pool: usize) -> Option<&PoolSlot> {
+        self.pools.get(pool)
     }
 
-    pub fn director_mut(&mut self, pool: usize) -> Option<&mut Director> {
-        self.pools.get_mut(pool).map(|slot| &mut slot.director)
+    pub fn slot_mut(&mut self, pool: usize) -> Option<&mut PoolSlot> {
+        self.pools.get_mut(pool)
     }
 
     /// `(header, pool name)` to write into the request, when `poolHeader` is set.
@@ -211,7 +280,7 @@ impl Picker {
     /// Re-reads what each pool's pods report serving (after a tick or an answer said it
     /// changed).
     pub fn refresh_learned_models(&mut self) {
-        let pools = self.pools.iter().map(|slot| slot.director.served_models());
+        let pools = self.pools.iter().map(|slot| slot.data.models().served());
         self.router.set_learned(pools);
     }
 
@@ -248,10 +317,10 @@ impl Picker {
         } else {
             self.router.without_model()
         };
-        let director = self
-            .director_mut(pool)
+        let slot = self
+            .slot(pool)
             .ok_or_else(|| RequestError::NoEndpoint("no pool serves this request".into()))?;
-        director.complete_prepared(&mut prepared)?;
+        Director::complete_prepared(&slot.data, &mut prepared)?;
         Ok((pool, prepared))
     }
 }

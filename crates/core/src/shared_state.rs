@@ -5,10 +5,12 @@
 //! request path makes no shared-data calls of this module's (with flow control on, admitting
 //! and releasing a held request read and write its Envoy-wide ledger, `flow_control::ledger`).
 
+use crate::datalayer::DataLayer;
 use crate::endpoint::Pool;
 use crate::host::{HostError, SharedData};
 use crate::metrics::EndpointMetrics;
 use crate::scheduling::LearnedPrefix;
+use crate::shared_keys::SharedKeys;
 use serde::{Deserialize, Serialize};
 use std::collections::VecDeque;
 
@@ -64,11 +66,11 @@ const KEPT_BATCHES: usize = 4;
 
 pub struct Coordinator {
     vm_id: u64,
+    keys: SharedKeys,
     lease_key: String,
     snapshot_key: String,
     vms_key: String,
     load_key: String,
-    namespace: String,
     /// See [`LEASE_INTERVALS`].
     lease_ms: u64,
     /// Another VM's published load counts while it is younger than this (six intervals).
@@ -102,20 +104,20 @@ const CAS_ATTEMPTS: usize = 8;
 impl Coordinator {
     /// `namespace` separates configurations (a config update starts a fresh one); `vm_id` must
     /// differ between VMs.
-    pub fn new(namespace: &str, vm_id: u64, interval_ms: u64) -> Self {
+    pub fn new(keys: SharedKeys, vm_id: u64, interval_ms: u64) -> Self {
         Coordinator {
             vm_id,
-            lease_key: format!("{namespace}/lease"),
-            snapshot_key: format!("{namespace}/snapshot"),
-            vms_key: format!("{namespace}/vms"),
-            load_key: format!("{namespace}/load/{vm_id:x}"),
-            prefix_key: format!("{namespace}/prefix/{vm_id:x}"),
+            lease_key: keys.lease(),
+            snapshot_key: keys.snapshot(),
+            vms_key: keys.vms(),
+            load_key: keys.load(vm_id),
+            prefix_key: keys.prefix(vm_id),
             prefix_batches: VecDeque::new(),
             prefix_seq: 0,
             prefix_seen: Vec::new(),
-            members_key: format!("{namespace}/members"),
+            members_key: keys.members(),
             members_seq: 0,
-            namespace: namespace.to_owned(),
+            keys,
             lease_ms: interval_ms
                 .saturating_mul(LEASE_INTERVALS)
                 .max(MIN_LEASE_MS),
@@ -134,8 +136,9 @@ impl Coordinator {
         &self.others
     }
 
-    pub fn namespace(&self) -> &str {
-        &self.namespace
+    /// The pool's shared-data keys.
+    pub fn keys(&self) -> &SharedKeys {
+        &self.keys
     }
 
     pub fn lease_ms(&self) -> u64 {
@@ -209,7 +212,7 @@ impl Coordinator {
     pub fn apply_snapshot(
         &mut self,
         store: &impl SharedData,
-        pool: &mut Pool,
+        data: &mut DataLayer,
     ) -> Result<bool, HostError> {
         let Some((bytes, cas)) = store.get(&self.snapshot_key)? else {
             return Ok(false);
@@ -227,9 +230,12 @@ impl Coordinator {
         }
         self.applied_seq = snapshot.seq;
         for shared in &snapshot.endpoints {
-            if let Some(index) = pool.index_of(&shared.address) {
-                pool.apply_shared(index, shared.ok_ms, shared.failed, &shared.metrics);
-            }
+            data.apply_shared_scrape(
+                &shared.address,
+                shared.ok_ms,
+                shared.failed,
+                &shared.metrics,
+            );
         }
         Ok(true)
     }
@@ -238,38 +244,36 @@ impl Coordinator {
     pub fn exchange_load(
         &mut self,
         store: &impl SharedData,
-        pool: &mut Pool,
+        data: &mut DataLayer,
         now_ms: u64,
     ) -> Result<(), HostError> {
         self.register(store)?;
         let own = Load {
             stamp_ms: now_ms,
-            counts: pool
+            counts: data
+                .pool()
                 .endpoints
                 .iter()
                 .map(|e| (e.in_flight, e.in_flight_tokens))
                 .collect(),
         };
         publish(store, &self.load_key, &own)?;
-        for endpoint in &mut pool.endpoints {
-            endpoint.remote_in_flight = 0;
-            endpoint.remote_in_flight_tokens = 0;
-        }
+        let mut sums = vec![(0u32, 0u64); own.counts.len()];
         let fresh_after = now_ms.saturating_sub(self.load_fresh_ms);
         for &vm in &self.others {
-            let key = format!("{}/load/{vm:x}", self.namespace);
+            let key = self.keys.load(vm);
             let Some(load) = read::<Load>(store, &key)? else {
                 continue;
             };
             if load.stamp_ms < fresh_after {
                 continue;
             }
-            for (endpoint, &(requests, tokens)) in pool.endpoints.iter_mut().zip(&load.counts) {
-                endpoint.remote_in_flight = endpoint.remote_in_flight.saturating_add(requests);
-                endpoint.remote_in_flight_tokens =
-                    endpoint.remote_in_flight_tokens.saturating_add(tokens);
+            for (sum, &(requests, tokens)) in sums.iter_mut().zip(&load.counts) {
+                sum.0 = sum.0.saturating_add(requests);
+                sum.1 = sum.1.saturating_add(tokens);
             }
         }
+        data.set_remote_in_flight(&sums);
         Ok(())
     }
 
@@ -324,7 +328,7 @@ impl Coordinator {
         }
         let mut remote = Vec::new();
         for &vm in &self.others {
-            let key = format!("{}/prefix/{vm:x}", self.namespace);
+            let key = self.keys.prefix(vm);
             let Some((bytes, _)) = store.get(&key)? else {
                 continue;
             };
@@ -469,11 +473,15 @@ mod tests {
         )
     }
 
+    fn data() -> DataLayer {
+        DataLayer::from_pool(pool(), crate::config::PoolConfig::default())
+    }
+
     #[test]
     fn one_scraper_and_takeover_within_two_intervals() {
         let store = FakeShared::default();
-        let mut a = Coordinator::new("ns", 1, 50);
-        let mut b = Coordinator::new("ns", 2, 50);
+        let mut a = Coordinator::new(SharedKeys::under("ns"), 1, 50);
+        let mut b = Coordinator::new(SharedKeys::under("ns"), 2, 50);
         assert_eq!(a.elect(&store, 1000).unwrap(), (Role::Scraper, true));
         assert_eq!(b.elect(&store, 1000).unwrap(), (Role::Follower, false));
         assert_eq!(
@@ -496,8 +504,8 @@ mod tests {
     #[test]
     fn followers_apply_newer_snapshots_only() {
         let store = FakeShared::default();
-        let mut scraper = Coordinator::new("ns", 1, 50);
-        let mut follower = Coordinator::new("ns", 2, 50);
+        let mut scraper = Coordinator::new(SharedKeys::under("ns"), 1, 50);
+        let mut follower = Coordinator::new(SharedKeys::under("ns"), 2, 50);
         let mut source = pool();
         source.record_scrape_ok(
             0,
@@ -509,46 +517,48 @@ mod tests {
         );
         source.record_scrape_failure(1);
         scraper.publish_snapshot(&store, &source).unwrap();
-        let mut local = pool();
+        let mut local = data();
         assert!(follower.apply_snapshot(&store, &mut local).unwrap());
         assert!(
             !follower.apply_snapshot(&store, &mut local).unwrap(),
             "same seq"
         );
-        assert_eq!(local.endpoints[0].metrics.waiting_queue, Some(3.0));
-        assert_eq!(local.endpoints[0].last_scrape_ok_ms, Some(900));
-        local.refresh_health(1000, 2000);
-        assert_eq!(local.endpoints[0].health, Health::Fresh);
-        assert_eq!(local.endpoints[1].health, Health::Unreachable);
+        let endpoints = &local.pool().endpoints;
+        assert_eq!(endpoints[0].metrics.waiting_queue, Some(3.0));
+        assert_eq!(endpoints[0].last_scrape_ok_ms, Some(900));
+        local.refresh_health(1000);
+        let endpoints = &local.pool().endpoints;
+        assert_eq!(endpoints[0].health, Health::Fresh);
+        assert_eq!(endpoints[1].health, Health::Unreachable);
     }
 
     #[test]
     fn in_flight_counts_are_summed_across_vms() {
         let store = FakeShared::default();
-        let mut a = Coordinator::new("ns", 1, 50);
-        let mut b = Coordinator::new("ns", 2, 50);
-        let (mut pool_a, mut pool_b) = (pool(), pool());
+        let mut a = Coordinator::new(SharedKeys::under("ns"), 1, 50);
+        let mut b = Coordinator::new(SharedKeys::under("ns"), 2, 50);
+        let (mut pool_a, mut pool_b) = (data(), data());
         pool_a.add_in_flight(0, 100);
         pool_b.add_in_flight(0, 10);
         pool_b.add_in_flight(1, 5);
         a.exchange_load(&store, &mut pool_a, 1000).unwrap();
         b.exchange_load(&store, &mut pool_b, 1000).unwrap();
         a.exchange_load(&store, &mut pool_a, 1050).unwrap();
-        assert_eq!(pool_a.endpoints[0].total_in_flight(), 2);
-        assert_eq!(pool_a.endpoints[0].total_in_flight_tokens(), 110);
-        assert_eq!(pool_a.endpoints[1].total_in_flight(), 1);
-        assert_eq!(pool_b.endpoints[0].remote_in_flight, 1);
+        assert_eq!(pool_a.pool().endpoints[0].total_in_flight(), 2);
+        assert_eq!(pool_a.pool().endpoints[0].total_in_flight_tokens(), 110);
+        assert_eq!(pool_a.pool().endpoints[1].total_in_flight(), 1);
+        assert_eq!(pool_b.pool().endpoints[0].remote_in_flight, 1);
         // b goes away: after six intervals its counts stop counting.
         a.exchange_load(&store, &mut pool_a, 1000 + 301).unwrap();
-        assert_eq!(pool_a.endpoints[1].total_in_flight(), 0);
+        assert_eq!(pool_a.pool().endpoints[1].total_in_flight(), 0);
     }
 
     #[test]
     fn prefix_picks_reach_every_other_vm_once() {
         let store = FakeShared::default();
-        let mut a = Coordinator::new("ns", 1, 50);
-        let mut b = Coordinator::new("ns", 2, 50);
-        let (mut pool_a, mut pool_b) = (pool(), pool());
+        let mut a = Coordinator::new(SharedKeys::under("ns"), 1, 50);
+        let mut b = Coordinator::new(SharedKeys::under("ns"), 2, 50);
+        let (mut pool_a, mut pool_b) = (data(), data());
         a.exchange_load(&store, &mut pool_a, 0).unwrap();
         b.exchange_load(&store, &mut pool_b, 0).unwrap();
         a.exchange_load(&store, &mut pool_a, 0).unwrap();
@@ -584,8 +594,8 @@ mod tests {
     #[test]
     fn membership_reaches_the_others_once() {
         let store = FakeShared::default();
-        let mut a = Coordinator::new("ns", 1, 50);
-        let mut b = Coordinator::new("ns", 2, 50);
+        let mut a = Coordinator::new(SharedKeys::under("ns"), 1, 50);
+        let mut b = Coordinator::new(SharedKeys::under("ns"), 2, 50);
         let members = vec![("10.0.0.9:8000".to_string(), Default::default(), false)];
         a.publish_members(&store, members.clone()).unwrap();
         assert_eq!(b.take_members(&store).unwrap(), Some(members));

@@ -2,13 +2,13 @@
 //! segments that the shipped Envoy config's `stats_tags` turn into labels, so
 //! `/stats/prometheus` shows, for example, `inference_picker_endpoint_picks{endpoint="..."}`.
 
-use crate::director::Director;
+use crate::datalayer::{CalloutOutcome, Scraped};
 use crate::endpoint::Health;
 use crate::error_response::{Dropped, RequestError};
 use crate::host::{HostCall, MetricKind, Metrics};
-use crate::picker::STATS_PREFIX;
+use crate::picker::{PoolSlot, STATS_PREFIX};
 use crate::shared_state::Role;
-use crate::tick_flow::{CalloutOutcome, TickFlow, TickOutcome};
+use crate::tick_flow::TickOutcome;
 use std::cell::{Cell, RefCell};
 
 /// How often the scraper sets the per-endpoint gauges (at most; each tick if longer).
@@ -106,7 +106,7 @@ struct FlowStats {
 impl<H: Metrics> Stats<H> {
     /// `prefix` starts every pool-scoped name: [`crate::picker::STATS_PREFIX`] for a single pool, with
     /// `.pool.<name>` for each of many (the VM-wide stats are never prefixed further).
-    pub fn define(host: H, director: &Director, prefix: &str) -> Self {
+    pub fn define(host: H, slot: &PoolSlot, prefix: &str) -> Self {
         let define = |kind, name: &str| define(&host, kind, name);
         let stats = Stats {
             prefix: prefix.to_owned(),
@@ -132,82 +132,83 @@ impl<H: Metrics> Stats<H> {
             pending: RefCell::new(hashbrown::HashMap::new()),
             decisions_seen: Cell::new(0),
             plugin_counters: RefCell::new(Vec::new()),
-            flow: director.flow_control().map(|flow| {
-                let counter = |what: &str| {
-                    define(
-                        MetricKind::Counter,
-                        &format!("{prefix}.flow_control.{what}"),
-                    )
-                };
-                let band_gauge = |priority: i32, what: &str| {
-                    define(
-                        MetricKind::Gauge,
-                        &format!("{prefix}.flow_control.band.{priority}.{what}"),
-                    )
-                };
-                FlowStats {
-                    held: counter("held"),
-                    dispatched: counter("dispatched"),
-                    expired: counter("expired"),
-                    rejected: counter("rejected"),
-                    abandoned: counter("abandoned"),
-                    queue_time_ms: define(
-                        MetricKind::Histogram,
-                        &format!("{prefix}.flow_control.queue_time_ms"),
-                    ),
-                    pool_saturation_pct: define(
-                        MetricKind::Gauge,
-                        &format!("{prefix}.flow_control.pool_saturation_percent"),
-                    ),
-                    bands: RefCell::new(
-                        flow.config()
-                            .bands
-                            .iter()
-                            .map(|band| BandGauges {
-                                size: band_gauge(band.priority, "queue_size"),
-                                bytes: band_gauge(band.priority, "queue_bytes"),
-                                size_added: 0,
-                                bytes_added: 0,
-                            })
-                            .collect(),
-                    ),
-                    saturation_set: Cell::new(None),
-                }
-            }),
+            flow: slot
+                .queue
+                .as_ref()
+                .map(|queue| queue.control())
+                .map(|flow| {
+                    let counter = |what: &str| {
+                        define(
+                            MetricKind::Counter,
+                            &format!("{prefix}.flow_control.{what}"),
+                        )
+                    };
+                    let band_gauge = |priority: i32, what: &str| {
+                        define(
+                            MetricKind::Gauge,
+                            &format!("{prefix}.flow_control.band.{priority}.{what}"),
+                        )
+                    };
+                    FlowStats {
+                        held: counter("held"),
+                        dispatched: counter("dispatched"),
+                        expired: counter("expired"),
+                        rejected: counter("rejected"),
+                        abandoned: counter("abandoned"),
+                        queue_time_ms: define(
+                            MetricKind::Histogram,
+                            &format!("{prefix}.flow_control.queue_time_ms"),
+                        ),
+                        pool_saturation_pct: define(
+                            MetricKind::Gauge,
+                            &format!("{prefix}.flow_control.pool_saturation_percent"),
+                        ),
+                        bands: RefCell::new(
+                            flow.config()
+                                .bands
+                                .iter()
+                                .map(|band| BandGauges {
+                                    size: band_gauge(band.priority, "queue_size"),
+                                    bytes: band_gauge(band.priority, "queue_bytes"),
+                                    size_added: 0,
+                                    bytes_added: 0,
+                                })
+                                .collect(),
+                        ),
+                        saturation_set: Cell::new(None),
+                    }
+                }),
             host,
         };
-        stats.cover(director);
+        stats.cover(slot);
         stats
     }
 
     /// What a tick changed: stats for endpoints that have none yet (a large pool is covered in
     /// batches, new members as they come), refused scrapes, and the scraper's gauges.
-    pub fn after_tick(&self, director: &Director, ticks: &mut TickFlow, outcome: &TickOutcome) {
-        self.cover(director);
-        self.count_unsent(ticks);
-        self.plugin_counters(director);
+    pub fn after_tick(&self, slot: &mut PoolSlot, outcome: &TickOutcome) {
+        self.cover(slot);
+        self.count_unsent(slot);
+        self.plugin_counters(slot);
         if outcome.role != Role::Scraper {
             return;
         }
-        self.pool_gauges(director, ticks.last_round_ms());
+        self.pool_gauges(slot, slot.data.last_round_ms());
         // Two host calls per endpoint: at most once a second, however short the interval.
         if outcome.now_ms.saturating_sub(self.gauges_set_ms.get()) >= GAUGE_PERIOD_MS {
             self.gauges_set_ms.set(outcome.now_ms);
-            self.endpoint_gauges(director, outcome.now_ms);
+            self.endpoint_gauges(slot, outcome.now_ms);
         }
     }
 
     /// What a callout's answer changed.
-    pub fn after_callout(
-        &self,
-        director: &Director,
-        ticks: &mut TickFlow,
-        outcome: CalloutOutcome,
-    ) {
-        self.count_unsent(ticks);
+    pub fn after_callout(&self, slot: &mut PoolSlot, outcome: CalloutOutcome) {
+        self.count_unsent(slot);
         match outcome {
-            CalloutOutcome::Scraped { index, ok } => self.scrape(index, ok),
-            CalloutOutcome::Discovered { changed: true } => self.cover(director),
+            CalloutOutcome::Scraped { index, scraped } => {
+                self.scrape(index, scraped == Scraped::Ok)
+            }
+            CalloutOutcome::Discovered { changed: true } => self.cover(slot),
             CalloutOutcome::Discovered { changed: false }
             | CalloutOutcome::Models { .. }
             | CalloutOutcome::Unknown => {}
@@ -216,11 +217,11 @@ impl<H: Metrics> Stats<H> {
 
     /// Adds what each plugin counted since the last tick to its counter,
     /// `<prefix>.plugin.<plugin name>.<counter>` (every VM adds its own).
-    fn plugin_counters(&self, director: &Director) {
+    fn plugin_counters(&self, slot: &PoolSlot) {
         let Ok(mut counters) = self.plugin_counters.try_borrow_mut() else {
             return;
         };
-        director
+        slot.director
             .scheduler()
             .plugin_counters(&mut |plugin, name, total| {
                 let known = counters
@@ -248,8 +249,8 @@ impl<H: Metrics> Stats<H> {
             });
     }
 
-    fn count_unsent(&self, ticks: &mut TickFlow) {
-        for index in ticks.take_unsent() {
+    fn count_unsent(&self, slot: &mut PoolSlot) {
+        for index in slot.data.take_unsent() {
             self.scrape_unsent(index);
         }
     }
@@ -258,12 +259,13 @@ impl<H: Metrics> Stats<H> {
     /// configuration, then on every tick, and when discovery adds endpoints). Envoy creates each
     /// new stat name on its main thread (matching the `stats_tags` rules): a large pool's five
     /// per endpoint are spread over ticks rather than stall the configuration.
-    pub fn cover(&self, director: &Director) {
+    pub fn cover(&self, slot: &PoolSlot) {
         let Ok(mut endpoints) = self.endpoints.try_borrow_mut() else {
             return;
         };
         let known = endpoints.len();
-        for endpoint in director
+        for endpoint in slot
+            .data
             .pool()
             .endpoints
             .iter()
@@ -277,15 +279,15 @@ impl<H: Metrics> Stats<H> {
     /// Defines now every stat this pool's stats would define later (each endpoint's, the
     /// plugins' counters, and with `host_calls` the host-call counters), for a host that
     /// creates stats only while it loads the configuration (Envoy's dynamic modules).
-    pub fn define_all(&self, director: &Director, host_calls: bool) {
+    pub fn define_all(&self, slot: &PoolSlot, host_calls: bool) {
         while self
             .endpoints
             .try_borrow()
-            .is_ok_and(|known| known.len() < director.pool().endpoints.len())
+            .is_ok_and(|known| known.len() < slot.data.pool().endpoints.len())
         {
-            self.cover(director);
+            self.cover(slot);
         }
-        self.plugin_counters(director);
+        self.plugin_counters(slot);
         if host_calls {
             self.host_calls(&[0; HostCall::ALL.len()]);
         }
@@ -386,19 +388,24 @@ impl<H: Metrics> Stats<H> {
 
     /// This VM's share of the per-band queue gauges (added as a difference, so the gauges
     /// sum every VM's), and the pool's saturation.
-    pub fn flow_gauges(&self, director: &Director, now_ms: u64) {
-        let (Some(flow), Some(control)) = (&self.flow, director.flow_control()) else {
+    pub fn flow_gauges(&self, slot: &PoolSlot, now_ms: u64) {
+        let (Some(flow), Some(queue)) = (&self.flow, &slot.queue) else {
             return;
         };
         if let Ok(mut bands) = flow.bands.try_borrow_mut() {
-            for ((_, size, bytes), gauges) in control.band_load().into_iter().zip(bands.iter_mut())
+            for ((_, size, bytes), gauges) in queue
+                .control()
+                .band_load()
+                .into_iter()
+                .zip(bands.iter_mut())
             {
                 self.add_difference(gauges.size, &mut gauges.size_added, size);
                 self.add_difference(gauges.bytes, &mut gauges.bytes_added, bytes);
             }
         }
-        let percent = director
-            .pool_saturation(now_ms)
+        let percent = slot
+            .director
+            .pool_saturation(&slot.data, now_ms)
             .map_or(0, |s| (s * 100.0).round().clamp(0.0, 1e9) as u64);
         if flow.saturation_set.get() != Some(percent) {
             flow.saturation_set.set(Some(percent));
@@ -478,12 +485,12 @@ impl<H: Metrics> Stats<H> {
 
     /// The pool's gauges (the last round's duration, endpoints fresh), set by the VM that
     /// scrapes.
-    pub fn pool_gauges(&self, director: &Director, round_ms: Option<u64>) {
+    pub fn pool_gauges(&self, slot: &PoolSlot, round_ms: Option<u64>) {
         if let (Some(id), Some(ms)) = (self.scrape_round_ms, round_ms) {
             let _ = self.host.record(id, ms);
         }
         if let Some(id) = self.endpoints_fresh {
-            let pool = &director.pool().endpoints;
+            let pool = &slot.data.pool().endpoints;
             let fresh = pool.iter().filter(|e| e.health == Health::Fresh).count();
             let _ = self
                 .host
@@ -493,8 +500,8 @@ impl<H: Metrics> Stats<H> {
 
     /// Per-endpoint gauges (metrics age, the whole Envoy's requests in flight), set by the
     /// VM that scrapes.
-    pub fn endpoint_gauges(&self, director: &Director, now_ms: u64) {
-        for (index, endpoint) in director.pool().endpoints.iter().enumerate() {
+    pub fn endpoint_gauges(&self, slot: &PoolSlot, now_ms: u64) {
+        for (index, endpoint) in slot.data.pool().endpoints.iter().enumerate() {
             if let (Some(id), Some(at)) = (
                 self.endpoint(index, |e| e.metrics_age_ms),
                 endpoint.last_scrape_ok_ms,
@@ -575,7 +582,7 @@ mod tests {
         for i in 0..2500 {
             config.push_str(&format!("  - address: 10.0.{}.{}:8000\n", i / 256, i % 256));
         }
-        let director = Director::new(load(&config, 1).unwrap());
+        let director = PoolSlot::new("p".into(), load(&config, 1).unwrap());
         let defined = Defined::default();
         let stats = Stats::define(&defined, &director, crate::picker::STATS_PREFIX);
         let pool_wide = defined.0.get() - 5 * COVER_BATCH as u32;

@@ -6,10 +6,10 @@
 use crate::abi::{self, envoy, EnvoyBuffer, EnvoyPtr, ModuleBuffer, ModuleHeader};
 use crate::stream::{NativeStream, Streams};
 use crate::ticker::Ticker;
+use inference_picker_core::host::VmHost;
 use inference_picker_core::host::{
     Clock, HostCall, HostError, HttpCallouts, MetricKind, Metrics, SharedData, SharedMemory,
 };
-use inference_picker_core::vm::VmHost;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::thread::ThreadId;

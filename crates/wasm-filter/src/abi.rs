@@ -4,6 +4,7 @@
 //! never as an enum the host could overflow.
 
 use inference_picker_core::error_response::{ErrorShape, RequestError};
+use inference_picker_core::host::VmHost;
 use inference_picker_core::host::{
     encode_header_map, level_filter, Clock, HeaderPairs, HostCall, HostError, HostLogger,
     HttpCallouts, HttpHost, MetricKind, Metrics, SharedData,
@@ -11,7 +12,6 @@ use inference_picker_core::host::{
 use inference_picker_core::protocol::{
     DROPPED_REASON_HEADER, SUBSET_HINT_KEY, SUBSET_HINT_NAMESPACE,
 };
-use inference_picker_core::vm::VmHost;
 use proxy_wasm::types::{BufferType, MapType};
 use std::ptr::null_mut;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -15,6 +15,8 @@
 pub mod config;
 pub mod ledger;
 pub mod policy;
+pub mod queue;
+pub mod releases;
 
 pub use config::{BandConfig, FlowControlConfig};
 
@@ -24,6 +26,7 @@ use crate::scheduling::flow_policy::{Fairness, OrderFacts};
 use crate::scheduling::plugins::flow_control::{
     global_strict_fairness_policy, round_robin_fairness_policy,
 };
+use crate::shared_keys::SharedKeys;
 use policy::ordering_key;
 use serde::{Deserialize, Serialize};
 
@@ -107,8 +110,8 @@ pub const PUBLISHED_FRESH_MS: u64 = 5_000;
 pub struct FlowControl {
     config: FlowControlConfig,
     vm: u64,
-    /// Shared-data namespace of this configuration, and the other VMs of this Envoy.
-    namespace: String,
+    /// This configuration's shared-data keys, and the other VMs of this Envoy.
+    keys: SharedKeys,
     peers: Vec<u64>,
     /// Something changed since the last summary was published.
     unpublished: bool,
@@ -132,7 +135,7 @@ impl FlowControl {
         FlowControl {
             config,
             vm,
-            namespace: String::new(),
+            keys: SharedKeys::default(),
             peers: Vec::new(),
             unpublished: false,
             ledger_ready: false,
@@ -144,9 +147,9 @@ impl FlowControl {
         }
     }
 
-    /// Names this VM and the shared-data namespace its summaries go under.
-    pub fn attach(&mut self, namespace: &str, vm: u64) {
-        self.namespace = namespace.to_owned();
+    /// Names this VM and the shared-data keys its summaries go under.
+    pub fn attach(&mut self, keys: SharedKeys, vm: u64) {
+        self.keys = keys;
         self.vm = vm;
     }
 
@@ -161,7 +164,7 @@ impl FlowControl {
     }
 
     fn summary_key(&self, vm: u64) -> String {
-        format!("{}/flow/{vm:x}", self.namespace)
+        self.keys.flow_summary(vm)
     }
 
     /// Publishes what this VM holds and whom it served last (skipped when nothing is held
@@ -283,7 +286,7 @@ impl FlowControl {
     }
 
     fn ledger_key(&self) -> String {
-        format!("{}/flow-ledger", self.namespace)
+        self.keys.flow_ledger()
     }
 
     fn fresh_others(&self, now_ms: u64) -> impl Iterator<Item = &Published> {

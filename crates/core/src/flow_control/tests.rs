@@ -2,6 +2,7 @@ use super::*;
 use crate::harness::test;
 use crate::host::fake::FakeShared;
 use crate::scheduling::flow_policy::{FlowPolicy, Ordering};
+use crate::shared_keys::SharedKeys;
 
 fn control(section: &str) -> FlowControl {
     let raw: config::RawFlowControl = serde_yaml::from_str(section).unwrap();
@@ -12,7 +13,7 @@ fn control(section: &str) -> FlowControl {
         other => config::default_policy(other),
     };
     let mut flow = FlowControl::new(config::build(&raw, &[], &lookup).unwrap(), 1);
-    flow.attach("ns", 1);
+    flow.attach(SharedKeys::under("ns"), 1);
     flow
 }
 
@@ -184,7 +185,7 @@ fn a_client_that_leaves_takes_its_request_out() {
 fn other_vms_count_toward_limits_and_can_hold_the_next_request() {
     let store = FakeShared::default();
     let mut other = control("maxRequests: 2");
-    other.attach("ns", 2);
+    other.attach(SharedKeys::under("ns"), 2);
     other.admit(arrival(7, 0, "t"), 10, &store).unwrap();
     other.publish(&store, 10).unwrap();
     let mut here = control("maxRequests: 2");
@@ -223,7 +224,7 @@ fn round_robin_turns_are_shared_across_vms() {
     let store = FakeShared::default();
     let section = "defaultPriorityBand: {fairnessPolicyRef: rr}";
     let mut other = control(section);
-    other.attach("ns", 2);
+    other.attach(SharedKeys::under("ns"), 2);
     other.admit(arrival(7, 0, "a"), 0, &store).unwrap();
     other.dispatch(7, 5, &store).unwrap();
     other.publish(&store, 5).unwrap();

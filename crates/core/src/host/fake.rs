@@ -2,7 +2,7 @@
 //! semantics, HTTP callouts whose answers the test delivers, and a settable clock.
 
 use super::{Clock, HostCall, HostError, HttpCallouts, HttpHost, MetricKind, Metrics, SharedData};
-use crate::vm::VmHost;
+use crate::host::VmHost;
 use std::cell::{Cell, RefCell};
 use std::collections::{HashMap, HashSet};
 use std::rc::Rc;

@@ -264,6 +264,28 @@ impl HeaderPairs {
     }
 }
 
+/// What a worker VM needs from its host beyond data and callouts: its timer, the streams it
+/// acts on, and what it reports about itself. Every call may fail; none may panic.
+pub trait VmHost: SharedData + HttpCallouts + Metrics + Clock + Clone {
+    /// The current stream's calls: the stream whose callback runs, or the one last switched to.
+    type Stream: HttpHost;
+    fn stream(&self) -> Self::Stream;
+    /// Makes stream `id` the current one; an error when that stream is gone.
+    fn switch_to_stream(&self, id: u32) -> Result<(), HostError>;
+    /// Lets the current (paused) stream go on.
+    fn resume_stream(&self) -> Result<(), HostError>;
+    /// Sets the period of this VM's tick.
+    fn set_tick_period_ms(&self, period_ms: u32) -> Result<(), HostError>;
+    /// A nanosecond clock, to time decisions and the configuration.
+    fn now_ns(&self) -> Result<u64, HostError>;
+    /// This VM's linear memory, in bytes.
+    fn memory_bytes(&self) -> u64;
+    /// Host calls by kind since the last take, in [`HostCall::ALL`] order.
+    fn take_host_calls(&self) -> [u64; HostCall::ALL.len()];
+    /// Re-reads the host's log level (an operator may change it at run time).
+    fn sync_log_level(&self);
+}
+
 /// In-memory hosts for native tests, here and (with the `testing` feature) in the CLI, the
 /// benches and the integration tests.
 #[cfg(any(test, feature = "testing"))]

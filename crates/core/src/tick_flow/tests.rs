@@ -1,5 +1,6 @@
 use super::*;
 use crate::config::load;
+use crate::datalayer::{Scraped, MAX_PROBE_BACKOFF_MS};
 use crate::endpoint::Health;
 use crate::harness::test;
 use crate::host::fake::{capture_warnings, FakeClock, FakeShared, FakeVm};
@@ -14,20 +15,24 @@ const POOL: &str = "pool:
 struct Vm {
     host: FakeVm,
     flow: TickFlow,
-    director: Director,
+    slot: PoolSlot,
 }
 
 impl Vm {
     fn new(config: &str, id: u64, shared: &Rc<FakeShared>, clock: &Rc<FakeClock>) -> Self {
         Vm {
             host: FakeVm::in_process(Rc::clone(shared), Rc::clone(clock)),
-            flow: TickFlow::new(Some(Coordinator::new("test", id, INTERVAL_MS))),
-            director: Director::new(load(config, id).unwrap()),
+            flow: TickFlow::new(Some(Coordinator::new(
+                SharedKeys::under("test"),
+                id,
+                INTERVAL_MS,
+            ))),
+            slot: PoolSlot::new("test".into(), load(config, id).unwrap()),
         }
     }
 
     fn tick(&mut self) -> TickOutcome {
-        self.flow.on_tick(&self.host, &mut self.director)
+        self.flow.on_tick(&self.host, &mut self.slot)
     }
 
     /// Delivers an answer to the scrape of `address` (`None`: timeout or reset).
@@ -43,15 +48,15 @@ impl Vm {
     fn deliver(&mut self, token: u32, status: Option<&str>, body: &str) -> CalloutOutcome {
         self.host.callouts.answer(token, status, body);
         self.flow
-            .on_callout_response(&self.host, &mut self.director, token, body.len())
+            .on_callout_response(&self.host, &mut self.slot, token, body.len())
     }
 
     fn health(&self, index: usize) -> Health {
-        self.director.pool().get(index).unwrap().health
+        self.slot.data.pool().get(index).unwrap().health
     }
 
     fn queue(&self, index: usize) -> Option<f64> {
-        self.director.pool().get(index).unwrap().metrics.waiting()
+        self.slot.data.pool().get(index).unwrap().metrics.waiting()
     }
 
     fn scraped_addresses(&self) -> Vec<String> {
@@ -107,13 +112,19 @@ fn a_round_with_a_failing_and_a_hanging_pod_is_published_once_when_it_completes(
         Some("200"),
         "vllm:num_requests_waiting 3\n",
     );
-    assert_eq!(ok, CalloutOutcome::Scraped { index: 0, ok: true });
+    assert_eq!(
+        ok,
+        CalloutOutcome::Scraped {
+            index: 0,
+            scraped: Scraped::Ok
+        }
+    );
     let failed = scraper.answer("10.0.0.2:8000", Some("503"), "busy");
     assert_eq!(
         failed,
         CalloutOutcome::Scraped {
             index: 1,
-            ok: false
+            scraped: Scraped::Failed
         }
     );
     assert_eq!(
@@ -121,7 +132,7 @@ fn a_round_with_a_failing_and_a_hanging_pod_is_published_once_when_it_completes(
         None,
         "the round is not complete: nothing published"
     );
-    assert_eq!(scraper.flow.scrapes_in_flight(), 1);
+    assert_eq!(scraper.slot.data.scrapes_in_flight(), 1);
 
     // The third pod hangs past the next tick: the new round skips it and completes alone.
     clock.advance(INTERVAL_MS);
@@ -148,7 +159,7 @@ fn a_round_with_a_failing_and_a_hanging_pod_is_published_once_when_it_completes(
         scraper.deliver(hung, None, ""),
         CalloutOutcome::Scraped {
             index: 2,
-            ok: false
+            scraped: Scraped::TimedOut
         }
     );
     assert_ne!(scraper.health(2), Health::Unreachable);
@@ -225,7 +236,7 @@ fn a_slow_pod_ages_a_refusing_one_leaves_and_a_dead_one_is_probed_with_back_off(
         "{probes_of_pod_2} probes in 40 intervals"
     );
     // Once it answers it is scraped every interval again.
-    clock.advance(crate::director::MAX_PROBE_BACKOFF_MS);
+    clock.advance(MAX_PROBE_BACKOFF_MS);
     round(&mut vm, &all_ok);
     assert_eq!(vm.health(1), Health::Fresh);
     let probed = round(&mut vm, &all_ok);
@@ -272,7 +283,7 @@ fn a_host_that_refuses_every_call_fails_every_scrape() {
         assert_eq!(vm.health(index), Health::Unreachable);
     }
     assert_eq!(
-        vm.flow.take_unsent().collect::<Vec<_>>(),
+        vm.slot.data.take_unsent().collect::<Vec<_>>(),
         [0, 1, 2, 0, 1, 2]
     );
     assert_eq!(
@@ -290,7 +301,7 @@ fn a_full_host_delays_scrapes_instead_of_failing_them() {
     vm.tick();
     assert_eq!(vm.scraped_addresses(), ["10.0.0.1:8000"]);
     assert_eq!(
-        vm.flow.take_unsent().collect::<Vec<_>>(),
+        vm.slot.data.take_unsent().collect::<Vec<_>>(),
         [1],
         "counted as a failed scrape"
     );
@@ -335,7 +346,7 @@ fn a_round_is_paced_and_one_longer_than_the_interval_is_shared_once_per_interval
         "vllm:num_requests_waiting 1\n",
     );
     assert_eq!(vm.scraped_addresses().len(), 3, "an answer sends the next");
-    assert_eq!(vm.flow.scrapes_in_flight(), 2);
+    assert_eq!(vm.slot.data.scrapes_in_flight(), 2);
     // The interval ends mid-round: no new round (endpoint 1 is not scraped again), but what
     // the round learned so far is published.
     clock.advance(INTERVAL_MS);
@@ -361,7 +372,7 @@ fn a_round_is_paced_and_one_longer_than_the_interval_is_shared_once_per_interval
         Some(interim + 1),
         "published when complete"
     );
-    assert_eq!(vm.flow.last_round_ms(), Some(INTERVAL_MS + 10));
+    assert_eq!(vm.slot.data.last_round_ms(), Some(INTERVAL_MS + 10));
     assert_eq!(vm.host.callouts.refused.get(), 0);
     // The next tick starts the next round, from the first endpoint.
     clock.advance(INTERVAL_MS);
@@ -398,7 +409,7 @@ fn four_thousand_endpoints_behind_a_host_that_refuses_beyond_its_limit_are_all_s
     let (_, warnings) = capture_warnings(|| {
         for tick in 0..TICKS {
             vm.tick();
-            unsent += vm.flow.take_unsent().count();
+            unsent += vm.slot.data.take_unsent().count();
             for _ in 0..ANSWERS_PER_INTERVAL {
                 let Some(token) = vm
                     .host
@@ -411,14 +422,16 @@ fn four_thousand_endpoints_behind_a_host_that_refuses_beyond_its_limit_are_all_s
                     break;
                 };
                 answered += 1;
-                let CalloutOutcome::Scraped { index, ok: true } =
-                    vm.deliver(token, Some("200"), "vllm:num_requests_waiting 1\n")
+                let CalloutOutcome::Scraped {
+                    index,
+                    scraped: Scraped::Ok,
+                } = vm.deliver(token, Some("200"), "vllm:num_requests_waiting 1\n")
                 else {
                     panic!("a good scrape");
                 };
                 scrapes[index] += 1;
-                unsent += vm.flow.take_unsent().count();
-                assert!(vm.flow.scrapes_in_flight() <= HOST_LIMIT);
+                unsent += vm.slot.data.take_unsent().count();
+                assert!(vm.slot.data.scrapes_in_flight() <= HOST_LIMIT);
             }
             if all_scraped_at.is_none() && scrapes.iter().all(|&n| n > 0) {
                 all_scraped_at = Some(tick);
@@ -447,7 +460,8 @@ fn four_thousand_endpoints_behind_a_host_that_refuses_beyond_its_limit_are_all_s
     );
     assert_eq!(unsent, vm.host.callouts.refused.get());
     assert!(vm
-        .flow
+        .slot
+        .data
         .last_round_ms()
         .is_some_and(|ms| ms >= 13 * INTERVAL_MS));
     // Thousands of health changes and refusals: a few lines per interval, not one per endpoint.
@@ -493,12 +507,12 @@ fn discovery_applies_the_pod_list_and_a_failure_keeps_the_last_pool() {
         vm.deliver(call.token, Some("200"), &body),
         CalloutOutcome::Discovered { changed: true }
     );
-    assert_eq!(vm.director.pool().len(), 2);
+    assert_eq!(vm.slot.data.pool().len(), 2);
 
     // A follower learns the members through shared data.
     let mut follower = Vm::new(DISCOVERED, 2, &shared, &clock);
     assert!(follower.tick().members_changed);
-    assert_eq!(follower.director.address(1), Some("10.1.0.2:8000"));
+    assert_eq!(follower.slot.data.address(1), Some("10.1.0.2:8000"));
 
     // Not due before the interval; then a 500 and a garbage body keep the pool.
     clock.advance(INTERVAL_MS);
@@ -515,7 +529,7 @@ fn discovery_applies_the_pod_list_and_a_failure_keeps_the_last_pool() {
             vm.deliver(call.token, status, body),
             CalloutOutcome::Discovered { changed: false }
         );
-        assert_eq!(vm.director.pool().len(), 2, "{status:?} {body}");
+        assert_eq!(vm.slot.data.pool().len(), 2, "{status:?} {body}");
     }
 }
 
@@ -545,7 +559,10 @@ fn a_page_over_max_metrics_bytes_is_a_failed_scrape_and_never_read() {
     assert_eq!(at_cap.len(), 4096);
     assert_eq!(
         vm.answer("10.0.0.1:8000", Some("200"), &at_cap),
-        CalloutOutcome::Scraped { index: 0, ok: true },
+        CalloutOutcome::Scraped {
+            index: 0,
+            scraped: Scraped::Ok
+        },
         "exactly the cap is fine"
     );
     let read_so_far = vm.host.callouts.body_bytes_read.get();
@@ -555,7 +572,7 @@ fn a_page_over_max_metrics_bytes_is_a_failed_scrape_and_never_read() {
         vm.answer("10.0.0.2:8000", Some("200"), &over),
         CalloutOutcome::Scraped {
             index: 1,
-            ok: false
+            scraped: Scraped::Oversized
         }
     );
     assert_eq!(
@@ -571,7 +588,11 @@ fn a_page_over_max_metrics_bytes_is_a_failed_scrape_and_never_read() {
         "vllm:num_requests_waiting 0\n",
     );
     let request = crate::request::InferenceRequest::empty();
-    let routed = vm.director.route_parsed(&request).unwrap();
+    let slot = &mut vm.slot;
+    let routed = slot
+        .director
+        .route_parsed(&mut slot.data, &request)
+        .unwrap();
     assert_ne!(routed.destination, "10.0.0.2:8000");
 }
 
@@ -599,17 +620,17 @@ fn an_oversized_pod_is_warned_about_once_until_it_recovers() {
         scrape_round(&mut vm, &huge);
     }
     assert_eq!(
-        vm.flow.oversize_warnings(),
+        vm.slot.data.oversize_warnings(),
         2,
         "one per oversized pod, not one per pod per tick"
     );
-    clock.advance(crate::director::MAX_PROBE_BACKOFF_MS);
+    clock.advance(MAX_PROBE_BACKOFF_MS);
     scrape_round(&mut vm, "vllm:num_requests_waiting 0\n");
     assert_eq!(vm.health(1), Health::Fresh, "back within the cap: routable");
-    assert_eq!(vm.flow.oversize_warnings(), 2);
+    assert_eq!(vm.slot.data.oversize_warnings(), 2);
     scrape_round(&mut vm, &huge);
     assert_eq!(
-        vm.flow.oversize_warnings(),
+        vm.slot.data.oversize_warnings(),
         3,
         "oversized again after recovering: said again"
     );
@@ -627,7 +648,7 @@ fn answers_to_unknown_calls_are_ignored() {
 fn configure_loads_or_says_why_not() {
     let configured = configure(POOL.as_bytes(), 7).unwrap();
     assert_eq!(configured.tick_ms, 50);
-    assert_eq!(configured.picker.director(0).unwrap().pool().len(), 3);
+    assert_eq!(configured.picker.slot(0).unwrap().data.pool().len(), 3);
     assert_eq!(configured.ticks[0].stats_prefix, "inference_picker");
     assert!(configure(b"\xff\xfe", 7).err().unwrap().contains("UTF-8"));
     assert!(configure(b"pool: {endpoints: nope}", 7).is_err());
@@ -648,13 +669,13 @@ pools:
     let configured = configure(text.as_bytes(), 7).unwrap();
     assert_eq!(configured.tick_ms, 20);
     assert_eq!(configured.picker.len(), 2);
-    assert_eq!(configured.picker.director(1).unwrap().pool().len(), 2);
+    assert_eq!(configured.picker.slot(1).unwrap().data.pool().len(), 2);
     let [llama, qwen] = &configured.ticks[..] else {
         panic!("two pools");
     };
     assert_eq!((llama.interval_ms, qwen.interval_ms), (50, 20));
     assert_eq!(qwen.stats_prefix, "inference_picker.pool.qwen");
-    let namespace = |t: &PoolTicks| t.flow.coordinator().unwrap().namespace().to_owned();
+    let namespace = |t: &PoolTicks| t.flow.coordinator().unwrap().keys().namespace().to_owned();
     assert_ne!(
         namespace(llama),
         namespace(qwen),
@@ -710,10 +731,10 @@ fn the_scraper_learns_each_pods_models_and_the_others_read_them() {
     for ((token, _), body) in calls.iter().zip(lists) {
         a.deliver(*token, Some("200"), body);
     }
-    assert_eq!(a.director.served_models(), ["llama", "sql-lora"]);
+    assert_eq!(a.slot.data.models().served(), ["llama", "sql-lora"]);
     let outcome = b.tick();
     assert!(outcome.models_changed);
-    assert_eq!(b.director.served_models(), ["llama", "sql-lora"]);
+    assert_eq!(b.slot.data.models().served(), ["llama", "sql-lora"]);
     assert!(!b.tick().models_changed, "read once per change");
     // No new round before refreshInterval; then the adapter is unloaded on the first pod.
     clock.advance(500);
@@ -726,7 +747,7 @@ fn the_scraper_learns_each_pods_models_and_the_others_read_them() {
     let (token, _) = calls[2].clone();
     let changed = a.deliver(token, Some("200"), lists[1]);
     assert_eq!(changed, CalloutOutcome::Models { changed: true });
-    assert_eq!(a.director.served_models(), ["llama"]);
+    assert_eq!(a.slot.data.models().served(), ["llama"]);
     // A pod that cannot answer keeps what it reported; a page that is not a list is ignored.
     let (token, _) = calls[3].clone();
     assert_eq!(
@@ -734,7 +755,7 @@ fn the_scraper_learns_each_pods_models_and_the_others_read_them() {
         CalloutOutcome::Models { changed: false }
     );
     assert!(b.tick().models_changed);
-    assert_eq!(b.director.served_models(), ["llama"]);
+    assert_eq!(b.slot.data.models().served(), ["llama"]);
 }
 
 #[test]
@@ -756,8 +777,11 @@ fn every_pods_list_reaches_the_other_vms_even_when_the_pool_serves_the_same_mode
     assert!(b.tick().models_changed);
     // The other VM knows both pods serve llama, so both are candidates for it there.
     let reported: Vec<(String, Vec<String>)> = b
-        .director
-        .reported_models()
+        .slot
+        .data
+        .models()
+        .reported(b.slot.data.pool())
+        .into_iter()
         .map(|(address, models)| (address.to_owned(), models.to_vec()))
         .collect();
     assert_eq!(
@@ -780,14 +804,14 @@ fn a_pod_that_never_answers_its_models_cannot_hold_the_pools_list() {
     let calls = model_calls(&a);
     a.deliver(calls[0].0, Some("200"), r#"{"data":[{"id":"old"}]}"#);
     a.deliver(calls[1].0, Some("503"), "");
-    assert_eq!(a.director.served_models(), ["old"]);
+    assert_eq!(a.slot.data.models().served(), ["old"]);
     clock.advance(1100);
     a.tick();
     let calls = model_calls(&a);
     a.deliver(calls[2].0, Some("200"), r#"{"data":[{"id":"new"}]}"#);
     a.deliver(calls[3].0, None, "");
     assert_eq!(
-        a.director.served_models(),
+        a.slot.data.models().served(),
         ["new"],
         "the removed model is gone"
     );

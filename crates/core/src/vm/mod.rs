@@ -4,52 +4,19 @@
 //! through [`VmHost`], so every flow (request, tick, release, callout answer) runs natively in
 //! tests against the in-memory host (`host::fake::FakeVm`).
 
-use crate::director::{Director, Release};
+use crate::datalayer::CalloutOutcome;
 use crate::error_response::RequestError;
+use crate::flow_control::releases::{release_held, Callback, FLOW_TICK_MS};
 use crate::hash::hash_bytes;
-use crate::host::{Clock, HostCall, HostError, HttpCallouts, HttpHost, Metrics, SharedData};
+use crate::host::{HttpHost, VmHost};
 use crate::picker::Picker;
 use crate::request::ApiKind;
-use crate::request_flow::{self, Carried, Flow, Outcome, RequestFlow};
+use crate::request_flow::{Flow, Outcome, RequestFlow};
 use crate::stats::{FlowExit, Stats};
-use crate::tick_flow::{self, CalloutOutcome, PoolTicks};
+use crate::tick_flow::{self, PoolTicks};
 
 #[cfg(test)]
 mod tests;
-
-/// What a worker VM needs from its host beyond data and callouts: its timer, the streams it
-/// acts on, and what it reports about itself. Every call may fail; none may panic.
-pub trait VmHost: SharedData + HttpCallouts + Metrics + Clock + Clone {
-    /// The current stream's calls: the stream whose callback runs, or the one last switched to.
-    type Stream: HttpHost;
-    fn stream(&self) -> Self::Stream;
-    /// Makes stream `id` the current one; an error when that stream is gone.
-    fn switch_to_stream(&self, id: u32) -> Result<(), HostError>;
-    /// Lets the current (paused) stream go on.
-    fn resume_stream(&self) -> Result<(), HostError>;
-    /// Sets the period of this VM's tick.
-    fn set_tick_period_ms(&self, period_ms: u32) -> Result<(), HostError>;
-    /// A nanosecond clock, to time decisions and the configuration.
-    fn now_ns(&self) -> Result<u64, HostError>;
-    /// This VM's linear memory, in bytes.
-    fn memory_bytes(&self) -> u64;
-    /// Host calls by kind since the last take, in [`HostCall::ALL`] order.
-    fn take_host_calls(&self) -> [u64; HostCall::ALL.len()];
-    /// Re-reads the host's log level (an operator may change it at run time).
-    fn sync_log_level(&self);
-}
-
-/// The tick period while requests wait: another VM's freed slot (seen in its in-flight
-/// counts) reaches this VM's held requests within this long.
-pub const FLOW_TICK_MS: u32 = 5;
-
-/// Which kind of callback flow control acts from: only a root context's (a tick, a callout
-/// answer) may send local replies to held streams.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Callback {
-    Root,
-    Stream,
-}
 
 /// One pool's timer side and when its next full tick is due.
 struct PoolClock {
@@ -96,10 +63,10 @@ impl<H: VmHost> WorkerVm<H> {
             .slots()
             .iter()
             .zip(&configured.ticks)
-            .map(|(slot, ticks)| Stats::define(host.clone(), &slot.director, &ticks.stats_prefix))
+            .map(|(slot, ticks)| Stats::define(host.clone(), slot, &ticks.stats_prefix))
             .collect();
         let defined_ns = host.now_ns().unwrap_or(loaded_ns);
-        let endpoints: usize = picker.slots().iter().map(|s| s.director.pool().len()).sum();
+        let endpoints: usize = picker.slots().iter().map(|s| s.data.pool().len()).sum();
         log::info!(
             "inference-picker: configured with {endpoints} endpoints in {}ms (stats {}ms), scraping every {}ms, {} pool(s), VM id {seed:016x}",
             defined_ns.saturating_sub(started_ns) / 1_000_000,
@@ -132,8 +99,8 @@ impl<H: VmHost> WorkerVm<H> {
     /// configuration (Envoy's dynamic modules); endpoints discovered later go without.
     pub fn define_all_stats(&self) {
         for (index, stats) in self.stats.iter().enumerate() {
-            if let Some(director) = self.picker.director(index) {
-                stats.define_all(director, index == 0);
+            if let Some(slot) = self.picker.slot(index) {
+                stats.define_all(slot, index == 0);
             }
         }
     }
@@ -169,7 +136,7 @@ impl<H: VmHost> WorkerVm<H> {
         let mut models_changed = false;
         let mut log_level_synced = false;
         for (index, pool) in self.pools.iter_mut().enumerate() {
-            let Some(director) = self.picker.director_mut(index) else {
+            let Some(slot) = self.picker.slot_mut(index) else {
                 continue;
             };
             let stats = self.stats.get(index);
@@ -179,25 +146,25 @@ impl<H: VmHost> WorkerVm<H> {
             let full = now_ms.saturating_add(slack) >= pool.next_full_tick_ms;
             // Flow control's fast ticks serve the pools with requests waiting; the others
             // catch up on their full tick.
-            let waiting = flow_waiting(director, now_ms);
+            let waiting = slot.flow_waiting(now_ms);
             if full {
                 if !log_level_synced {
                     self.host.sync_log_level();
                     log_level_synced = true;
                 }
-                let outcome = pool.ticks.flow.on_tick(&self.host, director);
+                let outcome = pool.ticks.flow.on_tick(&self.host, slot);
                 if let Some(stats) = stats {
-                    stats.after_tick(director, &mut pool.ticks.flow, &outcome);
+                    stats.after_tick(slot, &outcome);
                 }
                 models_changed |= outcome.models_changed;
                 pool.next_full_tick_ms = now_ms.saturating_add(pool.ticks.interval_ms);
             } else if waiting {
                 // A flow-control tick: the whole Envoy's in-flight counts, then what may go.
-                pool.ticks.flow.exchange_load(&self.host, director, now_ms);
+                pool.ticks.flow.exchange_load(&self.host, slot, now_ms);
             }
-            if director.flow_control().is_some() && (full || waiting) {
-                refresh_flow(&self.host, director);
-                release_held(&self.host, director, stats, self.root_id, Callback::Root);
+            if let Some(queue) = slot.queue.as_mut().filter(|_| full || waiting) {
+                queue.refresh(&self.host);
+                release_held(&self.host, slot, stats, self.root_id, Callback::Root);
             }
         }
         if models_changed {
@@ -209,11 +176,15 @@ impl<H: VmHost> WorkerVm<H> {
     /// A callout's answer (`num_headers` 0: it timed out or was reset). A scrape that shows
     /// room lets held requests go at once, not at the next tick.
     pub fn on_callout_response(&mut self, token: u32, num_headers: usize, body_size: usize) {
-        let Some(index) = self.pools.iter().position(|p| p.ticks.flow.owns(token)) else {
+        let owner = (0..self.picker.len()).find(|&index| {
+            self.picker
+                .slot(index)
+                .is_some_and(|slot| slot.data.owns(token))
+        });
+        let Some(index) = owner else {
             return;
         };
-        let (Some(pool), Some(director)) =
-            (self.pools.get_mut(index), self.picker.director_mut(index))
+        let (Some(pool), Some(slot)) = (self.pools.get_mut(index), self.picker.slot_mut(index))
         else {
             return;
         };
@@ -222,11 +193,11 @@ impl<H: VmHost> WorkerVm<H> {
         let outcome = pool
             .ticks
             .flow
-            .on_callout_response(&self.host, director, token, body_size);
+            .on_callout_response(&self.host, slot, token, body_size);
         if let Some(stats) = stats {
-            stats.after_callout(director, &mut pool.ticks.flow, outcome);
+            stats.after_callout(slot, outcome);
         }
-        release_held(&self.host, director, stats, self.root_id, Callback::Root);
+        release_held(&self.host, slot, stats, self.root_id, Callback::Root);
         if let CalloutOutcome::Models { changed: true } = outcome {
             self.picker.refresh_learned_models();
         }
@@ -310,9 +281,9 @@ impl<H: VmHost> WorkerVm<H> {
     /// Flow control's part of a stream callback, in the request's pool.
     fn release_held_in_pool(&mut self, request: &RequestFlow) {
         let pool = request.pool();
-        if let Some(director) = self.picker.director_mut(pool) {
+        if let Some(slot) = self.picker.slot_mut(pool) {
             let stats = self.stats.get(pool);
-            release_held(&self.host, director, stats, request.id(), Callback::Stream);
+            release_held(&self.host, slot, stats, request.id(), Callback::Stream);
         }
     }
 
@@ -341,7 +312,7 @@ impl<H: VmHost> WorkerVm<H> {
             .picker
             .slots()
             .iter()
-            .any(|slot| flow_waiting(&slot.director, now_ms));
+            .any(|slot| slot.flow_waiting(now_ms));
         let fast = waiting && FLOW_TICK_MS < self.tick_ms;
         if fast == self.fast_ticking {
             return;
@@ -366,128 +337,5 @@ pub fn answer_no_endpoint(stream: &impl HttpHost, why: &str) {
     let path = stream.request_header(":path").unwrap_or_default();
     if let Err(host_error) = stream.send_error(&error, ApiKind::from_path(&path).error_shape()) {
         log::error!("inference-picker: sending the 503 reply: {host_error}");
-    }
-}
-
-/// Requests wait in this pool, here or (as last seen) in another VM, or refusals wait to be
-/// sent.
-fn flow_waiting(director: &Director, now_ms: u64) -> bool {
-    director
-        .flow_control()
-        .is_some_and(|flow| !(flow.idle(now_ms) && flow.settled()))
-        || director.has_deferred()
-}
-
-/// Reads what the other VMs hold.
-fn refresh_flow(store: &dyn SharedData, director: &mut Director) {
-    if let Some(flow) = director.flow_control_mut() {
-        if let Err(error) = flow.refresh(store) {
-            log::debug!("inference-picker: flow control: reading the other VMs' queues: {error}");
-        }
-    }
-}
-
-/// Flow control's part of a callback: lets out what may go (resuming or answering this VM's
-/// held streams) and publishes what this VM holds. Only a clock read while nothing waits
-/// anywhere. `current` is the callback's own context, made current again after acting on
-/// held streams.
-fn release_held<H: VmHost>(
-    host: &H,
-    director: &mut Director,
-    stats: Option<&Stats<H>>,
-    current: u32,
-    callback: Callback,
-) {
-    let root = callback == Callback::Root;
-    if director.flow_control().is_none() && !director.has_deferred() {
-        return;
-    }
-    let now_ms = host.now_ms().unwrap_or(0);
-    let quiet = director
-        .flow_control()
-        .is_none_or(|flow| flow.idle(now_ms) && flow.settled());
-    if quiet && !(root && director.has_deferred()) {
-        return;
-    }
-    let mut releases = Vec::new();
-    if root {
-        director.take_deferred(&mut releases);
-    }
-    director.releases(now_ms, host, &mut releases);
-    let switched = !releases.is_empty();
-    for release in releases {
-        carry_out_on_stream(host, director, stats, release, root);
-    }
-    if switched {
-        if let Err(error) = host.switch_to_stream(current) {
-            log::debug!("inference-picker: returning to the callback's own context: {error}");
-        }
-    }
-    if let Some(flow) = director.flow_control_mut() {
-        if let Err(error) = flow.publish(host, now_ms) {
-            log::debug!("inference-picker: flow control: publishing this VM's queue: {error}");
-        }
-    }
-    if let Some(stats) = stats {
-        stats.flow_gauges(director, now_ms);
-    }
-}
-
-/// Resumes (or answers) one released request on its own stream.
-fn carry_out_on_stream<H: VmHost>(
-    host: &H,
-    director: &mut Director,
-    stats: Option<&Stats<H>>,
-    release: Release,
-    may_answer: bool,
-) {
-    let (id, exit, waited_ms) = match &release {
-        Release::Routed {
-            id,
-            waited_ms,
-            routed,
-            ..
-        } => (
-            *id,
-            FlowExit::Dispatched {
-                primary: routed.primary,
-            },
-            *waited_ms,
-        ),
-        Release::Refused {
-            id,
-            error,
-            waited_ms,
-            ..
-        } => (*id, FlowExit::Refused(error.clone()), *waited_ms),
-    };
-    if host.switch_to_stream(id).is_err() {
-        // The stream is gone (its end already ran): give back what the pick took.
-        if let Release::Routed { routed, .. } = &release {
-            director.release(routed);
-        }
-        return;
-    }
-    let exit = match request_flow::carry_out(&host.stream(), director, release, may_answer) {
-        Carried::Resume => match host.resume_stream() {
-            Ok(()) => exit,
-            Err(error) => {
-                log::warn!("inference-picker: resuming a released request: {error}");
-                return;
-            }
-        },
-        Carried::Answered => match exit {
-            FlowExit::Dispatched { .. } => FlowExit::Refused(RequestError::NoEndpoint(
-                "the destination could not be set".into(),
-            )),
-            refused => refused,
-        },
-        Carried::Deferred(refusal) => {
-            director.defer(refusal);
-            return;
-        }
-    };
-    if let Some(stats) = stats {
-        stats.flow_left(exit, waited_ms);
     }
 }

@@ -1,0 +1,364 @@
+//! One pool's data layer: its members and what calling them taught this VM. It owns the
+//! pool's endpoints and every callout round (`/metrics` scrapes, Kubernetes discovery,
+//! `models-data-source`'s model lists): their schedule, their answers and their back-off, and
+//! it is the one writer of scraped state (`tests/architecture.rs` holds every other room to
+//! reading it). The director reads the pool to pick and counts what it placed; the tick
+//! hands in what the other VMs shared.
+
+mod discovery_calls;
+mod models;
+mod scrapes;
+
+pub use models::{ModelLists, ModelsChange};
+pub use scrapes::{Scraped, MAX_PROBE_BACKOFF_MS};
+
+use crate::config::{FilterConfig, LoadSignals, PoolConfig};
+use crate::discovery::Discovered;
+use crate::duration::duration_ms;
+use crate::endpoint::{EndpointState, Health, HealthTransition, Pool};
+use crate::host::{HttpCallouts, SharedData};
+use crate::metrics::{EndpointMetrics, ExtractError};
+use discovery_calls::DiscoveryCalls;
+use scrapes::Scrapes;
+use std::collections::BTreeMap;
+
+/// The pool's members in index order, as VMs share them: `(address, labels, removed)`.
+pub type Members = Vec<(String, BTreeMap<String, String>, bool)>;
+
+/// What a callout's answer was.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CalloutOutcome {
+    /// A `/metrics` scrape of endpoint `index`, and how it went.
+    Scraped { index: usize, scraped: Scraped },
+    /// The Kubernetes pod list; `changed` when members were added or removed.
+    Discovered { changed: bool },
+    /// A pod's model list; `changed` when the pool's models changed.
+    Models { changed: bool },
+    /// Not a call of ours (e.g. one sent before a reconfiguration).
+    Unknown,
+}
+
+/// What an answer asks of the VMs' shared state.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ToShare {
+    /// The scrape snapshot (a round completed with results the others have not seen).
+    pub snapshot: bool,
+    /// The members (discovery changed them).
+    pub members: bool,
+}
+
+pub struct DataLayer {
+    pool: Pool,
+    settings: PoolConfig,
+    /// The first endpoints come from `pool.endpoints` and are never removed by discovery.
+    static_count: usize,
+    scrapes: Scrapes,
+    discovery: DiscoveryCalls,
+    models: ModelLists,
+    /// No endpoint has fresh metrics (announced once per change).
+    all_unfresh: bool,
+}
+
+impl DataLayer {
+    /// The pool's configured members, not scraped yet; `config`'s extractors and model source.
+    pub fn new(config: &mut FilterConfig) -> Self {
+        let endpoints: Vec<EndpointState> = config
+            .pool
+            .canonical_endpoints()
+            .into_iter()
+            .map(|(address, labels)| EndpointState::new(address, labels))
+            .collect();
+        let static_count = endpoints.len();
+        DataLayer {
+            pool: Pool::new(endpoints)
+                .with_default_engine(config.default_engine.clone())
+                .with_live_load(config.pool.load_signals == LoadSignals::Live)
+                .with_replicas(config.pool.replicas),
+            settings: config.pool.clone(),
+            static_count,
+            scrapes: Scrapes::new(std::mem::take(&mut config.metric_selectors)),
+            discovery: DiscoveryCalls::default(),
+            models: ModelLists::new(config.models_source.take()),
+            // Nothing is scraped yet: not worth a warning until metrics were fresh once.
+            all_unfresh: true,
+        }
+    }
+
+    /// A data layer over `pool` as it is, for tests and benches that build pools by hand.
+    pub fn from_pool(pool: Pool, settings: PoolConfig) -> Self {
+        DataLayer {
+            static_count: pool.len(),
+            pool,
+            settings,
+            scrapes: Scrapes::default(),
+            discovery: DiscoveryCalls::default(),
+            models: ModelLists::default(),
+            all_unfresh: true,
+        }
+    }
+
+    pub fn pool(&self) -> &Pool {
+        &self.pool
+    }
+
+    pub fn settings(&self) -> &PoolConfig {
+        &self.settings
+    }
+
+    pub fn address(&self, index: usize) -> Option<&str> {
+        self.pool.get(index).map(|e| e.address.as_str())
+    }
+
+    pub fn models(&self) -> &ModelLists {
+        &self.models
+    }
+
+    /// Scrapes sent and not answered yet (answers arrive or time out).
+    pub fn scrapes_in_flight(&self) -> usize {
+        self.scrapes.in_flight()
+    }
+
+    /// How long the last complete scrape round took (ms), from its tick to its last answer.
+    pub fn last_round_ms(&self) -> Option<u64> {
+        self.scrapes.last_round_ms()
+    }
+
+    /// Warnings logged so far about pages over `pool.maxMetricsBytes`.
+    pub fn oversize_warnings(&self) -> usize {
+        self.scrapes.oversize_warnings()
+    }
+
+    /// Endpoints whose scrape the host refused since the last call, for the stats.
+    pub fn take_unsent(&mut self) -> std::vec::Drain<'_, usize> {
+        self.scrapes.take_unsent()
+    }
+
+    /// Ages every endpoint's metrics at the tick; the health changes, and whether the pool
+    /// entered (true) or left (false) the "no fresh metrics anywhere" state.
+    pub fn refresh_health(&mut self, now_ms: u64) -> (Vec<HealthTransition>, Option<bool>) {
+        let staleness = duration_ms(self.settings.metrics_staleness_threshold);
+        let transitions = self.pool.refresh_health(now_ms, staleness);
+        let all_unfresh = !self
+            .pool
+            .endpoints
+            .iter()
+            .any(|e| e.health == Health::Fresh);
+        let changed = (all_unfresh != self.all_unfresh).then_some(all_unfresh);
+        self.all_unfresh = all_unfresh;
+        self.scrapes.log_unsent();
+        (transitions, changed)
+    }
+
+    /// The scraping VM's tick: discovery, a scrape round and a model-list round when due.
+    /// Returns whether a round outlasting the interval, or one just complete, should publish
+    /// its snapshot now.
+    pub fn call_out(&mut self, host: &impl HttpCallouts, now_ms: u64) -> bool {
+        if let Some(discovery) = &self.settings.discovery {
+            self.discovery.send_when_due(host, discovery, now_ms);
+        }
+        let mid_round = self
+            .scrapes
+            .on_tick(host, &mut self.pool, &self.settings, now_ms);
+        self.models
+            .send_when_due(host, &self.pool, &self.settings, now_ms);
+        mid_round || self.scrapes.round_done(&self.settings, now_ms)
+    }
+
+    /// Another VM holds the lease: the scrapes this one had not sent are its to send.
+    pub fn hand_over(&mut self) {
+        self.scrapes.hand_over();
+    }
+
+    pub fn owns(&self, token: u32) -> bool {
+        self.discovery.owns(token) || self.scrapes.owns(token) || self.models.owns(token)
+    }
+
+    /// A callout's answer: applied to the pool, and what it asks to share. `models_key` is
+    /// where the model lists are shared (none when this VM is alone).
+    pub fn on_answer(
+        &mut self,
+        host: &(impl HttpCallouts + SharedData),
+        token: u32,
+        body_size: usize,
+        now_ms: u64,
+        scraping: bool,
+        models_key: Option<&str>,
+    ) -> (CalloutOutcome, ToShare) {
+        if self.discovery.owns(token) {
+            let changed = self.on_discovery_answer(host, body_size);
+            let share = ToShare {
+                members: changed,
+                ..ToShare::default()
+            };
+            return (CalloutOutcome::Discovered { changed }, share);
+        }
+        if self.models.owns(token) {
+            let (pool, settings) = (&self.pool, &self.settings);
+            let changed = self
+                .models
+                .on_answer(host, pool, settings, models_key, token, body_size);
+            return (CalloutOutcome::Models { changed }, ToShare::default());
+        }
+        let answer = self.scrapes.on_answer(
+            host,
+            &mut self.pool,
+            &self.settings,
+            token,
+            body_size,
+            now_ms,
+            scraping,
+        );
+        match answer {
+            Some((index, scraped, snapshot)) => (
+                CalloutOutcome::Scraped { index, scraped },
+                ToShare {
+                    snapshot,
+                    ..ToShare::default()
+                },
+            ),
+            None => (CalloutOutcome::Unknown, ToShare::default()),
+        }
+    }
+
+    /// The snapshot holds results not published yet.
+    pub fn unpublished(&self) -> bool {
+        self.scrapes.unpublished()
+    }
+
+    pub fn mark_published(&mut self) {
+        self.scrapes.mark_published();
+    }
+
+    fn on_discovery_answer(&mut self, host: &impl HttpCallouts, body_size: usize) -> bool {
+        let Some(discovery) = &self.settings.discovery else {
+            return false;
+        };
+        let Some(found) = self.discovery.on_answer(host, discovery, body_size) else {
+            return false;
+        };
+        let (added, removed) = self.set_discovered(&found);
+        if added.is_empty() && removed.is_empty() {
+            return false;
+        }
+        log::info!("inference-picker: discovery: added {added:?}, removed {removed:?}");
+        true
+    }
+
+    /// Applies what discovery found: the configured static endpoints always stay. Returns the
+    /// addresses added and removed.
+    pub fn set_discovered(&mut self, discovered: &[Discovered]) -> (Vec<String>, Vec<String>) {
+        self.pool.set_members(discovered, self.static_count)
+    }
+
+    /// The pool's members in index order, for the other VMs.
+    pub fn members(&self) -> Members {
+        self.pool
+            .endpoints
+            .iter()
+            .map(|e| (e.address.clone(), e.labels.clone(), e.removed))
+            .collect()
+    }
+
+    /// Applies another VM's membership list, keeping the same index order.
+    pub fn apply_members(&mut self, members: &Members) {
+        let listed: Vec<Discovered> = members
+            .iter()
+            .map(|(address, labels, _)| (address.clone(), labels.clone()))
+            .collect();
+        self.pool.set_members(&listed, self.static_count);
+        for (address, _, removed) in members {
+            if let Some(index) = self.pool.index_of(address) {
+                if let Some(endpoint) = self.pool.endpoints.get_mut(index) {
+                    endpoint.removed = *removed && index >= self.static_count;
+                }
+            }
+        }
+    }
+
+    /// The model lists the scraping VM shared; returns whether the pool's models changed.
+    pub fn apply_shared_models(
+        &mut self,
+        store: &impl SharedData,
+        key: &str,
+        now_ms: u64,
+        members_changed: bool,
+    ) -> bool {
+        match self
+            .models
+            .apply_shared(store, key, &self.pool, now_ms, members_changed)
+        {
+            Ok(changed) => changed,
+            Err(error) => {
+                log::debug!("inference-picker: reading the pool's models: {error}");
+                false
+            }
+        }
+    }
+
+    /// A scrape result the scraping VM shared: metrics taken at `ok_ms`, or a failure. Older
+    /// results than the ones already held are ignored.
+    pub fn apply_shared_scrape(
+        &mut self,
+        address: &str,
+        ok_ms: Option<u64>,
+        failed: bool,
+        metrics: &EndpointMetrics,
+    ) {
+        if let Some(index) = self.pool.index_of(address) {
+            self.pool.apply_shared(index, ok_ms, failed, metrics);
+        }
+    }
+
+    /// The other VMs' in-flight counts, summed per endpoint (index order).
+    pub fn set_remote_in_flight(&mut self, sums: &[(u32, u64)]) {
+        for (index, endpoint) in self.pool.endpoints.iter_mut().enumerate() {
+            let (requests, tokens) = sums.get(index).copied().unwrap_or((0, 0));
+            endpoint.remote_in_flight = requests;
+            endpoint.remote_in_flight_tokens = tokens;
+        }
+    }
+
+    /// A request of `tokens` was placed on `index`.
+    pub fn add_in_flight(&mut self, index: usize, tokens: u64) {
+        self.pool.add_in_flight(index, tokens);
+    }
+
+    /// That request ended, however it ended.
+    pub fn end_in_flight(&mut self, index: usize, tokens: u64) {
+        self.pool.release_in_flight(index, tokens);
+    }
+
+    /// A request routed to `index` failed at the pod: avoid it until `until_ms`. Returns true
+    /// if it was not already avoided.
+    pub fn back_off(&mut self, index: usize, until_ms: u64) -> bool {
+        self.pool.back_off(index, until_ms)
+    }
+
+    /// A `/metrics` body for endpoint `index`, as if a scrape had answered it now (the CLI's
+    /// `explain`, the benches and tests feed metrics this way).
+    pub fn scrape_answered(
+        &mut self,
+        index: usize,
+        now_ms: u64,
+        body: &str,
+    ) -> Result<(), ExtractError> {
+        self.scrapes
+            .ok(&mut self.pool, &self.settings, index, now_ms, body)
+    }
+
+    /// What endpoint `index` reported at its model list, as if its `/v1/models` had answered
+    /// so now.
+    pub fn models_answered(&mut self, index: usize, models: Vec<String>) -> ModelsChange {
+        self.models.set_endpoint_models(&self.pool, index, models)
+    }
+
+    /// Every pod's reported model list, as another VM would apply it.
+    pub fn apply_reported_models(&mut self, reported: &[(String, Vec<String>)]) -> ModelsChange {
+        self.models.apply_reported(&self.pool, reported)
+    }
+
+    /// A scrape of endpoint `index` failed, as if a scrape had answered so now.
+    pub fn scrape_failed(&mut self, index: usize) {
+        self.scrapes.failed(&mut self.pool, &self.settings, index);
+    }
+}

@@ -1,0 +1,84 @@
+//! Every shared-data key, built here and nowhere else. A configuration's keys live under one
+//! namespace: a configuration update starts a fresh one, so old VMs' leases and ledgers do not
+//! interfere; so does a build that shares data in another format.
+
+use crate::hash::hash_bytes;
+
+/// The version of what VMs share (values and block hashes): a VM of another version uses
+/// other keys.
+const SHARED_FORMAT: u32 = 2;
+
+/// One pool's keys in one configuration.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SharedKeys {
+    namespace: String,
+}
+
+impl SharedKeys {
+    /// The keys of `pool` (named when the configuration lists several) under the configuration
+    /// `text`.
+    pub fn for_config(text: &[u8], pool: Option<&str>) -> Self {
+        let base = format!("inference-picker/{SHARED_FORMAT}/{:x}", hash_bytes(0, text));
+        let namespace = match pool {
+            Some(name) => format!("{base}/{name}"),
+            None => base,
+        };
+        SharedKeys { namespace }
+    }
+
+    /// Keys under an explicit namespace (tests).
+    pub fn under(namespace: &str) -> Self {
+        SharedKeys {
+            namespace: namespace.to_owned(),
+        }
+    }
+
+    pub fn namespace(&self) -> &str {
+        &self.namespace
+    }
+
+    /// The scraper's lease.
+    pub fn lease(&self) -> String {
+        format!("{}/lease", self.namespace)
+    }
+
+    /// The scraper's snapshot of every endpoint's latest scrape.
+    pub fn snapshot(&self) -> String {
+        format!("{}/snapshot", self.namespace)
+    }
+
+    /// The VMs of this Envoy.
+    pub fn vms(&self) -> String {
+        format!("{}/vms", self.namespace)
+    }
+
+    /// The pool's members, as discovery found them.
+    pub fn members(&self) -> String {
+        format!("{}/members", self.namespace)
+    }
+
+    /// What each pod reported at its model list (`models-data-source`).
+    pub fn models(&self) -> String {
+        format!("{}/models", self.namespace)
+    }
+
+    /// VM `vm`'s in-flight counts.
+    pub fn load(&self, vm: u64) -> String {
+        format!("{}/load/{vm:x}", self.namespace)
+    }
+
+    /// VM `vm`'s prefix-index picks.
+    pub fn prefix(&self, vm: u64) -> String {
+        format!("{}/prefix/{vm:x}", self.namespace)
+    }
+
+    /// VM `vm`'s flow-control summary (what it holds).
+    pub fn flow_summary(&self, vm: u64) -> String {
+        format!("{}/flow/{vm:x}", self.namespace)
+    }
+
+    /// Flow control's Envoy-wide ledger.
+    pub fn flow_ledger(&self) -> String {
+        format!("{}/flow-ledger", self.namespace)
+    }
+}
