@@ -1,0 +1,109 @@
+//! How the last decision is shown: one log line, one row per candidate, or the first
+//! profile's totals as JSON.
+
+use super::Scheduler;
+use crate::endpoint::Pool;
+use std::fmt::Write;
+
+impl Scheduler {
+    /// The first profile's weighted totals in the last decision, as a JSON object
+    /// `{"ip:port": total, ...}` over every endpoint it scored.
+    pub fn scores_json(&self, pool: &Pool) -> String {
+        let mut json = String::from("{");
+        if let Some(trace) = self.traces.iter().take(self.traces_used).next() {
+            for (i, &endpoint) in trace.candidates.iter().enumerate() {
+                let (Some(address), Some(total)) = (pool.get(endpoint), trace.totals.get(i)) else {
+                    continue;
+                };
+                if json.len() > 1 {
+                    json.push(',');
+                }
+                let total = if total.is_finite() { *total } else { 0.0 };
+                let _ = write!(json, "\"{}\":{total:.4}", address.address);
+            }
+        }
+        json.push('}');
+        json
+    }
+
+    /// One line describing the last decision: per profile, every candidate's total and every
+    /// scorer's score. Only built when someone will read it.
+    pub fn explain(&self, pool: &Pool) -> String {
+        let mut line = String::new();
+        let mut profile = "";
+        for row in self.explain_rows(pool) {
+            if row.profile != profile {
+                if !profile.is_empty() {
+                    line.push_str("] ");
+                }
+                profile = row.profile;
+                let _ = write!(line, "profile={profile} candidates=[");
+            } else {
+                line.push_str(", ");
+            }
+            let _ = write!(line, "{} total={:.3} (", row.address, row.total);
+            for (k, (name, score, weight)) in row.scores.iter().enumerate() {
+                let _ = write!(
+                    line,
+                    "{}{name}={score:.3}x{weight}",
+                    if k > 0 { " " } else { "" }
+                );
+            }
+            line.push(')');
+            if let Some(ttft) = row.predicted_ttft_ms {
+                let _ = write!(line, " predicted_ttft_ms={ttft:.0}");
+            }
+        }
+        if !profile.is_empty() {
+            line.push(']');
+        }
+        line
+    }
+
+    /// The last decision, one row per profile and candidate, in the order they ran.
+    pub fn explain_rows<'a>(&'a self, pool: &'a Pool) -> Vec<ExplainRow<'a>> {
+        let mut rows = Vec::new();
+        for trace in self.traces.iter().take(self.traces_used) {
+            let Some(profile) = self.profiles.get(trace.profile) else {
+                continue;
+            };
+            let n = trace.candidates.len();
+            for (i, &endpoint) in trace.candidates.iter().enumerate() {
+                let scores = profile
+                    .scorers
+                    .iter()
+                    .enumerate()
+                    .map(|(k, scorer)| {
+                        let name = self
+                            .plugins
+                            .get(scorer.plugin)
+                            .map_or("?", |p| p.name.as_str());
+                        let score = trace.scores.get(k * n + i).copied().unwrap_or(0.0);
+                        (name, score, scorer.weight)
+                    })
+                    .collect();
+                let predicted = self.cycle.latency.as_ref().and_then(|l| l.get(endpoint));
+                rows.push(ExplainRow {
+                    profile: profile.name.as_str(),
+                    address: pool.get(endpoint).map_or("?", |e| e.address.as_str()),
+                    total: trace.totals.get(i).copied().unwrap_or(0.0),
+                    scores,
+                    predicted_ttft_ms: predicted.map(|p| p.ttft_ms),
+                });
+            }
+        }
+        rows
+    }
+}
+
+/// One candidate of one profile in the last decision.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ExplainRow<'a> {
+    pub profile: &'a str,
+    pub address: &'a str,
+    pub total: f64,
+    /// `(scorer name, clamped score, weight)`.
+    pub scores: Vec<(&'a str, f64, f64)>,
+    /// `predicted-latency-producer`'s TTFT for the request there, ms.
+    pub predicted_ttft_ms: Option<f64>,
+}
