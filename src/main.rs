@@ -14,7 +14,7 @@
 
 use inference_picker_core::config::{load_set, PoolSet};
 use inference_picker_core::endpoint::Health;
-use inference_picker_core::flow_control::policy::{fairness_type, ordering_type};
+use inference_picker_core::flow_control::policy_plugins::{fairness_type, ordering_type};
 use inference_picker_core::flow_control::DEFAULT_FAIRNESS_ID;
 use inference_picker_core::host::fake::FakeVm;
 use inference_picker_core::picker::Picker;

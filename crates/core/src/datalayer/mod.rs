@@ -325,7 +325,7 @@ impl DataLayer {
 
     /// That request ended, however it ended.
     pub fn end_in_flight(&mut self, index: usize, tokens: u64) {
-        self.pool.release_in_flight(index, tokens);
+        self.pool.end_in_flight(index, tokens);
     }
 
     /// A request routed to `index` failed at the pod: avoid it until `until_ms`. Returns true

@@ -95,7 +95,12 @@ pub fn reserve(
 }
 
 /// Counts one waiting request less.
-pub fn release(store: &dyn SharedData, key: &str, band: i32, bytes: u64) -> Result<(), HostError> {
+pub fn unreserve(
+    store: &dyn SharedData,
+    key: &str,
+    band: i32,
+    bytes: u64,
+) -> Result<(), HostError> {
     update(store, key, |ledger| {
         ledger.apply(band, bytes, false);
         true

@@ -14,20 +14,21 @@
 
 pub mod config;
 pub mod ledger;
-pub mod policy;
+pub mod policies;
+pub mod policy_plugins;
 pub mod queue;
 pub mod releases;
 
 pub use config::{BandConfig, FlowControlConfig};
 
 use crate::error_response::Dropped;
+use crate::flow_control::policies::{Fairness, OrderFacts};
 use crate::host::{HostError, SharedData};
-use crate::scheduling::flow_policy::{Fairness, OrderFacts};
 use crate::scheduling::plugins::flow_control::{
     global_strict_fairness_policy, round_robin_fairness_policy,
 };
 use crate::shared_keys::SharedKeys;
-use policy::ordering_key;
+use policy_plugins::ordering_key;
 use serde::{Deserialize, Serialize};
 
 /// The flow of requests that name no fairness id (llm-d's name for it).
@@ -427,7 +428,8 @@ impl FlowControl {
         let index = self.waiting.iter().position(|w| w.id == id)?;
         let waiting = self.waiting.remove(index);
         self.unpublished = true;
-        if let Err(error) = ledger::release(store, &self.ledger_key(), waiting.band, waiting.bytes)
+        if let Err(error) =
+            ledger::unreserve(store, &self.ledger_key(), waiting.band, waiting.bytes)
         {
             log::warn!("inference-picker: flow control: uncounting a held request: {error}");
         }

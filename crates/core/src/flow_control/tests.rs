@@ -1,7 +1,7 @@
 use super::*;
+use crate::flow_control::policies::{FlowPolicy, Ordering};
 use crate::harness::test;
 use crate::host::fake::FakeShared;
-use crate::scheduling::flow_policy::{FlowPolicy, Ordering};
 use crate::shared_keys::SharedKeys;
 
 fn control(section: &str) -> FlowControl {

@@ -8,7 +8,6 @@
 //! name `crate::scheduling::X` whichever file `X` lives in.
 
 mod cycle;
-pub mod flow_policy;
 pub mod plugins;
 pub mod prefix_home;
 pub mod prefix_index;

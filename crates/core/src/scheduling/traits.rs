@@ -3,10 +3,10 @@
 //! plugin list it is itself part of.
 
 use super::cycle::{CycleState, LearnedPrefix, SchedulingContext, Wiring};
-use super::flow_policy::FlowPolicy;
 use super::profile::{Profile, ProfileResult};
 use super::rng::Rng;
 use crate::endpoint::{EndpointState, LoadView, Pool};
+use crate::flow_control::policies::FlowPolicy;
 use crate::metrics::MetricSelector;
 use crate::request::InferenceRequest;
 

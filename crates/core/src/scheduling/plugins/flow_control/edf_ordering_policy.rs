@@ -3,7 +3,7 @@
 //! while the pool has no endpoint). Consumes arrival and TTL; no parameters.
 
 use super::no_parameters_policy;
-use crate::scheduling::flow_policy::{FlowPolicy, OrderFacts, Ordering};
+use crate::flow_control::policies::{FlowPolicy, OrderFacts, Ordering};
 use crate::scheduling::plugins::spec::{effective, Kind, NoParameters, PluginSpec};
 use crate::scheduling::Plugin;
 use serde_yaml::Value;
@@ -25,7 +25,7 @@ pub fn key(facts: &OrderFacts) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::flow_control::policy::ordering_key;
+    use crate::flow_control::policy_plugins::ordering_key;
     use crate::harness::test;
 
     #[test]

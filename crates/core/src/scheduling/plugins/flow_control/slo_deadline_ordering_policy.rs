@@ -4,7 +4,7 @@
 //! Consumes that header; no parameters.
 
 use super::no_parameters_policy;
-use crate::scheduling::flow_policy::{FlowPolicy, OrderFacts, Ordering};
+use crate::flow_control::policies::{FlowPolicy, OrderFacts, Ordering};
 use crate::scheduling::plugins::spec::{effective, Data, Kind, NoParameters, PluginSpec};
 use crate::scheduling::Plugin;
 use serde_yaml::Value;
@@ -29,7 +29,7 @@ pub fn key(facts: &OrderFacts) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::flow_control::policy::ordering_key;
+    use crate::flow_control::policy_plugins::ordering_key;
     use crate::harness::test;
 
     #[test]
