@@ -1,5 +1,9 @@
-//! The workspace's shape, checked: the core cannot name the host SDK, the filter only carries
-//! out what the core decides, and no module of the core imports one that imports it back.
+//! The workspace's shape, checked: the core cannot name the host SDK, the edges only carry
+//! out what the core decides, no module of any crate imports one that imports it back, and
+//! each kind of state has one owner: the data layer writes the pool's scraped state, the
+//! director and the coordinator reach in-flight counts and prefix placements only through the
+//! learned-state interface, shared-data keys are built in one file, and flow control's queue
+//! is reached only through `flow_control`.
 //!
 //! The import graph is read from the sources: every `crate::a::b` path, every `super::x`, and
 //! every `use x::...` of a child module, outside comments, string literals and `#[cfg(test)]`
@@ -30,7 +34,12 @@ fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
 
 /// `src/config/build.rs` -> `config::build`; `src/config/mod.rs` -> `config`.
 fn module_of(path: &Path) -> String {
-    let relative = path.strip_prefix(src()).expect("under src");
+    module_under(&src(), path)
+}
+
+/// `path`'s module within the crate whose sources are under `root`.
+fn module_under(root: &Path, path: &Path) -> String {
+    let relative = path.strip_prefix(root).expect("under the crate's sources");
     let mut parts: Vec<String> = relative
         .with_extension("")
         .iter()
@@ -89,12 +98,17 @@ fn longest_module(modules: &BTreeSet<String>, parts: &[&str]) -> Option<String> 
 }
 
 fn import_graph() -> BTreeMap<String, BTreeSet<String>> {
+    import_graph_of(&src())
+}
+
+/// The import graph of the crate whose sources are under `root`.
+fn import_graph_of(root: &Path) -> BTreeMap<String, BTreeSet<String>> {
     let mut files = Vec::new();
-    rust_files(&src(), &mut files);
-    let modules: BTreeSet<String> = files.iter().map(|f| module_of(f)).collect();
+    rust_files(root, &mut files);
+    let modules: BTreeSet<String> = files.iter().map(|f| module_under(root, f)).collect();
     let mut graph: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
     for file in &files {
-        let module = module_of(file);
+        let module = module_under(root, file);
         let code = code_of(&std::fs::read_to_string(file).expect("readable source"));
         let parent: Vec<&str> = module.split("::").collect();
         let parent = &parent[..parent.len().saturating_sub(1)];
@@ -167,6 +181,159 @@ fn no_module_imports_one_that_imports_it_back() {
     if let Some(cycle) = find_cycle(&graph) {
         panic!("import cycle: {}", cycle.join(" -> "));
     }
+}
+
+/// Every crate of the workspace, the edges and the tools included: none has a cycle either.
+#[test]
+fn no_module_of_any_crate_imports_one_that_imports_it_back() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let sources = [
+        crates().join("wasm-filter/src"),
+        crates().join("dynamic-module/src"),
+        root.join("bench/extproc/src"),
+        root.join("tools/wasm-exports/src"),
+    ];
+    for crate_src in sources {
+        let graph = import_graph_of(&crate_src);
+        if let Some(cycle) = find_cycle(&graph) {
+            panic!(
+                "import cycle in {}: {}",
+                crate_src.display(),
+                cycle.join(" -> ")
+            );
+        }
+    }
+    let module = import_graph_of(&crates().join("dynamic-module/src"));
+    assert!(
+        module.len() >= 4,
+        "the module's graph looks unread: {module:?}"
+    );
+}
+
+/// Where each call that writes one kind of state appears, by module: the calls named in
+/// `calls` may appear only in `owners` (a module or its children).
+fn only_owners_call(calls: &[&str], owners: &[&str]) -> Vec<String> {
+    let mut found = Vec::new();
+    for file in production_files() {
+        let module = module_of(&file);
+        let owned = owners
+            .iter()
+            .any(|owner| module == *owner || module.starts_with(&format!("{owner}::")));
+        if owned {
+            continue;
+        }
+        let code = code_of(&std::fs::read_to_string(&file).expect("readable source"));
+        for call in calls {
+            if code.contains(&format!(".{call}(")) {
+                found.push(format!("{module} calls {call}"));
+            }
+        }
+    }
+    found
+}
+
+/// The core's sources that are not unit-test modules (`tests.rs` and the files under a
+/// `tests/` folder): tests drive every room directly.
+fn production_files() -> Vec<PathBuf> {
+    let mut files = Vec::new();
+    rust_files(&src(), &mut files);
+    files
+        .into_iter()
+        .filter(|file| !module_of(file).split("::").any(|part| part == "tests"))
+        .collect()
+}
+
+#[test]
+fn only_the_data_layer_writes_scraped_state() {
+    let writes = [
+        "record_scrape_ok",
+        "record_scrape_failure",
+        "record_scrape_timeout",
+        "apply_shared",
+        "mark_scrape_sent",
+        "refresh_health",
+        "set_members",
+        "back_off",
+    ];
+    let outside = only_owners_call(&writes, &["endpoint", "datalayer"]);
+    // The tick asks the data layer to refresh health (its own method of the same name).
+    let outside: Vec<String> = outside
+        .into_iter()
+        .filter(|line| line != "tick_flow calls refresh_health")
+        .collect();
+    assert!(
+        outside.is_empty(),
+        "scraped state written outside the data layer: {outside:?}"
+    );
+    assert!(
+        !only_owners_call(&writes, &["endpoint"]).is_empty(),
+        "the check looks unread: the data layer itself writes"
+    );
+}
+
+#[test]
+fn only_flow_control_reaches_its_ledger_and_queue() {
+    let ledger = ["expire", "pick_local", "set_has_endpoints", "clear_for"];
+    let outside = only_owners_call(&ledger, &["flow_control"]);
+    assert!(
+        outside.is_empty(),
+        "flow control's queue reached from outside: {outside:?}"
+    );
+    let queue = ["take_deferred", "releases", "record_dispatched"];
+    let outside = only_owners_call(&queue, &["flow_control"]);
+    assert!(
+        outside.is_empty(),
+        "held requests released outside flow control: {outside:?}"
+    );
+}
+
+#[test]
+fn shared_data_keys_are_built_in_one_place() {
+    let mut builders = Vec::new();
+    for file in production_files() {
+        let text = std::fs::read_to_string(&file).expect("readable source");
+        let text = text.split("#[cfg(test)]").next().unwrap_or_default();
+        let suffixes = [
+            "}/lease\"",
+            "}/snapshot\"",
+            "}/members\"",
+            "}/models\"",
+            "}/vms\"",
+            "}/load/",
+            "}/prefix/",
+            "}/flow/",
+            "}/flow-ledger",
+            "\"inference-picker/",
+        ];
+        if suffixes.iter().any(|suffix| text.contains(suffix)) {
+            builders.push(module_of(&file));
+        }
+    }
+    assert_eq!(
+        builders,
+        ["shared_keys"],
+        "shared-data keys built outside shared_keys.rs"
+    );
+}
+
+#[test]
+fn a_request_is_decided_and_a_pool_ticked_through_one_entry() {
+    // Scheduling a request: only the decision (`PoolSlot::decide`) and flow control's
+    // releases call the director's scheduling; the edges reach neither.
+    let outside = only_owners_call(
+        &["route_prepared", "route_parsed"],
+        &["picker", "flow_control", "director"],
+    );
+    assert!(
+        outside.is_empty(),
+        "a second way to schedule a request: {outside:?}"
+    );
+    // A pool's tick: only the worker VM drives it.
+    let outside = only_owners_call(&["on_tick", "on_callout_response"], &["vm", "tick_flow"]);
+    assert!(
+        outside.is_empty(),
+        "a second way to tick a pool: {outside:?}"
+    );
 }
 
 #[test]

@@ -156,9 +156,9 @@ impl DataLayer {
         if let Some(discovery) = &self.settings.discovery {
             self.discovery.send_when_due(host, discovery, now_ms);
         }
-        let mid_round = self
-            .scrapes
-            .on_tick(host, &mut self.pool, &self.settings, now_ms);
+        let mid_round =
+            self.scrapes
+                .start_or_continue_round(host, &mut self.pool, &self.settings, now_ms);
         self.models
             .send_when_due(host, &self.pool, &self.settings, now_ms);
         mid_round || self.scrapes.round_done(&self.settings, now_ms)

@@ -123,7 +123,7 @@ impl Scrapes {
     /// The scraper's tick: starts a round when the last one was all sent, or carries on with
     /// the last one. Returns true when a round outlasting the interval should publish what it
     /// learned so far (once per interval).
-    pub fn on_tick(
+    pub fn start_or_continue_round(
         &mut self,
         host: &impl HttpCallouts,
         pool: &mut Pool,
