@@ -273,7 +273,13 @@ fn only_the_data_layer_writes_scraped_state() {
 
 #[test]
 fn only_flow_control_reaches_its_ledger_and_queue() {
-    let ledger = ["expire", "pick_local", "set_has_endpoints", "clear_for"];
+    let ledger = [
+        "expire",
+        "pick_local",
+        "set_has_endpoints",
+        "clear_for",
+        "unreserve",
+    ];
     let outside = only_owners_call(&ledger, &["flow_control"]);
     assert!(
         outside.is_empty(),
