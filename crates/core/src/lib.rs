@@ -20,6 +20,7 @@ pub mod hash;
 pub mod host;
 pub mod label_selector;
 pub mod latency;
+pub mod learned;
 pub mod limits;
 pub mod metrics;
 pub mod pace;

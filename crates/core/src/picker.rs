@@ -9,7 +9,9 @@ use crate::error_response::RequestError;
 use crate::flow_control::queue::{Admission, Queue};
 use crate::flow_control::{Arrival, FlowControl};
 use crate::host::SharedData;
+use crate::learned::{InFlight, Learned};
 use crate::request::{ApiKind, RequestHeaders};
+use crate::scheduling::LearnedPrefix;
 use hashbrown::HashMap;
 
 /// Every stat's name starts with it.
@@ -21,6 +23,29 @@ pub fn stats_prefix(pool_name: Option<&str>) -> String {
     match pool_name {
         None => STATS_PREFIX.to_owned(),
         Some(name) => format!("{STATS_PREFIX}.pool.{name}"),
+    }
+}
+
+impl Learned for PoolSlot {
+    fn own_in_flight(&self, out: &mut Vec<InFlight>) {
+        let endpoints = &self.data.pool().endpoints;
+        out.extend(endpoints.iter().map(|e| (e.in_flight, e.in_flight_tokens)));
+    }
+
+    fn merge_in_flight(&mut self, others: &[InFlight]) {
+        self.data.set_remote_in_flight(others);
+    }
+
+    fn take_placements(&mut self, out: &mut Vec<LearnedPrefix>) {
+        self.director.take_learned(out);
+    }
+
+    fn merge_placement(&mut self, placement: &LearnedPrefix) {
+        self.director.learn_remote(&self.data, placement);
+    }
+
+    fn endpoints(&self) -> usize {
+        self.data.pool().len()
     }
 }
 

@@ -8,6 +8,7 @@
 use crate::datalayer::DataLayer;
 use crate::endpoint::Pool;
 use crate::host::{HostError, SharedData};
+use crate::learned::Learned;
 use crate::metrics::EndpointMetrics;
 use crate::scheduling::LearnedPrefix;
 use crate::shared_keys::SharedKeys;
@@ -244,18 +245,15 @@ impl Coordinator {
     pub fn exchange_load(
         &mut self,
         store: &impl SharedData,
-        data: &mut DataLayer,
+        learned: &mut impl Learned,
         now_ms: u64,
     ) -> Result<(), HostError> {
         self.register(store)?;
+        let mut counts = Vec::with_capacity(learned.endpoints());
+        learned.own_in_flight(&mut counts);
         let own = Load {
             stamp_ms: now_ms,
-            counts: data
-                .pool()
-                .endpoints
-                .iter()
-                .map(|e| (e.in_flight, e.in_flight_tokens))
-                .collect(),
+            counts,
         };
         publish(store, &self.load_key, &own)?;
         let mut sums = vec![(0u32, 0u64); own.counts.len()];
@@ -273,7 +271,7 @@ impl Coordinator {
                 sum.1 = sum.1.saturating_add(tokens);
             }
         }
-        data.set_remote_in_flight(&sums);
+        learned.merge_in_flight(&sums);
         Ok(())
     }
 
@@ -477,6 +475,11 @@ mod tests {
         DataLayer::from_pool(pool(), crate::config::PoolConfig::default())
     }
 
+    fn slot() -> crate::picker::PoolSlot {
+        let config = "pool: {endpoints: [{address: '10.0.0.1:8000'}, {address: '10.0.0.2:8000'}]}";
+        crate::picker::PoolSlot::new("p".into(), crate::config::load(config, 1).unwrap())
+    }
+
     #[test]
     fn one_scraper_and_takeover_within_two_intervals() {
         let store = FakeShared::default();
@@ -537,20 +540,23 @@ mod tests {
         let store = FakeShared::default();
         let mut a = Coordinator::new(SharedKeys::under("ns"), 1, 50);
         let mut b = Coordinator::new(SharedKeys::under("ns"), 2, 50);
-        let (mut pool_a, mut pool_b) = (data(), data());
-        pool_a.add_in_flight(0, 100);
-        pool_b.add_in_flight(0, 10);
-        pool_b.add_in_flight(1, 5);
+        let (mut pool_a, mut pool_b) = (slot(), slot());
+        pool_a.data.add_in_flight(0, 100);
+        pool_b.data.add_in_flight(0, 10);
+        pool_b.data.add_in_flight(1, 5);
         a.exchange_load(&store, &mut pool_a, 1000).unwrap();
         b.exchange_load(&store, &mut pool_b, 1000).unwrap();
         a.exchange_load(&store, &mut pool_a, 1050).unwrap();
-        assert_eq!(pool_a.pool().endpoints[0].total_in_flight(), 2);
-        assert_eq!(pool_a.pool().endpoints[0].total_in_flight_tokens(), 110);
-        assert_eq!(pool_a.pool().endpoints[1].total_in_flight(), 1);
-        assert_eq!(pool_b.pool().endpoints[0].remote_in_flight, 1);
+        assert_eq!(pool_a.data.pool().endpoints[0].total_in_flight(), 2);
+        assert_eq!(
+            pool_a.data.pool().endpoints[0].total_in_flight_tokens(),
+            110
+        );
+        assert_eq!(pool_a.data.pool().endpoints[1].total_in_flight(), 1);
+        assert_eq!(pool_b.data.pool().endpoints[0].remote_in_flight, 1);
         // b goes away: after six intervals its counts stop counting.
         a.exchange_load(&store, &mut pool_a, 1000 + 301).unwrap();
-        assert_eq!(pool_a.pool().endpoints[1].total_in_flight(), 0);
+        assert_eq!(pool_a.data.pool().endpoints[1].total_in_flight(), 0);
     }
 
     #[test]
@@ -558,7 +564,7 @@ mod tests {
         let store = FakeShared::default();
         let mut a = Coordinator::new(SharedKeys::under("ns"), 1, 50);
         let mut b = Coordinator::new(SharedKeys::under("ns"), 2, 50);
-        let (mut pool_a, mut pool_b) = (data(), data());
+        let (mut pool_a, mut pool_b) = (slot(), slot());
         a.exchange_load(&store, &mut pool_a, 0).unwrap();
         b.exchange_load(&store, &mut pool_b, 0).unwrap();
         a.exchange_load(&store, &mut pool_a, 0).unwrap();

@@ -8,6 +8,7 @@ use crate::datalayer::{CalloutOutcome, ToShare};
 use crate::duration::duration_ms;
 use crate::endpoint::{Health, HealthTransition};
 use crate::host::{Clock, HostError, HttpCallouts, SharedData};
+use crate::learned::Learned;
 use crate::picker::{stats_prefix, Picker, PoolSlot};
 use crate::shared_keys::SharedKeys;
 use crate::shared_state::{Coordinator, Role};
@@ -169,7 +170,7 @@ impl TickFlow {
     /// ticks, between full ones).
     pub fn exchange_load(&mut self, store: &impl SharedData, slot: &mut PoolSlot, now_ms: u64) {
         if let Some(coordinator) = &mut self.coordinator {
-            if let Err(error) = coordinator.exchange_load(store, &mut slot.data, now_ms) {
+            if let Err(error) = coordinator.exchange_load(store, slot, now_ms) {
                 log::debug!("inference-picker: exchanging in-flight counts: {error}");
             }
         }
@@ -270,11 +271,11 @@ fn share_state(
     if role == Role::Follower {
         coordinator.apply_snapshot(store, &mut slot.data)?;
     }
-    coordinator.exchange_load(store, &mut slot.data, now)?;
+    coordinator.exchange_load(store, slot, now)?;
     let mut own = Vec::new();
-    slot.director.take_learned(&mut own);
-    for learned in coordinator.exchange_prefixes(store, &own)? {
-        slot.director.learn_remote(&slot.data, &learned);
+    slot.take_placements(&mut own);
+    for placement in coordinator.exchange_prefixes(store, &own)? {
+        slot.merge_placement(&placement);
     }
     Ok(())
 }
