@@ -8,7 +8,7 @@ use crate::director::{Director, TickReport};
 use crate::duration::duration_ms;
 use crate::endpoint::Health;
 use crate::hash::hash_bytes;
-use crate::host::{Clock, HostError, HttpCallouts, SharedData};
+use crate::host::{CalloutAnswer, Clock, HostError, HttpCallouts, SharedData};
 use crate::picker::{stats_prefix, Picker, PoolSlot};
 use crate::protocol::DESTINATION_HEADER;
 use crate::shared_state::{Coordinator, Role};
@@ -301,23 +301,38 @@ impl TickFlow {
             || self.models.owns(token)
     }
 
+    /// How much of the body of call `token`'s answer the core reads (the edge copies no more):
+    /// `pool.maxMetricsBytes` of a scrape, a model list's limit, all of a discovery answer;
+    /// `None` when the call is not this flow's.
+    pub fn body_cap(&self, director: &Director, token: u32) -> Option<usize> {
+        if self.discovery_call == Some(token) {
+            Some(usize::MAX)
+        } else if self.models.owns(token) {
+            Some(models::MAX_MODELS_BYTES)
+        } else if self.scrapes.contains_key(&token) {
+            Some(director.settings().max_metrics_bytes)
+        } else {
+            None
+        }
+    }
+
     pub fn on_callout_response(
         &mut self,
         host: &(impl SharedData + HttpCallouts + Clock),
         director: &mut Director,
         token: u32,
-        body_size: usize,
+        answer: &CalloutAnswer,
     ) -> CalloutOutcome {
         if self.discovery_call == Some(token) {
             self.discovery_call = None;
-            let changed = self.on_discovery_response(host, director, body_size);
+            let changed = self.on_discovery_response(host, director, answer);
             return CalloutOutcome::Discovered { changed };
         }
         if self.models.owns(token) {
             let namespace = self.coordinator.as_ref().map(Coordinator::namespace);
             let changed = self
                 .models
-                .on_answer(host, director, namespace, token, body_size);
+                .on_answer(host, director, namespace, token, answer);
             return CalloutOutcome::Models { changed };
         }
         let Some(scrape) = self.scrapes.remove(&token) else {
@@ -325,7 +340,7 @@ impl TickFlow {
         };
         // Stamped on arrival, so the age other workers see is the real one.
         let now = host.now_ms().unwrap_or(self.last_tick_ms);
-        let ok = record_scrape(host, director, scrape.index, body_size, now);
+        let ok = record_scrape(answer, director, scrape.index, now);
         match ok {
             Scraped::Ok => {
                 self.oversized.remove(&scrape.index);
@@ -334,8 +349,9 @@ impl TickFlow {
                 if self.oversized.insert(scrape.index) {
                     self.oversize_warnings += 1;
                     log::warn!(
-                        "inference-picker: /metrics of {} is {body_size} bytes, over pool.maxMetricsBytes ({}): not read, counted as a failed scrape (said once until it scrapes within the cap)",
+                        "inference-picker: /metrics of {} is {} bytes, over pool.maxMetricsBytes ({}): not read, counted as a failed scrape (said once until it scrapes within the cap)",
                         director.address(scrape.index).unwrap_or("?"),
+                        answer.body_size,
                         director.settings().max_metrics_bytes
                     );
                 }
@@ -429,25 +445,26 @@ impl TickFlow {
     /// Applies the pod list and tells the other VMs; a failed call keeps the last known pool.
     fn on_discovery_response(
         &mut self,
-        host: &(impl SharedData + HttpCallouts),
+        store: &impl SharedData,
         director: &mut Director,
-        body_size: usize,
+        answer: &CalloutAnswer,
     ) -> bool {
         let Some(discovery) = director.settings().discovery.clone() else {
             return false;
         };
-        let status = host.response_status();
-        if status.as_deref() != Some(b"200".as_slice()) {
+        let status = answer.status.as_deref();
+        if status != Some(b"200".as_slice()) {
             log::warn!(
                 "inference-picker: discovery failed ({}); keeping the last known pool",
-                describe_status(status.as_deref())
+                describe_status(status)
             );
             return false;
         }
-        let found = host
-            .response_body(body_size)
+        let found = answer
+            .body
+            .as_ref()
             .map_err(|error| error.to_string())
-            .and_then(|body| discovery.endpoints(&body));
+            .and_then(|body| discovery.endpoints(body));
         let found = match found {
             Ok(found) => found,
             Err(error) => {
@@ -461,7 +478,7 @@ impl TickFlow {
         }
         log::info!("inference-picker: discovery: added {added:?}, removed {removed:?}");
         if let Some(coordinator) = self.coordinator.as_mut() {
-            if let Err(error) = coordinator.publish_members(host, director.members()) {
+            if let Err(error) = coordinator.publish_members(store, director.members()) {
                 log::warn!("inference-picker: sharing the pool: {error}");
             }
         }
@@ -648,34 +665,33 @@ enum Scraped {
 }
 
 /// Feeds one `/metrics` answer to the director. The body's size is known before it is
-/// copied into the VM: one over `pool.maxMetricsBytes` is never read.
+/// copied: one over `pool.maxMetricsBytes` ([`TickFlow::body_cap`]) is never read.
 fn record_scrape(
-    host: &impl HttpCallouts,
+    answer: &CalloutAnswer,
     director: &mut Director,
     index: usize,
-    body_size: usize,
     now: u64,
 ) -> Scraped {
-    let status = host.response_status();
+    let status = answer.status.as_deref();
     let address = director.address(index).unwrap_or("?").to_owned();
-    if status.as_deref() != Some(b"200".as_slice()) {
+    if status != Some(b"200".as_slice()) {
         log::debug!(
             "inference-picker: scrape of {address} failed: {}",
-            describe_status(status.as_deref())
+            describe_status(status)
         );
         // A refused connection is Envoy's 503 and leaves at once; a slow pod is not dead.
-        if matches!(status.as_deref(), None | Some(b"504")) {
+        if matches!(status, None | Some(b"504")) {
             director.on_scrape_timed_out(index);
             return Scraped::TimedOut;
         }
         director.on_scrape_failed(index);
         return Scraped::Failed;
     }
-    if body_size > director.settings().max_metrics_bytes {
+    if answer.body_size > director.settings().max_metrics_bytes {
         director.on_scrape_failed(index);
         return Scraped::Oversized;
     }
-    let body = match host.response_body(body_size) {
+    let body = match &answer.body {
         Ok(body) => body,
         Err(error) => {
             log::warn!("inference-picker: reading scrape of {address}: {error}");
@@ -683,7 +699,7 @@ fn record_scrape(
             return Scraped::Failed;
         }
     };
-    match director.on_scrape_ok(index, now, &String::from_utf8_lossy(&body)) {
+    match director.on_scrape_ok(index, now, &String::from_utf8_lossy(body)) {
         Ok(None) => Scraped::Ok,
         Ok(Some(warning)) => {
             log::warn!("inference-picker: {warning}");

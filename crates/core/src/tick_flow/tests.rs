@@ -40,10 +40,12 @@ impl Vm {
         self.deliver(token, status, body)
     }
 
+    /// Reads the answer to `token` with the flow's cap, as an edge does, and hands it over.
     fn deliver(&mut self, token: u32, status: Option<&str>, body: &str) -> CalloutOutcome {
-        self.host.callouts.answer(token, status, body);
+        let cap = self.flow.body_cap(&self.director, token).unwrap_or(0);
+        let answer = self.host.callouts.answer(token, status, body, cap);
         self.flow
-            .on_callout_response(&self.host, &mut self.director, token, body.len())
+            .on_callout_response(&self.host, &mut self.director, token, &answer)
     }
 
     fn health(&self, index: usize) -> Health {
@@ -735,6 +737,29 @@ fn the_scraper_learns_each_pods_models_and_the_others_read_them() {
     );
     assert!(b.tick().models_changed);
     assert_eq!(b.director.served_models(), ["llama"]);
+}
+
+#[test]
+fn each_answer_is_read_only_as_far_as_the_core_uses_it() {
+    let (shared, clock) = (Rc::<FakeShared>::default(), Rc::<FakeClock>::default());
+    let mut vm = Vm::new(LEARNING_POOL, 1, &shared, &clock);
+    vm.tick();
+    let (models_call, _) = model_calls(&vm)[0].clone();
+    let scrape = vm.host.callouts.token_for("10.0.0.1:8000").unwrap();
+    assert_ne!(scrape, models_call);
+    let body_cap = |vm: &Vm, token| vm.flow.body_cap(&vm.director, token);
+    assert_eq!(body_cap(&vm, scrape), Some(4 << 20), "pool.maxMetricsBytes");
+    assert_eq!(body_cap(&vm, models_call), Some(models::MAX_MODELS_BYTES));
+    vm.deliver(scrape, Some("200"), "vllm:num_requests_waiting 0\n");
+    assert_eq!(
+        body_cap(&vm, scrape),
+        None,
+        "answered: no longer this flow's"
+    );
+    let mut discovering = Vm::new(DISCOVERED, 2, &Rc::default(), &clock);
+    discovering.tick();
+    let call = discovering.host.callouts.take_sent().pop().unwrap();
+    assert_eq!(body_cap(&discovering, call.token), Some(usize::MAX));
 }
 
 #[test]

@@ -1,13 +1,13 @@
 //! One worker VM, whole: its picker, every pool's ticks and how often they run, flow control's
 //! releases of held requests, and the stats of all of it. The host edge makes one [`WorkerVm`]
-//! per VM and forwards each proxy-wasm callback to it; what the VM decides is carried out
-//! through [`VmHost`], so every flow (request, tick, release, callout answer) runs natively in
-//! tests against the in-memory host (`host::fake::FakeVm`).
+//! per VM and forwards each host callback to it; what the VM decides is carried out through
+//! the host's [`VmHost`], so every flow (request, tick, release, callout answer) runs natively
+//! in tests against the in-memory host (`host::fake::FakeVm`).
 
 use crate::director::{Director, Release};
 use crate::error_response::RequestError;
 use crate::hash::hash_bytes;
-use crate::host::{Clock, HostCall, HostError, HttpCallouts, HttpHost, Metrics, SharedData};
+use crate::host::{CalloutAnswer, HttpHost, SharedData, VmHost};
 use crate::picker::Picker;
 use crate::request::ApiKind;
 use crate::request_flow::{self, Carried, Flow, Outcome, RequestFlow};
@@ -16,28 +16,6 @@ use crate::tick_flow::{self, CalloutOutcome, PoolTicks};
 
 #[cfg(test)]
 mod tests;
-
-/// What a worker VM needs from its host beyond data and callouts: its timer, the streams it
-/// acts on, and what it reports about itself. Every call may fail; none may panic.
-pub trait VmHost: SharedData + HttpCallouts + Metrics + Clock + Clone {
-    /// The current stream's calls: the stream whose callback runs, or the one last switched to.
-    type Stream: HttpHost;
-    fn stream(&self) -> Self::Stream;
-    /// Makes stream `id` the current one; an error when that stream is gone.
-    fn switch_to_stream(&self, id: u32) -> Result<(), HostError>;
-    /// Lets the current (paused) stream go on.
-    fn resume_stream(&self) -> Result<(), HostError>;
-    /// Sets the period of this VM's tick.
-    fn set_tick_period_ms(&self, period_ms: u32) -> Result<(), HostError>;
-    /// A nanosecond clock, to time decisions and the configuration.
-    fn now_ns(&self) -> Result<u64, HostError>;
-    /// This VM's linear memory, in bytes.
-    fn memory_bytes(&self) -> u64;
-    /// Host calls by kind since the last take, in [`HostCall::ALL`] order.
-    fn take_host_calls(&self) -> [u64; HostCall::ALL.len()];
-    /// Re-reads the host's log level (an operator may change it at run time).
-    fn sync_log_level(&self);
-}
 
 /// The tick period while requests wait: another VM's freed slot (seen in its in-flight
 /// counts) reaches this VM's held requests within this long.
@@ -59,8 +37,6 @@ struct PoolClock {
 
 pub struct WorkerVm<H: VmHost> {
     host: H,
-    /// The root context's id: the context made current again after acting on held streams.
-    root_id: u32,
     picker: Picker,
     /// Every pool's stats, in pool order.
     stats: Vec<Stats<H>>,
@@ -117,7 +93,6 @@ impl<H: VmHost> WorkerVm<H> {
             .collect();
         Ok(WorkerVm {
             host,
-            root_id,
             picker,
             stats,
             pools,
@@ -197,7 +172,7 @@ impl<H: VmHost> WorkerVm<H> {
             }
             if director.flow_control().is_some() && (full || waiting) {
                 refresh_flow(&self.host, director);
-                release_held(&self.host, director, stats, self.root_id, Callback::Root);
+                release_held(&self.host, director, stats, Callback::Root);
             }
         }
         if models_changed {
@@ -206,9 +181,18 @@ impl<H: VmHost> WorkerVm<H> {
         self.pace_ticks(now_ms);
     }
 
-    /// A callout's answer (`num_headers` 0: it timed out or was reset). A scrape that shows
-    /// room lets held requests go at once, not at the next tick.
-    pub fn on_callout_response(&mut self, token: u32, num_headers: usize, body_size: usize) {
+    /// How many bytes of call `token`'s body the VM reads: the edge reads the answer
+    /// ([`CalloutAnswer::read`]) with this cap before handing it over, so an oversized page is
+    /// never copied. `None` when the call is not this VM's (its answer is ignored).
+    pub fn callout_body_cap(&self, token: u32) -> Option<usize> {
+        let index = self.pools.iter().position(|p| p.ticks.flow.owns(token))?;
+        let (pool, director) = (self.pools.get(index)?, self.picker.director(index)?);
+        pool.ticks.flow.body_cap(director, token)
+    }
+
+    /// A callout's answer, as the edge read it. A scrape that shows room lets held requests go
+    /// at once, not at the next tick.
+    pub fn on_callout_response(&mut self, token: u32, answer: CalloutAnswer) {
         let Some(index) = self.pools.iter().position(|p| p.ticks.flow.owns(token)) else {
             return;
         };
@@ -218,15 +202,14 @@ impl<H: VmHost> WorkerVm<H> {
             return;
         };
         let stats = self.stats.get(index);
-        let body_size = if num_headers == 0 { 0 } else { body_size };
         let outcome = pool
             .ticks
             .flow
-            .on_callout_response(&self.host, director, token, body_size);
+            .on_callout_response(&self.host, director, token, &answer);
         if let Some(stats) = stats {
             stats.after_callout(director, &mut pool.ticks.flow, outcome);
         }
-        release_held(&self.host, director, stats, self.root_id, Callback::Root);
+        release_held(&self.host, director, stats, Callback::Root);
         if let CalloutOutcome::Models { changed: true } = outcome {
             self.picker.refresh_learned_models();
         }
@@ -256,7 +239,9 @@ impl<H: VmHost> WorkerVm<H> {
     }
 
     pub fn on_response_headers(&mut self, request: &mut RequestFlow) {
-        request.on_response_headers(&self.host.stream(), &mut self.picker);
+        if let Some(stream) = self.host.stream(request.id()) {
+            request.on_response_headers(&stream, &mut self.picker);
+        }
     }
 
     /// The stream ended, however it ended: its slot (or its place in the queue) is given back,
@@ -289,7 +274,15 @@ impl<H: VmHost> WorkerVm<H> {
         last: bool,
         step: impl FnOnce(&mut RequestFlow, &H::Stream, &mut Picker) -> Flow,
     ) -> Flow {
-        let stream = self.host.stream();
+        let Some(stream) = self.host.stream(request.id()) else {
+            // The callback's own stream is always there; a host that says otherwise has
+            // nothing left to act on.
+            log::warn!(
+                "inference-picker: stream {} is gone in its own callback",
+                request.id()
+            );
+            return Flow::Continue;
+        };
         let was_pending = request.outcome == Outcome::Pending;
         // The pool is known only after the decision: the first pool's stats pace the sample.
         let timed =
@@ -312,7 +305,7 @@ impl<H: VmHost> WorkerVm<H> {
         let pool = request.pool();
         if let Some(director) = self.picker.director_mut(pool) {
             let stats = self.stats.get(pool);
-            release_held(&self.host, director, stats, request.id(), Callback::Stream);
+            release_held(&self.host, director, stats, Callback::Stream);
         }
     }
 
@@ -388,14 +381,12 @@ fn refresh_flow(store: &dyn SharedData, director: &mut Director) {
 }
 
 /// Flow control's part of a callback: lets out what may go (resuming or answering this VM's
-/// held streams) and publishes what this VM holds. Only a clock read while nothing waits
-/// anywhere. `current` is the callback's own context, made current again after acting on
-/// held streams.
+/// held streams, each addressed by its id) and publishes what this VM holds. Only a clock read
+/// while nothing waits anywhere.
 fn release_held<H: VmHost>(
     host: &H,
     director: &mut Director,
     stats: Option<&Stats<H>>,
-    current: u32,
     callback: Callback,
 ) {
     let root = callback == Callback::Root;
@@ -414,14 +405,8 @@ fn release_held<H: VmHost>(
         director.take_deferred(&mut releases);
     }
     director.releases(now_ms, host, &mut releases);
-    let switched = !releases.is_empty();
     for release in releases {
         carry_out_on_stream(host, director, stats, release, root);
-    }
-    if switched {
-        if let Err(error) = host.switch_to_stream(current) {
-            log::debug!("inference-picker: returning to the callback's own context: {error}");
-        }
     }
     if let Some(flow) = director.flow_control_mut() {
         if let Err(error) = flow.publish(host, now_ms) {
@@ -461,15 +446,15 @@ fn carry_out_on_stream<H: VmHost>(
             ..
         } => (*id, FlowExit::Refused(error.clone()), *waited_ms),
     };
-    if host.switch_to_stream(id).is_err() {
+    let Some(stream) = host.stream(id) else {
         // The stream is gone (its end already ran): give back what the pick took.
         if let Release::Routed { routed, .. } = &release {
             director.release(routed);
         }
         return;
-    }
-    let exit = match request_flow::carry_out(&host.stream(), director, release, may_answer) {
-        Carried::Resume => match host.resume_stream() {
+    };
+    let exit = match request_flow::carry_out(&stream, director, release, may_answer) {
+        Carried::Resume => match host.resume(id) {
             Ok(()) => exit,
             Err(error) => {
                 log::warn!("inference-picker: resuming a released request: {error}");
