@@ -443,107 +443,39 @@ extern "C" fn envoy_dynamic_module_on_http_filter_scheduled(
 /// response body and trailers, the end of the stream (the slot is given back at `destroy`,
 /// which Envoy never runs within another hook), per-stream callouts and write watermarks.
 mod unused_hooks {
+    use super::status::CONTINUE;
     use std::ffi::c_void;
 
-    const CONTINUE: u32 = super::status::CONTINUE;
+    type Envoy = *mut c_void;
+    type Module = *const c_void;
 
-    #[no_mangle]
-    extern "C" fn envoy_dynamic_module_on_http_filter_response_body(
-        _: *mut c_void,
-        _: *const c_void,
-        _: bool,
-    ) -> u32 {
-        CONTINUE
+    /// Each hook, doing nothing (and letting the stream go on where Envoy expects a status).
+    macro_rules! unused_hooks {
+        ($($name:ident($($arg:ty),*) $(-> $status:ty = $value:expr)?;)*) => {$(
+            #[no_mangle]
+            extern "C" fn $name($(_: $arg),*) $(-> $status)? { $($value)? }
+        )*};
     }
 
-    #[no_mangle]
-    extern "C" fn envoy_dynamic_module_on_http_filter_response_trailers(
-        _: *mut c_void,
-        _: *const c_void,
-    ) -> u32 {
-        CONTINUE
-    }
-
-    #[no_mangle]
-    extern "C" fn envoy_dynamic_module_on_http_filter_stream_complete(
-        _: *mut c_void,
-        _: *const c_void,
-    ) {
-    }
-
-    #[no_mangle]
-    extern "C" fn envoy_dynamic_module_on_http_filter_http_callout_done(
-        _: *mut c_void,
-        _: *const c_void,
-        _: u64,
-        _: u32,
-        _: *const c_void,
-        _: usize,
-        _: *const c_void,
-        _: usize,
-    ) {
-    }
-
-    #[no_mangle]
-    extern "C" fn envoy_dynamic_module_on_http_filter_http_stream_headers(
-        _: *mut c_void,
-        _: *const c_void,
-        _: u64,
-        _: *const c_void,
-        _: usize,
-        _: bool,
-    ) {
-    }
-
-    #[no_mangle]
-    extern "C" fn envoy_dynamic_module_on_http_filter_http_stream_data(
-        _: *mut c_void,
-        _: *const c_void,
-        _: u64,
-        _: *const c_void,
-        _: usize,
-        _: bool,
-    ) {
-    }
-
-    #[no_mangle]
-    extern "C" fn envoy_dynamic_module_on_http_filter_http_stream_trailers(
-        _: *mut c_void,
-        _: *const c_void,
-        _: u64,
-        _: *const c_void,
-        _: usize,
-    ) {
-    }
-
-    #[no_mangle]
-    extern "C" fn envoy_dynamic_module_on_http_filter_http_stream_complete(
-        _: *mut c_void,
-        _: *const c_void,
-        _: u64,
-    ) {
-    }
-
-    #[no_mangle]
-    extern "C" fn envoy_dynamic_module_on_http_filter_http_stream_reset(
-        _: *mut c_void,
-        _: *const c_void,
-        _: u64,
-        _: u32,
-    ) {
-    }
-
-    #[no_mangle]
-    extern "C" fn envoy_dynamic_module_on_http_filter_downstream_above_write_buffer_high_watermark(
-        _: *mut c_void,
-        _: *const c_void,
-    ) {
-    }
-
-    #[no_mangle]
-    extern "C" fn envoy_dynamic_module_on_http_filter_downstream_below_write_buffer_low_watermark(
-        _: *mut c_void,
-        _: *const c_void,
-    ) {
+    unused_hooks! {
+        envoy_dynamic_module_on_http_filter_response_body(Envoy, Module, bool) -> u32 = CONTINUE;
+        envoy_dynamic_module_on_http_filter_response_trailers(Envoy, Module) -> u32 = CONTINUE;
+        envoy_dynamic_module_on_http_filter_stream_complete(Envoy, Module);
+        envoy_dynamic_module_on_http_filter_http_callout_done(
+            Envoy, Module, u64, u32, Module, usize, Module, usize
+        );
+        envoy_dynamic_module_on_http_filter_http_stream_headers(
+            Envoy, Module, u64, Module, usize, bool
+        );
+        envoy_dynamic_module_on_http_filter_http_stream_data(Envoy, Module, u64, Module, usize, bool);
+        envoy_dynamic_module_on_http_filter_http_stream_trailers(Envoy, Module, u64, Module, usize);
+        envoy_dynamic_module_on_http_filter_http_stream_complete(Envoy, Module, u64);
+        envoy_dynamic_module_on_http_filter_http_stream_reset(Envoy, Module, u64, u32);
+        envoy_dynamic_module_on_http_filter_downstream_above_write_buffer_high_watermark(
+            Envoy, Module
+        );
+        envoy_dynamic_module_on_http_filter_downstream_below_write_buffer_low_watermark(
+            Envoy, Module
+        );
     }
 }
