@@ -236,9 +236,10 @@ fn feed_metrics(
                 .authority()
                 .and_then(|authority| addresses.iter().position(|a| a == authority));
             let text = index.and_then(|index| texts.get(index));
-            host.callouts
-                .answer(call.token, Some("200"), text.map_or("", String::as_str));
-            vm.on_callout_response(call.token, 1, text.map_or(0, String::len));
+            let cap = vm.callout_body_cap(call.token).unwrap_or(0);
+            let text = text.map_or("", String::as_str);
+            let answer = host.callouts.answer(call.token, Some("200"), text, cap);
+            vm.on_callout_response(call.token, answer);
         }
     }
     host.clock.advance(vm.interval_ms(pool).unwrap_or(0));

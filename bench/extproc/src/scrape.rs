@@ -5,7 +5,7 @@
 use crate::exchange::Shared;
 use inference_picker_core::duration::duration_ms;
 use inference_picker_core::host::fake::{FakeCallouts, NoSharedData};
-use inference_picker_core::host::{HostError, HttpCallouts, SharedData};
+use inference_picker_core::host::{CalloutAnswer, HostError, HttpCallouts, SharedData};
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::io::{Read, Write};
@@ -43,10 +43,12 @@ pub fn spawn(shared: Arc<Mutex<Shared>>) {
                 let Some(slot) = shared.picker.slot_mut(pool) else {
                     continue;
                 };
-                let status = body.as_ref().map(|_| "200");
-                let body = body.unwrap_or_default();
-                calls.callouts.answer(token, status, &body);
-                slot.data.on_answer(&calls, token, body.len(), now, true, None);
+                let answer = CalloutAnswer {
+                    status: body.as_ref().map(|_| b"200".to_vec()),
+                    body_size: body.as_ref().map_or(0, String::len),
+                    body: Ok(body.map(String::into_bytes).unwrap_or_default()),
+                };
+                slot.data.on_answer(&calls, token, &answer, now, true, None);
                 // An answer lets the round's next scrapes go: they are this pool's too.
                 note_pool(&calls, pool);
             }
@@ -80,14 +82,6 @@ impl HttpCallouts for Calls {
         timeout_ms: u32,
     ) -> Result<u32, HostError> {
         self.callouts.dispatch(cluster, headers, timeout_ms)
-    }
-
-    fn response_status(&self) -> Option<Vec<u8>> {
-        self.callouts.response_status()
-    }
-
-    fn response_body(&self, size: usize) -> Result<Vec<u8>, HostError> {
-        self.callouts.response_body(size)
     }
 }
 

@@ -102,11 +102,13 @@ impl Ticks {
             self.host.clock.advance(50);
             self.flow.on_tick(&self.host, slot);
             for call in self.host.callouts.take_sent() {
-                self.host
+                let cap = slot.data.body_cap(call.token).unwrap_or(0);
+                let answer = self
+                    .host
                     .callouts
-                    .answer(call.token, Some("200"), VLLM_METRICS);
+                    .answer(call.token, Some("200"), VLLM_METRICS, cap);
                 self.flow
-                    .on_callout_response(&self.host, slot, call.token, VLLM_METRICS.len());
+                    .on_callout_response(&self.host, slot, call.token, &answer);
                 answered += 1;
             }
         }

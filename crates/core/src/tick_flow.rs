@@ -7,7 +7,7 @@ use crate::config;
 use crate::datalayer::{CalloutOutcome, ToShare};
 use crate::duration::duration_ms;
 use crate::endpoint::{Health, HealthTransition};
-use crate::host::{Clock, HostError, HttpCallouts, SharedData};
+use crate::host::{CalloutAnswer, Clock, HostError, HttpCallouts, SharedData};
 use crate::learned::Learned;
 use crate::picker::{stats_prefix, Picker, PoolSlot};
 use crate::shared_keys::SharedKeys;
@@ -182,7 +182,7 @@ impl TickFlow {
         host: &(impl SharedData + HttpCallouts + Clock),
         slot: &mut PoolSlot,
         token: u32,
-        body_size: usize,
+        answer: &CalloutAnswer,
     ) -> CalloutOutcome {
         // Stamped on arrival, so the age other workers see is the real one.
         let now = host.now_ms().unwrap_or(self.last_tick_ms);
@@ -190,7 +190,7 @@ impl TickFlow {
         let models_key = self.coordinator.as_ref().map(|c| c.keys().models());
         let (outcome, share) =
             slot.data
-                .on_answer(host, token, body_size, now, scraping, models_key.as_deref());
+                .on_answer(host, token, answer, now, scraping, models_key.as_deref());
         let ToShare { snapshot, members } = share;
         if snapshot {
             self.publish_snapshot(host, slot);

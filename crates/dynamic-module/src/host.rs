@@ -3,70 +3,15 @@
 //! config, its timer is [`Ticker`], its shared data is this process's memory, and its streams
 //! are [`NativeStream`]s.
 
-use crate::abi::{self, envoy, EnvoyBuffer, EnvoyPtr, ModuleBuffer, ModuleHeader};
+use crate::abi::{self, envoy, EnvoyPtr, ModuleBuffer, ModuleHeader};
 use crate::stream::{NativeStream, Streams};
+use crate::support::{count, failed, lock, shared, take_counts, wall_clock_ns};
 use crate::ticker::Ticker;
-use inference_picker_core::host::VmHost;
 use inference_picker_core::host::{
-    Clock, HostCall, HostError, HttpCallouts, MetricKind, Metrics, SharedData, SharedMemory,
+    Clock, HostCall, HostError, HttpCallouts, MetricKind, Metrics, SharedData, VmHost,
 };
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::thread::ThreadId;
-
-/// The ABI answers most calls with a bare false; a failed call is reported with this status.
-pub const FAILED: u32 = 1;
-
-/// Every picker of this Envoy shares one store: the scrape lease and snapshot, the in-flight
-/// counts and flow control's ledger keep the core's semantics, so exactly one picker scrapes a
-/// pool however many filter configs name it.
-static SHARED: std::sync::LazyLock<SharedMemory> = std::sync::LazyLock::new(SharedMemory::default);
-
-pub fn shared() -> &'static SharedMemory {
-    &SHARED
-}
-
-/// Calls into Envoy by kind, as the wasm filter counts its host calls.
-static CALLS: [AtomicU64; HostCall::ALL.len()] = [const { AtomicU64::new(0) }; HostCall::ALL.len()];
-
-pub fn count(call: HostCall) {
-    if let Some(counter) = CALLS.get(call as usize) {
-        counter.fetch_add(1, Ordering::Relaxed);
-    }
-}
-
-pub fn failed(call: &'static str) -> HostError {
-    HostError {
-        call,
-        status: FAILED,
-    }
-}
-
-/// Locks a mutex whose holder may have panicked: every value behind these locks stays whole.
-pub fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
-/// The wall clock in nanoseconds, as proxy-wasm's clock call reads it: the one clock of both
-/// the VM's host and its streams.
-pub fn wall_clock_ns() -> Result<u64, HostError> {
-    count(HostCall::Clock);
-    let since_epoch = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_err(|_| failed("clock"))?;
-    u64::try_from(since_epoch.as_nanos()).map_err(|_| failed("clock"))
-}
-
-/// A callout's answer while the core reads it: its status, and its body where Envoy holds it,
-/// copied only as far as the core reads (a page over `pool.maxMetricsBytes` is never copied).
-pub struct CalloutAnswer {
-    pub status: Option<Vec<u8>>,
-    pub body: Vec<EnvoyBuffer>,
-}
-
-// SAFETY: the body's buffers are Envoy's, valid during the callout hook that sets the answer on
-// the main thread and clears it before returning; nothing reads them on another thread.
-unsafe impl Send for CalloutAnswer {}
 
 /// What one filter config's host knows.
 pub struct HostState {
@@ -76,8 +21,8 @@ pub struct HostState {
     /// there.
     pub main_thread: ThreadId,
     pub ticker: Arc<Ticker>,
-    pub streams: Mutex<Streams>,
-    pub answer: Mutex<Option<CalloutAnswer>>,
+    /// The stream whose hook runs and the streams flow control holds.
+    pub streams: Arc<Mutex<Streams>>,
     /// Our stat ids are indices here: each stat's kind and Envoy's id for it.
     stats: Mutex<Vec<(MetricKind, usize)>>,
 }
@@ -94,8 +39,7 @@ impl NativeHost {
                 config,
                 main_thread: std::thread::current().id(),
                 ticker,
-                streams: Mutex::new(Streams::default()),
-                answer: Mutex::new(None),
+                streams: Arc::default(),
                 stats: Mutex::new(Vec::new()),
             }),
         }
@@ -158,24 +102,6 @@ impl HttpCallouts for NativeHost {
             });
         }
         u32::try_from(id).map_err(|_| failed(CALL))
-    }
-
-    fn response_status(&self) -> Option<Vec<u8>> {
-        lock(&self.state.answer).as_ref()?.status.clone()
-    }
-
-    fn response_body(&self, size: usize) -> Result<Vec<u8>, HostError> {
-        count(HostCall::BodyRead);
-        let answer = lock(&self.state.answer);
-        let chunks = answer.as_ref().map_or(&[][..], |answer| &answer.body);
-        let mut body = Vec::with_capacity(size);
-        for chunk in chunks {
-            // SAFETY: see `CalloutAnswer`: valid until the callout hook returns.
-            let bytes = unsafe { chunk.bytes() };
-            let room = size.saturating_sub(body.len());
-            body.extend_from_slice(bytes.get(..room).unwrap_or(bytes));
-        }
-        Ok(body)
     }
 }
 
@@ -284,18 +210,14 @@ impl Clock for NativeHost {
 impl VmHost for NativeHost {
     type Stream = NativeStream;
 
-    fn stream(&self) -> NativeStream {
-        NativeStream::current(self.state.clone())
+    /// The running hook's own stream directly; a held one through its worker.
+    fn stream(&self, id: u32) -> Option<NativeStream> {
+        Streams::reach(&self.state.streams, id)
     }
 
-    fn switch_to_stream(&self, id: u32) -> Result<(), HostError> {
+    fn resume(&self, id: u32) -> Result<(), HostError> {
         count(HostCall::Stream);
-        lock(&self.state.streams).switch_to(id)
-    }
-
-    fn resume_stream(&self) -> Result<(), HostError> {
-        count(HostCall::Stream);
-        lock(&self.state.streams).resume_current()
+        lock(&self.state.streams).resume(id)
     }
 
     fn set_tick_period_ms(&self, period_ms: u32) -> Result<(), HostError> {
@@ -315,11 +237,7 @@ impl VmHost for NativeHost {
     }
 
     fn take_host_calls(&self) -> [u64; HostCall::ALL.len()] {
-        let mut counts = [0; HostCall::ALL.len()];
-        for (count, counter) in counts.iter_mut().zip(&CALLS) {
-            *count = counter.swap(0, Ordering::Relaxed);
-        }
-        counts
+        take_counts()
     }
 
     fn sync_log_level(&self) {

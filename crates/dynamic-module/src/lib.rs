@@ -5,7 +5,7 @@
 //!
 //! One picker per filter config serves every worker of this Envoy (behind one lock), so the
 //! shared state proxy-wasm copies between VMs is plain memory here; the core's lease still runs,
-//! through this process's [`host::shared`] store, so exactly one picker scrapes each pool
+//! through this process's [`support::shared`] store, so exactly one picker scrapes each pool
 //! however many configs name it. Ticks, scrapes and callout answers run on Envoy's main thread;
 //! request hooks on the stream's worker.
 #![deny(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
@@ -16,10 +16,12 @@ mod host;
 mod logging;
 mod memory;
 mod stream;
+mod support;
 mod ticker;
 
 use abi::{status, EnvoyBuffer, EnvoyHeader, EnvoyPtr};
-use host::{lock, CalloutAnswer, NativeHost};
+use host::NativeHost;
+use inference_picker_core::host::{CalloutAnswer, HostCall};
 use inference_picker_core::request_flow::{Flow, Outcome, RequestFlow};
 use inference_picker_core::vm::{answer_no_endpoint, answer_unavailable, WorkerVm};
 use std::cell::Cell;
@@ -27,10 +29,12 @@ use std::ffi::{c_char, c_void};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use stream::{NativeStream, Own, RUN_QUEUED};
+use support::{count, first_bytes, lock};
 use ticker::{Ticker, TICK};
 
-/// The id the core's root callbacks (ticks, callout answers) run as; streams count from 1.
-pub const ROOT_ID: u32 = 0;
+/// The VM's own id (proxy-wasm's root context id, which seeds its tie-breaking); streams count
+/// from 1.
+const ROOT_ID: u32 = 0;
 
 static NEXT_STREAM_ID: AtomicU32 = AtomicU32::new(1);
 
@@ -48,13 +52,12 @@ struct Picker {
 
 impl Picker {
     /// Runs `step` on the VM, with `own` as the stream of the running hook (`None`: a main
-    /// thread callback). Returns the step's result and what the core did to `own`; `None` when
-    /// this thread is already inside the picker.
+    /// thread callback); `None` when this thread is already inside the picker.
     fn run<R>(
         &self,
         own: Option<Own>,
         step: impl FnOnce(&mut WorkerVm<NativeHost>) -> R,
-    ) -> Option<(R, Option<Own>)> {
+    ) -> Option<R> {
         if IN_PICKER.get() {
             return None;
         }
@@ -62,10 +65,10 @@ impl Picker {
         let mut vm = lock(&self.vm);
         lock(&self.host.state.streams).enter(own);
         let result = step(&mut vm);
-        let own = lock(&self.host.state.streams).leave();
+        lock(&self.host.state.streams).enter(None);
         drop(vm);
         IN_PICKER.set(false);
-        Some((result, own))
+        Some(result)
     }
 }
 
@@ -87,7 +90,6 @@ impl StreamFilter {
             id,
             filter: envoy,
             resumed: false,
-            rewrote: false,
         };
         let (request, host) = (&mut self.request, &self.picker.host);
         let ran = self.picker.run(Some(own), |vm| {
@@ -97,16 +99,12 @@ impl StreamFilter {
             if flow == Flow::Pause && request.outcome == Outcome::Held && !resumed {
                 hold(host, id, envoy);
             }
-            flow
+            flow == Flow::Continue || resumed
         });
-        let Some((flow, own)) = ran else {
-            answer_unavailable(&NativeStream::direct(envoy));
-            return false;
-        };
-        if own.is_some_and(|own| own.rewrote) {
-            NativeStream::direct(envoy).choose_route_again();
-        }
-        flow == Flow::Continue || own.is_some_and(|own| own.resumed)
+        ran.unwrap_or_else(|| {
+            answer_unavailable(&NativeStream::Direct(envoy));
+            false
+        })
     }
 }
 
@@ -115,7 +113,7 @@ impl StreamFilter {
 /// stream ends) rather than left waiting for a release that could not reach it.
 fn hold(host: &NativeHost, id: u32, envoy: EnvoyPtr) {
     use inference_picker_core::host::HttpHost;
-    let stream = NativeStream::direct(envoy);
+    let stream = NativeStream::Direct(envoy);
     let path = stream.request_header(":path").unwrap_or_default();
     // SAFETY: called within a request hook of this stream, on its worker.
     let held = unsafe { lock(&host.state.streams).hold(id, envoy, path) };
@@ -262,21 +260,29 @@ extern "C" fn envoy_dynamic_module_on_http_filter_config_http_callout_done(
             slice_or_empty(body_chunks, body_chunks_size),
         )
     };
+    // SAFETY (both closures): each header and chunk is Envoy's, valid during this call.
+    let status = || {
+        headers.iter().find_map(|header| {
+            let (key, value) = unsafe { header.pair() };
+            (key == b":status").then(|| value.to_vec())
+        })
+    };
+    // Copied only as far as the core reads: a page over `pool.maxMetricsBytes` never is.
+    let body = |size| {
+        count(HostCall::BodyRead);
+        Ok(first_bytes(
+            chunks.iter().map(|c| unsafe { c.bytes() }),
+            size,
+        ))
+    };
     let answered = result == abi::CALLOUT_SUCCESS;
-    // SAFETY: each header and chunk is Envoy's, valid during this call.
-    let status = headers.iter().find_map(|header| {
-        let (key, value) = unsafe { header.pair() };
-        (key == b":status").then(|| value.to_vec())
-    });
     let body_size = chunks.iter().map(|chunk| chunk.length).sum();
-    // The core reads a callout with no headers as one that timed out or was reset.
-    let num_headers = if answered { headers.len().max(1) } else { 0 };
-    let body = chunks.to_vec();
-    *lock(&picker.host.state.answer) = Some(CalloutAnswer { status, body });
     picker.run(None, |vm| {
-        vm.on_callout_response(token, num_headers, body_size)
+        if let Some(cap) = vm.callout_body_cap(token) {
+            let answer = CalloutAnswer::read(answered, body_size, cap, status, body);
+            vm.on_callout_response(token, answer);
+        }
     });
-    *lock(&picker.host.state.answer) = None;
 }
 
 /// # Safety
@@ -343,7 +349,7 @@ extern "C" fn envoy_dynamic_module_on_http_filter_request_body(
         Outcome::Pending | Outcome::Held => {}
     }
     let envoy = EnvoyPtr(filter_envoy);
-    let body_size = NativeStream::direct(envoy).request_body_size();
+    let body_size = NativeStream::Direct(envoy).request_body_size();
     let go_on = filter.step(envoy, |vm, request| {
         vm.on_request_body(request, body_size, end_of_stream)
     });
@@ -383,7 +389,6 @@ extern "C" fn envoy_dynamic_module_on_http_filter_response_headers(
             id: filter.request.id(),
             filter: EnvoyPtr(filter_envoy),
             resumed: false,
-            rewrote: false,
         };
         let request = &mut filter.request;
         // A local reply the picker sends runs this hook within the picker: nothing to learn.
@@ -426,7 +431,7 @@ extern "C" fn envoy_dynamic_module_on_http_filter_scheduled(
         return;
     }
     let queued = lock(&filter.picker.host.state.streams).take_queued(filter.request.id());
-    if NativeStream::direct(EnvoyPtr(filter_envoy)).carry_out(queued) {
+    if NativeStream::Direct(EnvoyPtr(filter_envoy)).carry_out(queued) {
         if let Some(envoy) = abi::envoy() {
             // SAFETY: this stream's worker, within its hook.
             unsafe { (envoy.http_filter_continue_decoding)(filter_envoy) };
@@ -438,107 +443,39 @@ extern "C" fn envoy_dynamic_module_on_http_filter_scheduled(
 /// response body and trailers, the end of the stream (the slot is given back at `destroy`,
 /// which Envoy never runs within another hook), per-stream callouts and write watermarks.
 mod unused_hooks {
+    use super::status::CONTINUE;
     use std::ffi::c_void;
 
-    const CONTINUE: u32 = super::status::CONTINUE;
+    type Envoy = *mut c_void;
+    type Module = *const c_void;
 
-    #[no_mangle]
-    extern "C" fn envoy_dynamic_module_on_http_filter_response_body(
-        _: *mut c_void,
-        _: *const c_void,
-        _: bool,
-    ) -> u32 {
-        CONTINUE
+    /// Each hook, doing nothing (and letting the stream go on where Envoy expects a status).
+    macro_rules! unused_hooks {
+        ($($name:ident($($arg:ty),*) $(-> $status:ty = $value:expr)?;)*) => {$(
+            #[no_mangle]
+            extern "C" fn $name($(_: $arg),*) $(-> $status)? { $($value)? }
+        )*};
     }
 
-    #[no_mangle]
-    extern "C" fn envoy_dynamic_module_on_http_filter_response_trailers(
-        _: *mut c_void,
-        _: *const c_void,
-    ) -> u32 {
-        CONTINUE
-    }
-
-    #[no_mangle]
-    extern "C" fn envoy_dynamic_module_on_http_filter_stream_complete(
-        _: *mut c_void,
-        _: *const c_void,
-    ) {
-    }
-
-    #[no_mangle]
-    extern "C" fn envoy_dynamic_module_on_http_filter_http_callout_done(
-        _: *mut c_void,
-        _: *const c_void,
-        _: u64,
-        _: u32,
-        _: *const c_void,
-        _: usize,
-        _: *const c_void,
-        _: usize,
-    ) {
-    }
-
-    #[no_mangle]
-    extern "C" fn envoy_dynamic_module_on_http_filter_http_stream_headers(
-        _: *mut c_void,
-        _: *const c_void,
-        _: u64,
-        _: *const c_void,
-        _: usize,
-        _: bool,
-    ) {
-    }
-
-    #[no_mangle]
-    extern "C" fn envoy_dynamic_module_on_http_filter_http_stream_data(
-        _: *mut c_void,
-        _: *const c_void,
-        _: u64,
-        _: *const c_void,
-        _: usize,
-        _: bool,
-    ) {
-    }
-
-    #[no_mangle]
-    extern "C" fn envoy_dynamic_module_on_http_filter_http_stream_trailers(
-        _: *mut c_void,
-        _: *const c_void,
-        _: u64,
-        _: *const c_void,
-        _: usize,
-    ) {
-    }
-
-    #[no_mangle]
-    extern "C" fn envoy_dynamic_module_on_http_filter_http_stream_complete(
-        _: *mut c_void,
-        _: *const c_void,
-        _: u64,
-    ) {
-    }
-
-    #[no_mangle]
-    extern "C" fn envoy_dynamic_module_on_http_filter_http_stream_reset(
-        _: *mut c_void,
-        _: *const c_void,
-        _: u64,
-        _: u32,
-    ) {
-    }
-
-    #[no_mangle]
-    extern "C" fn envoy_dynamic_module_on_http_filter_downstream_above_write_buffer_high_watermark(
-        _: *mut c_void,
-        _: *const c_void,
-    ) {
-    }
-
-    #[no_mangle]
-    extern "C" fn envoy_dynamic_module_on_http_filter_downstream_below_write_buffer_low_watermark(
-        _: *mut c_void,
-        _: *const c_void,
-    ) {
+    unused_hooks! {
+        envoy_dynamic_module_on_http_filter_response_body(Envoy, Module, bool) -> u32 = CONTINUE;
+        envoy_dynamic_module_on_http_filter_response_trailers(Envoy, Module) -> u32 = CONTINUE;
+        envoy_dynamic_module_on_http_filter_stream_complete(Envoy, Module);
+        envoy_dynamic_module_on_http_filter_http_callout_done(
+            Envoy, Module, u64, u32, Module, usize, Module, usize
+        );
+        envoy_dynamic_module_on_http_filter_http_stream_headers(
+            Envoy, Module, u64, Module, usize, bool
+        );
+        envoy_dynamic_module_on_http_filter_http_stream_data(Envoy, Module, u64, Module, usize, bool);
+        envoy_dynamic_module_on_http_filter_http_stream_trailers(Envoy, Module, u64, Module, usize);
+        envoy_dynamic_module_on_http_filter_http_stream_complete(Envoy, Module, u64);
+        envoy_dynamic_module_on_http_filter_http_stream_reset(Envoy, Module, u64, u32);
+        envoy_dynamic_module_on_http_filter_downstream_above_write_buffer_high_watermark(
+            Envoy, Module
+        );
+        envoy_dynamic_module_on_http_filter_downstream_below_write_buffer_low_watermark(
+            Envoy, Module
+        );
     }
 }

@@ -1,7 +1,7 @@
 //! The `log` crate's records go to Envoy's log (the `dynamic_modules` logger), at Envoy's level.
 
 use crate::abi::{envoy, ModuleBuffer};
-use crate::host::count;
+use crate::support::{count, failed};
 use inference_picker_core::host::{level_filter, HostCall, HostLogger};
 
 fn sink(level: u32, message: &str) {
@@ -32,10 +32,5 @@ pub fn sync_level() {
         // SAFETY: no arguments; callable from any thread.
         unsafe { (envoy.get_log_level)() }
     });
-    log::set_max_level(level_filter(level.ok_or(
-        inference_picker_core::host::HostError {
-            call: "get_log_level",
-            status: crate::host::FAILED,
-        },
-    )));
+    log::set_max_level(level_filter(level.ok_or(failed("get_log_level"))));
 }

@@ -1,10 +1,11 @@
-//! The streams the core acts on. The stream whose hook runs is reached directly; a stream flow
-//! control holds is another thread's (its worker's), so what the core does to it is queued and
-//! carried out on that worker, through the stream's scheduler, before it resumes.
+//! The streams the core acts on, each by its id. The stream whose hook runs is reached
+//! directly; a stream flow control holds is another thread's (its worker's), so what the core
+//! does to it is queued and carried out on that worker, through the stream's scheduler, before
+//! it resumes.
 
 use crate::abi::{body, envoy, header_map, EnvoyBuffer, EnvoyHeader, EnvoyPtr, ModuleBuffer};
 use crate::abi::{ModuleHeader, ATTRIBUTE_UPSTREAM_ADDRESS, METADATA_DYNAMIC};
-use crate::host::{count, failed, lock, shared, wall_clock_ns, HostState};
+use crate::support::{count, failed, first_bytes, lock, shared, wall_clock_ns};
 use inference_picker_core::error_response::{ErrorShape, RequestError};
 use inference_picker_core::host::{HeaderPairs, HostCall, HostError, HttpHost, SharedData};
 use inference_picker_core::protocol::{
@@ -12,7 +13,7 @@ use inference_picker_core::protocol::{
 };
 use inference_picker_core::vm::answer_no_endpoint;
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 /// The GIE protocol's metadata namespace for the picked endpoints, written directly (the wasm
 /// filter needs Envoy's header_to_metadata filter for it).
@@ -31,7 +32,7 @@ pub enum Queued {
 }
 
 /// A stream flow control holds.
-pub struct Held {
+struct Held {
     scheduler: EnvoyPtr,
     /// Its `:path`, read when it was held: a refusal's body is shaped by its API.
     path: Vec<u8>,
@@ -45,51 +46,20 @@ pub struct Own {
     pub filter: EnvoyPtr,
     /// The core let it go within its own hook: the hook continues instead of stopping.
     pub resumed: bool,
-    /// The core wrote its request headers: the route is chosen again (a route may match on
-    /// them, as the multi-pool config's does on the pool header).
-    pub rewrote: bool,
 }
 
-/// Which stream the core's calls act on.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Target {
-    Nothing,
-    Own,
-    Held(u32),
-}
-
-/// The stream of the running hook, the streams held, and which one the core acts on.
+/// The stream whose hook runs, and the streams held.
+#[derive(Default)]
 pub struct Streams {
     own: Option<Own>,
-    current: Target,
     held: HashMap<u32, Held>,
 }
 
-impl Default for Streams {
-    fn default() -> Self {
-        Streams {
-            own: None,
-            current: Target::Nothing,
-            held: HashMap::new(),
-        }
-    }
-}
-
 impl Streams {
-    /// A hook of stream `own` (or, with `None`, a main-thread callback) starts.
+    /// A hook of stream `own` (or, with `None`, a main-thread callback) starts; `None` again
+    /// when it ends.
     pub fn enter(&mut self, own: Option<Own>) {
-        self.current = if own.is_some() {
-            Target::Own
-        } else {
-            Target::Nothing
-        };
         self.own = own;
-    }
-
-    /// The hook ends: what the core did to its own stream.
-    pub fn leave(&mut self) -> Option<Own> {
-        self.current = Target::Nothing;
-        self.own.take()
     }
 
     /// The core let the running hook's own stream go.
@@ -97,33 +67,29 @@ impl Streams {
         self.own.is_some_and(|own| own.resumed)
     }
 
-    fn own_rewritten(&mut self) {
-        if let (Target::Own, Some(own)) = (self.current, &mut self.own) {
-            own.rewrote = true;
+    /// Stream `id` as the core reaches it: the running hook's own stream directly, a held one
+    /// through its worker (counted as a stream call, as proxy-wasm's switch to it is); `None`
+    /// when it is neither (its end ran).
+    pub fn reach(streams: &Arc<Mutex<Streams>>, id: u32) -> Option<NativeStream> {
+        let this = lock(streams);
+        match this.own {
+            Some(own) if own.id == id => Some(NativeStream::Direct(own.filter)),
+            _ if this.held.contains_key(&id) => {
+                count(HostCall::Stream);
+                let streams = Arc::clone(streams);
+                Some(NativeStream::Held { streams, id })
+            }
+            _ => None,
         }
     }
 
-    /// Id 0 is the root (no stream); otherwise the hook's own stream or a held one.
-    pub fn switch_to(&mut self, id: u32) -> Result<(), HostError> {
-        self.current = match self.own {
-            _ if id == crate::ROOT_ID => Target::Nothing,
-            Some(own) if own.id == id => Target::Own,
-            _ if self.held.contains_key(&id) => Target::Held(id),
-            _ => return Err(failed("switch_to_stream")),
-        };
-        Ok(())
-    }
-
-    pub fn resume_current(&mut self) -> Result<(), HostError> {
-        match self.current {
-            Target::Own => {
-                if let Some(own) = &mut self.own {
-                    own.resumed = true;
-                }
+    pub fn resume(&mut self, id: u32) -> Result<(), HostError> {
+        match &mut self.own {
+            Some(own) if own.id == id => {
+                own.resumed = true;
                 Ok(())
             }
-            Target::Held(id) => self.queue(id, Queued::Resume),
-            Target::Nothing => Err(failed("resume_stream")),
+            _ => self.queue(id, Queued::Resume),
         }
     }
 
@@ -180,10 +146,6 @@ impl Streams {
         }
         Ok(())
     }
-
-    fn held_path(&self, id: u32) -> Option<Vec<u8>> {
-        self.held.get(&id).map(|held| held.path.clone())
-    }
 }
 
 fn delete_scheduler(scheduler: EnvoyPtr) {
@@ -193,50 +155,21 @@ fn delete_scheduler(scheduler: EnvoyPtr) {
     }
 }
 
-/// Where a stream's calls go.
-enum Reach {
-    Direct(EnvoyPtr),
-    Queued(u32),
-    Nowhere,
-}
-
 /// One stream as the core's request flow sees it.
-pub struct NativeStream {
-    state: Option<Arc<HostState>>,
-    reach: Reach,
+pub enum NativeStream {
+    /// On its own worker, within one of its hooks: Envoy's calls act on it directly.
+    Direct(EnvoyPtr),
+    /// Held, on another thread's worker: what the core does to it is queued there.
+    Held {
+        streams: Arc<Mutex<Streams>>,
+        id: u32,
+    },
 }
 
 impl NativeStream {
-    /// The stream the core currently acts on.
-    pub fn current(state: Arc<HostState>) -> NativeStream {
-        let reach = {
-            let streams = lock(&state.streams);
-            match (streams.current, streams.own) {
-                (Target::Own, Some(own)) => Reach::Direct(own.filter),
-                (Target::Held(id), _) => Reach::Queued(id),
-                _ => Reach::Nowhere,
-            }
-        };
-        NativeStream {
-            state: Some(state),
-            reach,
-        }
-    }
-
-    /// A stream reached directly, on its own worker within one of its hooks.
-    pub fn direct(filter: EnvoyPtr) -> NativeStream {
-        NativeStream {
-            state: None,
-            reach: Reach::Direct(filter),
-        }
-    }
-
     /// Carries out what was queued for this (direct) stream; true if it may go on.
     pub fn carry_out(&self, queued: Vec<Queued>) -> bool {
         let mut resume = false;
-        let rewrites = queued
-            .iter()
-            .any(|action| matches!(action, Queued::SetHeader(..) | Queued::RemoveHeader(_)));
         for action in queued {
             let done = match action {
                 Queued::SetHeader(name, value) => self.set_request_header(&name, &value),
@@ -256,41 +189,34 @@ impl NativeStream {
                 return false;
             }
         }
-        if rewrites {
-            self.choose_route_again();
-        }
         resume
     }
 
-    /// Envoy chooses the route again, after the picker wrote the request headers.
-    pub fn choose_route_again(&self) {
-        if let (Reach::Direct(filter), Some(envoy)) = (&self.reach, envoy()) {
-            // SAFETY: this stream's own hook is running.
-            unsafe { (envoy.http_clear_route_cache)(filter.0) };
-        }
-    }
-
-    /// Notes that the running hook's own stream had its headers rewritten.
-    fn rewritten(&self) {
-        if let Some(state) = &self.state {
-            lock(&state.streams).own_rewritten();
-        }
-    }
-
     fn filter(&self, call: &'static str) -> Result<EnvoyPtr, HostError> {
-        match self.reach {
-            Reach::Direct(filter) => Ok(filter),
-            _ => Err(failed(call)),
+        match self {
+            NativeStream::Direct(filter) => Ok(*filter),
+            NativeStream::Held { .. } => Err(failed(call)),
         }
     }
 
     /// Queues `action` for a held stream; `None` when this stream is reached directly.
     fn queue(&self, action: impl FnOnce() -> Queued) -> Option<Result<(), HostError>> {
-        match (&self.reach, &self.state) {
-            (Reach::Queued(id), Some(state)) => Some(lock(&state.streams).queue(*id, action())),
-            (Reach::Queued(_), None) | (Reach::Nowhere, _) => Some(Err(failed("no stream"))),
-            (Reach::Direct(_), _) => None,
+        match self {
+            NativeStream::Held { streams, id } => Some(lock(streams).queue(*id, action())),
+            NativeStream::Direct(_) => None,
         }
+    }
+
+    /// Writes a request header (`ModuleBuffer::NULL`: removes it), then has Envoy choose the
+    /// route again (a route may match on it, as the multi-pool config's does on the pool
+    /// header).
+    fn rewrite_request_header(&self, name: &str, value: ModuleBuffer) -> Result<(), HostError> {
+        self.set_header(header_map::REQUEST, name, value)?;
+        let filter = self.filter("http_clear_route_cache")?;
+        let envoy = envoy().ok_or(failed("http_clear_route_cache"))?;
+        // SAFETY: this stream's own hook is running.
+        unsafe { (envoy.http_clear_route_cache)(filter.0) };
+        Ok(())
     }
 
     fn header(&self, map: u32, name: &str) -> Option<Vec<u8>> {
@@ -363,7 +289,7 @@ impl NativeStream {
     /// The request body's size now (both parts, as [`HttpHost::request_body`] reads it),
     /// without reading it.
     pub fn request_body_size(&self) -> usize {
-        let (Reach::Direct(filter), Some(envoy)) = (&self.reach, envoy()) else {
+        let (Ok(filter), Some(envoy)) = (self.filter("http_get_body_size"), envoy()) else {
             return 0;
         };
         // SAFETY: this stream's own hook is running.
@@ -379,11 +305,11 @@ impl NativeStream {
 
 impl HttpHost for NativeStream {
     fn request_header(&self, name: &str) -> Option<Vec<u8>> {
-        if let (Reach::Queued(id), Some(state)) = (&self.reach, &self.state) {
+        if let NativeStream::Held { streams, id } = self {
             // A held stream's only header read: its path, for the shape of a refusal.
-            return (name == ":path")
-                .then(|| lock(&state.streams).held_path(*id))
-                .flatten();
+            let streams = lock(streams);
+            let held = streams.held.get(id).filter(|_| name == ":path")?;
+            return Some(held.path.clone());
         }
         self.header(header_map::REQUEST, name)
     }
@@ -412,12 +338,7 @@ impl HttpHost for NativeStream {
             return queued;
         }
         count(HostCall::HeaderWrite);
-        self.set_header(
-            header_map::REQUEST,
-            name,
-            ModuleBuffer::of(value.as_bytes()),
-        )?;
-        self.rewritten();
+        self.rewrite_request_header(name, ModuleBuffer::of(value.as_bytes()))?;
         // Every GIE destination header (the pick, its fallbacks, its scores) goes into
         // envoy.lb too, as the wasm filter's header_to_metadata step copies them.
         if name.starts_with(DESTINATION_HEADER) {
@@ -435,20 +356,13 @@ impl HttpHost for NativeStream {
             return queued;
         }
         count(HostCall::HeaderRemove);
-        self.set_header(header_map::REQUEST, name, ModuleBuffer::NULL)?;
-        self.rewritten();
-        Ok(())
+        self.rewrite_request_header(name, ModuleBuffer::NULL)
     }
 
     fn request_body(&self, size: usize) -> Result<Vec<u8>, HostError> {
         count(HostCall::BodyRead);
         let filter = self.filter("http_get_body_chunks")?;
-        let mut bytes = Vec::with_capacity(size);
-        for chunk in self.body_chunks(filter) {
-            let room = size.saturating_sub(bytes.len());
-            bytes.extend_from_slice(chunk.get(..room).unwrap_or(chunk));
-        }
-        Ok(bytes)
+        Ok(first_bytes(self.body_chunks(filter), size))
     }
 
     /// Replaces the whole body: drains both parts, then appends where the body continues (the

@@ -3,7 +3,7 @@
 //! at the period the core asks for, as proxy-wasm's tick would fire.
 
 use crate::abi::{envoy, EnvoyPtr};
-use crate::host::lock;
+use crate::support::lock;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;

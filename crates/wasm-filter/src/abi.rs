@@ -4,15 +4,15 @@
 //! never as an enum the host could overflow.
 
 use inference_picker_core::error_response::{ErrorShape, RequestError};
-use inference_picker_core::host::VmHost;
 use inference_picker_core::host::{
-    encode_header_map, level_filter, Clock, HeaderPairs, HostCall, HostError, HostLogger,
-    HttpCallouts, HttpHost, MetricKind, Metrics, SharedData,
+    encode_header_map, level_filter, CalloutAnswer, Clock, HeaderPairs, HostCall, HostError,
+    HostLogger, HttpCallouts, HttpHost, MetricKind, Metrics, SharedData, VmHost,
 };
 use inference_picker_core::protocol::{
     DROPPED_REASON_HEADER, SUBSET_HINT_KEY, SUBSET_HINT_NAMESPACE,
 };
 use proxy_wasm::types::{BufferType, MapType};
+use std::cell::Cell;
 use std::ptr::null_mut;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -24,15 +24,6 @@ fn count(call: HostCall) {
     if let Some(counter) = CALLS.get(call as usize) {
         counter.fetch_add(1, Ordering::Relaxed);
     }
-}
-
-/// The calls counted since the last take, by kind in [`HostCall::ALL`] order.
-fn take_call_counts() -> [u64; HostCall::ALL.len()] {
-    let mut counts = [0; HostCall::ALL.len()];
-    for (count, counter) in counts.iter_mut().zip(&CALLS) {
-        *count = counter.swap(0, Ordering::Relaxed);
-    }
-    counts
 }
 
 const OK: u32 = 0;
@@ -126,8 +117,45 @@ extern "C" {
 #[derive(Clone, Copy)]
 pub struct EnvoyHost;
 
-/// The current stream's side of Envoy: its headers, body and local reply.
-pub struct EnvoyStream;
+/// One stream's side of Envoy, by its context id: its headers, body and local reply.
+pub struct EnvoyStream(pub u32);
+
+thread_local! {
+    /// The context Envoy's stream calls act on now (the effective one); `None`: not known.
+    static EFFECTIVE: Cell<Option<u32>> = const { Cell::new(None) };
+}
+
+/// Envoy makes a callback's own context effective as the callback starts: noted while the guard
+/// lives, then what an enclosing callback had is put back (as Envoy does after a nested one).
+pub fn enter(context_id: u32) -> Entered {
+    Entered(EFFECTIVE.replace(Some(context_id)))
+}
+
+pub struct Entered(Option<u32>);
+
+impl Drop for Entered {
+    fn drop(&mut self) {
+        EFFECTIVE.set(self.0);
+    }
+}
+
+/// Makes `context_id` the effective context unless it already is; an error when it is gone.
+/// proxy-wasm's stream calls act on the effective context, so each call of an [`EnvoyStream`]
+/// addresses its own stream first: after the core acted on a held stream from another stream's
+/// callback, that callback's next call on its own stream switches back, and a host call is
+/// spent only when the stream changes. The other calls (shared data, stats, clock, timer,
+/// callouts, which Envoy makes on the root context) act alike from any context.
+fn address(context_id: u32) -> Result<(), HostError> {
+    if EFFECTIVE.get() == Some(context_id) {
+        return Ok(());
+    }
+    count(HostCall::Stream);
+    check("proxy_set_effective_context", unsafe {
+        proxy_set_effective_context(context_id)
+    })?;
+    EFFECTIVE.set(Some(context_id));
+    Ok(())
+}
 
 impl SharedData for EnvoyHost {
     fn get(&self, key: &str) -> Result<Option<(Vec<u8>, u32)>, HostError> {
@@ -182,16 +210,14 @@ impl HttpCallouts for EnvoyHost {
             status: status as u32,
         })
     }
+}
 
-    fn response_status(&self) -> Option<Vec<u8>> {
-        header(MapType::HttpCallResponseHeaders, ":status")
-            .ok()
-            .flatten()
-    }
-
-    fn response_body(&self, size: usize) -> Result<Vec<u8>, HostError> {
-        buffer(BufferType::HttpCallResponseBody, size)
-    }
+/// The answer of the callout being delivered (valid inside its callback only), its body read
+/// up to `cap` bytes (see [`CalloutAnswer::read`]).
+pub fn callout_answer(num_headers: usize, body_size: usize, cap: usize) -> CalloutAnswer {
+    let status = || header(MapType::HttpCallResponseHeaders, ":status").unwrap_or_default();
+    let body = |size| buffer(BufferType::HttpCallResponseBody, size);
+    CalloutAnswer::read(num_headers > 0, body_size, cap, status, body)
 }
 
 impl Metrics for EnvoyHost {
@@ -228,19 +254,13 @@ impl Clock for EnvoyHost {
 impl VmHost for EnvoyHost {
     type Stream = EnvoyStream;
 
-    fn stream(&self) -> EnvoyStream {
-        EnvoyStream
+    /// `None` when that context is gone (Envoy refuses to make it effective).
+    fn stream(&self, id: u32) -> Option<EnvoyStream> {
+        address(id).ok().map(|()| EnvoyStream(id))
     }
 
-    /// Fails when that context is gone.
-    fn switch_to_stream(&self, id: u32) -> Result<(), HostError> {
-        count(HostCall::Stream);
-        check("proxy_set_effective_context", unsafe {
-            proxy_set_effective_context(id)
-        })
-    }
-
-    fn resume_stream(&self) -> Result<(), HostError> {
+    fn resume(&self, id: u32) -> Result<(), HostError> {
+        address(id)?;
         count(HostCall::Stream);
         const HTTP_REQUEST: u32 = 0;
         check("proxy_continue_stream", unsafe {
@@ -267,7 +287,11 @@ impl VmHost for EnvoyHost {
     }
 
     fn take_host_calls(&self) -> [u64; HostCall::ALL.len()] {
-        take_call_counts()
+        let mut counts = [0; HostCall::ALL.len()];
+        for (count, counter) in counts.iter_mut().zip(&CALLS) {
+            *count = counter.swap(0, Ordering::Relaxed);
+        }
+        counts
     }
 
     fn sync_log_level(&self) {
@@ -277,11 +301,13 @@ impl VmHost for EnvoyHost {
 
 impl HttpHost for EnvoyStream {
     fn request_header(&self, name: &str) -> Option<Vec<u8>> {
+        address(self.0).ok()?;
         header(MapType::HttpRequestHeaders, name).ok().flatten()
     }
 
     /// The whole map in one call.
     fn request_headers(&self) -> Option<HeaderPairs> {
+        address(self.0).ok()?;
         let map = MapType::HttpRequestHeaders as u32;
         let bytes = host_bytes(
             "proxy_get_header_map_pairs",
@@ -292,10 +318,12 @@ impl HttpHost for EnvoyStream {
     }
 
     fn set_request_header(&self, name: &str, value: &str) -> Result<(), HostError> {
+        address(self.0)?;
         replace_header(MapType::HttpRequestHeaders, name, value)
     }
 
     fn remove_request_header(&self, name: &str) -> Result<(), HostError> {
+        address(self.0)?;
         count(HostCall::HeaderRemove);
         let map = MapType::HttpRequestHeaders as u32;
         let status = unsafe { proxy_remove_header_map_value(map, name.as_ptr(), name.len()) };
@@ -303,10 +331,12 @@ impl HttpHost for EnvoyStream {
     }
 
     fn request_body(&self, size: usize) -> Result<Vec<u8>, HostError> {
+        address(self.0)?;
         buffer(BufferType::HttpRequestBody, size)
     }
 
     fn replace_request_body(&self, size: usize, body: &[u8]) -> Result<(), HostError> {
+        address(self.0)?;
         count(HostCall::BodyWrite);
         let kind = BufferType::HttpRequestBody as u32;
         let status = unsafe { proxy_set_buffer_bytes(kind, 0, size, body.as_ptr(), body.len()) };
@@ -314,14 +344,17 @@ impl HttpHost for EnvoyStream {
     }
 
     fn response_header(&self, name: &str) -> Option<Vec<u8>> {
+        address(self.0).ok()?;
         header(MapType::HttpResponseHeaders, name).ok().flatten()
     }
 
     fn set_response_header(&self, name: &str, value: &str) -> Result<(), HostError> {
+        address(self.0)?;
         replace_header(MapType::HttpResponseHeaders, name, value)
     }
 
     fn upstream_address(&self) -> Option<String> {
+        address(self.0).ok()?;
         let bytes = property(&["upstream", "address"]).ok().flatten()?;
         String::from_utf8(bytes)
             .ok()
@@ -329,6 +362,7 @@ impl HttpHost for EnvoyStream {
     }
 
     fn subset_hint(&self) -> Option<Vec<u8>> {
+        address(self.0).ok()?;
         let path = [
             "metadata",
             "filter_metadata",
@@ -347,6 +381,7 @@ impl HttpHost for EnvoyStream {
     }
 
     fn send_error(&self, error: &RequestError, shape: ErrorShape) -> Result<(), HostError> {
+        address(self.0)?;
         count(HostCall::LocalReply);
         let content_type = ("content-type", "application/json");
         let headers = match error.dropped_reason() {

@@ -39,6 +39,7 @@ struct PickerRoot {
 
 impl PickerRoot {
     fn with_vm(&self, callback: impl FnOnce(&mut WorkerVm<EnvoyHost>)) {
+        let _entered = abi::enter(self.context_id);
         if let Some(vm) = &self.vm {
             if let Ok(mut vm) = vm.try_borrow_mut() {
                 callback(&mut vm);
@@ -48,8 +49,14 @@ impl PickerRoot {
 }
 
 impl Context for PickerRoot {
+    /// The answer is read here, within the cap the VM gives for that call, and handed over.
     fn on_http_call_response(&mut self, token: u32, headers: usize, body_size: usize, _: usize) {
-        self.with_vm(|vm| vm.on_callout_response(token, headers, body_size));
+        self.with_vm(|vm| {
+            if let Some(cap) = vm.callout_body_cap(token) {
+                let answer = abi::callout_answer(headers, body_size, cap);
+                vm.on_callout_response(token, answer);
+            }
+        });
     }
 }
 
@@ -106,8 +113,9 @@ impl PickerHttp {
         &mut self,
         step: impl FnOnce(&mut WorkerVm<EnvoyHost>, &mut RequestFlow) -> Flow,
     ) -> Action {
+        let _entered = abi::enter(self.request.id());
         let Some(mut vm) = self.vm.as_ref().and_then(|vm| vm.try_borrow_mut().ok()) else {
-            answer_unavailable(&EnvoyStream);
+            answer_unavailable(&EnvoyStream(self.request.id()));
             return Action::Pause;
         };
         match step(&mut vm, &mut self.request) {
@@ -135,6 +143,7 @@ impl HttpContext for PickerHttp {
     }
 
     fn on_http_response_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
+        let _entered = abi::enter(self.request.id());
         if let Some(Ok(mut vm)) = self.vm.as_ref().map(|vm| vm.try_borrow_mut()) {
             vm.on_response_headers(&mut self.request);
         }
@@ -142,6 +151,7 @@ impl HttpContext for PickerHttp {
     }
 
     fn on_log(&mut self) {
+        let _entered = abi::enter(self.request.id());
         if let Some(Ok(mut vm)) = self.vm.as_ref().map(|vm| vm.try_borrow_mut()) {
             vm.on_stream_done(&mut self.request);
         }

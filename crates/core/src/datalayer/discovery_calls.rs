@@ -3,7 +3,7 @@
 
 use crate::discovery::{Discovered, DiscoveryConfig};
 use crate::duration::duration_ms;
-use crate::host::HttpCallouts;
+use crate::host::{CalloutAnswer, HttpCallouts};
 
 #[derive(Debug, Default)]
 pub struct DiscoveryCalls {
@@ -54,23 +54,23 @@ impl DiscoveryCalls {
     /// unreadable, so the last known pool stays.
     pub fn on_answer(
         &mut self,
-        host: &impl HttpCallouts,
+        answer: &CalloutAnswer,
         discovery: &DiscoveryConfig,
-        body_size: usize,
     ) -> Option<Vec<Discovered>> {
         self.call = None;
-        let status = host.response_status();
-        if status.as_deref() != Some(b"200".as_slice()) {
+        let status = answer.status.as_deref();
+        if status != Some(b"200".as_slice()) {
             log::warn!(
                 "inference-picker: discovery failed ({}); keeping the last known pool",
-                super::scrapes::describe_status(status.as_deref())
+                super::scrapes::describe_status(status)
             );
             return None;
         }
-        let found = host
-            .response_body(body_size)
+        let found = answer
+            .body
+            .as_ref()
             .map_err(|error| error.to_string())
-            .and_then(|body| discovery.endpoints(&body));
+            .and_then(|body| discovery.endpoints(body));
         match found {
             Ok(found) => Some(found),
             Err(error) => {

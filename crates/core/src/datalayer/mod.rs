@@ -9,14 +9,14 @@ mod discovery_calls;
 mod models;
 mod scrapes;
 
-pub use models::{ModelLists, ModelsChange};
+pub use models::{ModelLists, ModelsChange, MAX_MODELS_BYTES};
 pub use scrapes::{Scraped, MAX_PROBE_BACKOFF_MS};
 
 use crate::config::{FilterConfig, LoadSignals, PoolConfig};
 use crate::discovery::Discovered;
 use crate::duration::duration_ms;
 use crate::endpoint::{EndpointState, Health, HealthTransition, Pool};
-use crate::host::{HttpCallouts, SharedData};
+use crate::host::{CalloutAnswer, HttpCallouts, SharedData};
 use crate::metrics::{EndpointMetrics, ExtractError};
 use discovery_calls::DiscoveryCalls;
 use scrapes::Scrapes;
@@ -170,7 +170,22 @@ impl DataLayer {
     }
 
     pub fn owns(&self, token: u32) -> bool {
-        self.discovery.owns(token) || self.scrapes.owns(token) || self.models.owns(token)
+        self.body_cap(token).is_some()
+    }
+
+    /// How much of the body of call `token`'s answer is read (the edge copies no more):
+    /// `pool.maxMetricsBytes` of a scrape, a model list's limit, all of a discovery answer;
+    /// `None` when the call is not this pool's.
+    pub fn body_cap(&self, token: u32) -> Option<usize> {
+        if self.discovery.owns(token) {
+            Some(usize::MAX)
+        } else if self.models.owns(token) {
+            Some(models::MAX_MODELS_BYTES)
+        } else if self.scrapes.owns(token) {
+            Some(self.settings.max_metrics_bytes)
+        } else {
+            None
+        }
     }
 
     /// A callout's answer: applied to the pool, and what it asks to share. `models_key` is
@@ -179,13 +194,13 @@ impl DataLayer {
         &mut self,
         host: &(impl HttpCallouts + SharedData),
         token: u32,
-        body_size: usize,
+        answer: &CalloutAnswer,
         now_ms: u64,
         scraping: bool,
         models_key: Option<&str>,
     ) -> (CalloutOutcome, ToShare) {
         if self.discovery.owns(token) {
-            let changed = self.on_discovery_answer(host, body_size);
+            let changed = self.on_discovery_answer(answer);
             let share = ToShare {
                 members: changed,
                 ..ToShare::default()
@@ -193,10 +208,10 @@ impl DataLayer {
             return (CalloutOutcome::Discovered { changed }, share);
         }
         if self.models.owns(token) {
-            let (pool, settings) = (&self.pool, &self.settings);
+            let rooms = (&self.pool, &self.settings);
             let changed = self
                 .models
-                .on_answer(host, pool, settings, models_key, token, body_size);
+                .on_answer(host, rooms, models_key, token, answer);
             return (CalloutOutcome::Models { changed }, ToShare::default());
         }
         let answer = self.scrapes.on_answer(
@@ -204,7 +219,7 @@ impl DataLayer {
             &mut self.pool,
             &self.settings,
             token,
-            body_size,
+            answer,
             now_ms,
             scraping,
         );
@@ -229,11 +244,11 @@ impl DataLayer {
         self.scrapes.mark_published();
     }
 
-    fn on_discovery_answer(&mut self, host: &impl HttpCallouts, body_size: usize) -> bool {
+    fn on_discovery_answer(&mut self, answer: &CalloutAnswer) -> bool {
         let Some(discovery) = &self.settings.discovery else {
             return false;
         };
-        let Some(found) = self.discovery.on_answer(host, discovery, body_size) else {
+        let Some(found) = self.discovery.on_answer(answer, discovery) else {
             return false;
         };
         let (added, removed) = self.set_discovered(&found);

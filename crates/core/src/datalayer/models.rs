@@ -7,9 +7,10 @@
 use crate::config::{ModelsSource, PoolConfig};
 use crate::duration::duration_ms;
 use crate::endpoint::Pool;
-use crate::host::{HostError, HttpCallouts, SharedData};
+use crate::host::{CalloutAnswer, HostError, HttpCallouts, SharedData};
 use crate::protocol::DESTINATION_HEADER;
-use crate::scheduling::plugins::datalayer::models_data_source::{served_models, MAX_MODELS_BYTES};
+use crate::scheduling::plugins::datalayer::models_data_source::served_models;
+pub use crate::scheduling::plugins::datalayer::models_data_source::MAX_MODELS_BYTES;
 use hashbrown::HashMap;
 use std::collections::VecDeque;
 
@@ -134,16 +135,15 @@ impl ModelLists {
     pub fn on_answer(
         &mut self,
         host: &(impl HttpCallouts + SharedData),
-        pool: &Pool,
-        settings: &PoolConfig,
+        (pool, settings): (&Pool, &PoolConfig),
         key: Option<&str>,
         token: u32,
-        body_size: usize,
+        answer: &CalloutAnswer,
     ) -> bool {
         let Some(index) = self.calls.remove(&token) else {
             return false;
         };
-        let change = match read_models(host, pool, index, body_size) {
+        let change = match read_models(answer, pool, index) {
             Some(models) => self.set_endpoint_models(pool, index, models),
             None => self.mark_unanswered(pool, index),
         };
@@ -306,25 +306,22 @@ impl ModelLists {
 }
 
 /// The model ids of endpoint `index`'s answer, `None` when it gave no usable list.
-fn read_models(
-    host: &impl HttpCallouts,
-    pool: &Pool,
-    index: usize,
-    body_size: usize,
-) -> Option<Vec<String>> {
+fn read_models(answer: &CalloutAnswer, pool: &Pool, index: usize) -> Option<Vec<String>> {
     let address = pool.get(index).map_or("?", |e| e.address.as_str());
-    if host.response_status().as_deref() != Some(b"200".as_slice()) {
+    if answer.status.as_deref() != Some(b"200".as_slice()) {
         log::debug!("inference-picker: {address} did not list its models");
         return None;
     }
+    let body_size = answer.body_size;
     if body_size > MAX_MODELS_BYTES {
         log::warn!("inference-picker: the model list of {address} is {body_size} bytes, over {MAX_MODELS_BYTES}: not read");
         return None;
     }
-    let models = host
-        .response_body(body_size)
+    let models = answer
+        .body
+        .as_ref()
         .ok()
-        .and_then(|body| served_models(&body));
+        .and_then(|body| served_models(body));
     if models.is_none() {
         log::warn!("inference-picker: the model list of {address} is not an OpenAI model list");
     }

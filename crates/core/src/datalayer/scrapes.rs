@@ -8,7 +8,7 @@
 use crate::config::PoolConfig;
 use crate::duration::duration_ms;
 use crate::endpoint::Pool;
-use crate::host::HttpCallouts;
+use crate::host::{CalloutAnswer, HttpCallouts};
 use crate::metrics::{self, ExtractError, MetricSelector};
 use crate::protocol::DESTINATION_HEADER;
 use hashbrown::{HashMap, HashSet};
@@ -234,8 +234,8 @@ impl Scrapes {
         }
     }
 
-    /// The answer to scrape `token`: its endpoint, and how it went. The body's size is known
-    /// before it is copied into the VM: one over `pool.maxMetricsBytes` is never read. Sends
+    /// The answer to scrape `token`: its endpoint, and how it went. The edge copied no body
+    /// over `pool.maxMetricsBytes` ([`Scrapes::owns`] calls get that cap). Sends
     /// the round's next scrapes when `scraping`; returns true when the round is complete and
     /// the snapshot should be published.
     #[allow(clippy::too_many_arguments)]
@@ -245,13 +245,13 @@ impl Scrapes {
         pool: &mut Pool,
         settings: &PoolConfig,
         token: u32,
-        body_size: usize,
+        answer: &CalloutAnswer,
         now: u64,
         scraping: bool,
     ) -> Option<(usize, Scraped, bool)> {
         let scrape = self.in_flight.remove(&token)?;
-        let scraped = self.read_answer(host, pool, settings, scrape.index, body_size, now);
-        self.note_oversize(pool, settings, scrape.index, scraped, body_size);
+        let scraped = self.read_answer(answer, pool, settings, scrape.index, now);
+        self.note_oversize(pool, settings, scrape.index, scraped, answer.body_size);
         self.unpublished = true;
         if scrape.round == self.round {
             self.round_outstanding = self.round_outstanding.saturating_sub(1);
@@ -277,36 +277,35 @@ impl Scrapes {
 
     fn read_answer(
         &mut self,
-        host: &impl HttpCallouts,
+        answer: &CalloutAnswer,
         pool: &mut Pool,
         settings: &PoolConfig,
         index: usize,
-        body_size: usize,
         now: u64,
     ) -> Scraped {
-        let status = host.response_status();
+        let status = answer.status.as_deref();
         let address = pool
             .get(index)
             .map_or("?", |e| e.address.as_str())
             .to_owned();
-        if status.as_deref() != Some(b"200".as_slice()) {
+        if status != Some(b"200".as_slice()) {
             log::debug!(
                 "inference-picker: scrape of {address} failed: {}",
-                describe_status(status.as_deref())
+                describe_status(status)
             );
             // A refused connection is Envoy's 503 and leaves at once; a slow pod is not dead.
-            if matches!(status.as_deref(), None | Some(b"504")) {
+            if matches!(status, None | Some(b"504")) {
                 self.timed_out(pool, settings, index);
                 return Scraped::TimedOut;
             }
             self.failed(pool, settings, index);
             return Scraped::Failed;
         }
-        if body_size > settings.max_metrics_bytes {
+        if answer.body_size > settings.max_metrics_bytes {
             self.failed(pool, settings, index);
             return Scraped::Oversized;
         }
-        let body = match host.response_body(body_size) {
+        let body = match &answer.body {
             Ok(body) => body,
             Err(error) => {
                 log::warn!("inference-picker: reading scrape of {address}: {error}");
@@ -314,7 +313,7 @@ impl Scrapes {
                 return Scraped::Failed;
             }
         };
-        match self.ok(pool, settings, index, now, &String::from_utf8_lossy(&body)) {
+        match self.ok(pool, settings, index, now, &String::from_utf8_lossy(body)) {
             Ok(()) => Scraped::Ok,
             Err(_) => Scraped::Failed,
         }

@@ -22,14 +22,12 @@ pub enum Callback {
 }
 
 /// Flow control's part of a callback: lets out what may go (resuming or answering this VM's
-/// held streams) and publishes what this VM holds. Only a clock read while nothing waits
-/// anywhere. `current` is the callback's own context, made current again after acting on
-/// held streams.
+/// held streams, each by its id) and publishes what this VM holds. Only a clock read while
+/// nothing waits anywhere.
 pub fn release_held<H: VmHost>(
     host: &H,
     slot: &mut PoolSlot,
     stats: Option<&Stats<H>>,
-    current: u32,
     callback: Callback,
 ) {
     let root = callback == Callback::Root;
@@ -52,14 +50,8 @@ pub fn release_held<H: VmHost>(
         queue.take_deferred(&mut releases);
     }
     queue.releases((director, data), now_ms, host, &mut releases);
-    let switched = !releases.is_empty();
     for release in releases {
         carry_out_on_stream(host, slot, stats, release, root);
-    }
-    if switched {
-        if let Err(error) = host.switch_to_stream(current) {
-            log::debug!("inference-picker: returning to the callback's own context: {error}");
-        }
     }
     if let Some(queue) = &mut slot.queue {
         if let Err(error) = queue.control_mut().publish(host, now_ms) {
@@ -99,15 +91,15 @@ fn carry_out_on_stream<H: VmHost>(
             ..
         } => (*id, FlowExit::Refused(error.clone()), *waited_ms),
     };
-    if host.switch_to_stream(id).is_err() {
+    let Some(stream) = host.stream(id) else {
         // The stream is gone (its end already ran): give back what the pick took.
         if let Release::Routed { routed, .. } = &release {
             slot.director.request_ended(&mut slot.data, routed);
         }
         return;
-    }
-    let exit = match carry_out(&host.stream(), slot, release, may_answer) {
-        Carried::Resume => match host.resume_stream() {
+    };
+    let exit = match carry_out(&stream, slot, release, may_answer) {
+        Carried::Resume => match host.resume(id) {
             Ok(()) => exit,
             Err(error) => {
                 log::warn!("inference-picker: resuming a released request: {error}");

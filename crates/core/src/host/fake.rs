@@ -1,8 +1,9 @@
 //! In-memory hosts for native tests: HTTP headers and bodies, shared data with Envoy's CAS
 //! semantics, HTTP callouts whose answers the test delivers, and a settable clock.
 
-use super::{Clock, HostCall, HostError, HttpCallouts, HttpHost, MetricKind, Metrics, SharedData};
-use crate::host::VmHost;
+use super::{
+    Clock, HostCall, HostError, HttpCallouts, HttpHost, MetricKind, Metrics, SharedData, VmHost,
+};
 use std::cell::{Cell, RefCell};
 use std::collections::{HashMap, HashSet};
 use std::rc::Rc;
@@ -119,9 +120,6 @@ impl SharedData for NoSharedData {
     }
 }
 
-/// A callout's answer: its `:status` (`None`: timeout or reset) and its body.
-type Answer = (Option<Vec<u8>>, Vec<u8>);
-
 /// A callout the code under test sent.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SentCall {
@@ -139,9 +137,9 @@ impl SentCall {
     }
 }
 
-/// Records dispatched callouts; a test then sets the answer being delivered with [`answer`]
-/// and calls the code's response handler. Dispatches fail once `capacity` calls are in flight
-/// (sent and not answered), as Envoy's do past a cluster's circuit breakers.
+/// Records dispatched callouts; a test then reads an answer with [`answer`], as an edge does,
+/// and hands it to the code's response handler. Dispatches fail once `capacity` calls are in
+/// flight (sent and not answered), as Envoy's do past a cluster's circuit breakers.
 ///
 /// [`answer`]: FakeCallouts::answer
 pub struct FakeCallouts {
@@ -152,8 +150,7 @@ pub struct FakeCallouts {
     pub in_flight: RefCell<HashSet<u32>>,
     /// Dispatches refused so far.
     pub refused: Cell<usize>,
-    delivering: RefCell<Option<Answer>>,
-    /// Bytes copied out by `response_body`, over all calls.
+    /// Bytes of answers' bodies copied out, over all calls.
     pub body_bytes_read: Cell<usize>,
 }
 
@@ -165,21 +162,30 @@ impl Default for FakeCallouts {
             capacity: Cell::new(usize::MAX),
             in_flight: RefCell::new(HashSet::new()),
             refused: Cell::new(0),
-            delivering: RefCell::new(None),
             body_bytes_read: Cell::new(0),
         }
     }
 }
 
 impl FakeCallouts {
-    /// The answer the next response callback sees, for the call `token` (no longer in
-    /// flight): a status (`None`: timeout or reset) and a body.
-    pub fn answer(&self, token: u32, status: Option<&str>, body: &str) {
+    /// The answer to call `token` (no longer in flight), read as an edge reads it with the
+    /// core's `cap`: a status (`None`: a timeout or a reset) and a body.
+    pub fn answer(
+        &self,
+        token: u32,
+        status: Option<&str>,
+        body: &str,
+        cap: usize,
+    ) -> super::CalloutAnswer {
         self.in_flight.borrow_mut().remove(&token);
-        *self.delivering.borrow_mut() = Some((
-            status.map(|s| s.as_bytes().to_vec()),
-            body.as_bytes().to_vec(),
-        ));
+        let read_status = || status.map(|s| s.as_bytes().to_vec());
+        let read_body = |size: usize| {
+            let read = body.as_bytes().get(..size).unwrap_or_default();
+            let copied = self.body_bytes_read.get().saturating_add(read.len());
+            self.body_bytes_read.set(copied);
+            Ok(read.to_vec())
+        };
+        super::CalloutAnswer::read(status.is_some(), body.len(), cap, read_status, read_body)
     }
 
     /// Forgets the calls seen so far (the test answered or abandoned them).
@@ -222,22 +228,6 @@ impl HttpCallouts for FakeCallouts {
             timeout_ms,
         });
         Ok(token)
-    }
-
-    fn response_status(&self) -> Option<Vec<u8>> {
-        self.delivering
-            .borrow()
-            .as_ref()
-            .and_then(|(s, _)| s.clone())
-    }
-
-    fn response_body(&self, size: usize) -> Result<Vec<u8>, HostError> {
-        let delivering = self.delivering.borrow();
-        let body = delivering.as_ref().map_or(&[][..], |(_, b)| b.as_slice());
-        let read = body.get(..size.min(body.len())).unwrap_or_default();
-        self.body_bytes_read
-            .set(self.body_bytes_read.get().saturating_add(read.len()));
-        Ok(read.to_vec())
     }
 }
 
@@ -316,8 +306,8 @@ impl Metrics for FakeMetrics {
 }
 
 /// A worker VM's whole host in memory: the process's shared data, this VM's callouts, stats
-/// and tick period, a clock the test moves, and the VM's streams by context id with the one
-/// the current callback acts on (as Envoy's effective context). Clones are the same host.
+/// and tick period, a clock the test moves, and the VM's streams by id. Clones are the same
+/// host.
 #[derive(Clone, Default)]
 pub struct FakeVm(Rc<FakeVmState>);
 
@@ -333,9 +323,8 @@ pub struct FakeVmState {
     pub tick_period_ms: Cell<Option<u32>>,
     pub memory_bytes: Cell<u64>,
     streams: RefCell<HashMap<u32, Rc<FakeHost>>>,
-    /// Streams whose end ran: switching to one fails.
+    /// Streams whose end ran: they are gone to the VM.
     closed: RefCell<HashSet<u32>>,
-    current: Cell<u32>,
     /// Streams resumed, in order.
     pub resumed: RefCell<Vec<u32>>,
 }
@@ -369,8 +358,7 @@ impl FakeVm {
         FakeVm::in_process(Rc::clone(&self.shared), Rc::clone(&self.clock))
     }
 
-    /// Opens stream `id` with these request headers and body, and makes it current (as
-    /// Envoy does before each of its callbacks).
+    /// Opens stream `id` with these request headers and body.
     pub fn open_stream(&self, id: u32, headers: &[(&str, &str)], body: &str) -> Rc<FakeHost> {
         let stream = Rc::new(FakeHost::default());
         for (name, value) in headers {
@@ -381,18 +369,15 @@ impl FakeVm {
         }
         *stream.body.borrow_mut() = body.as_bytes().to_vec();
         self.streams.borrow_mut().insert(id, Rc::clone(&stream));
-        self.current.set(id);
         stream
     }
 
-    /// Makes stream (or root context) `id` current, as Envoy does before its callback.
-    pub fn enter(&self, id: u32) {
-        self.current.set(id);
-    }
-
-    /// The stream (or root context) the host acts on now.
-    pub fn current(&self) -> u32 {
-        self.current.get()
+    /// Stream `id`'s own state, unless it is gone (or was never opened).
+    fn open(&self, id: u32) -> Option<Rc<FakeHost>> {
+        if self.closed.borrow().contains(&id) {
+            return None;
+        }
+        self.streams.borrow().get(&id).cloned()
     }
 
     /// The status of the local reply sent on stream `id`, if one was.
@@ -402,7 +387,7 @@ impl FakeVm {
         reply.as_ref().map(|(status, _)| *status)
     }
 
-    /// Stream `id` is gone: its end ran (or its client reset it) and it cannot be switched to.
+    /// Stream `id` is gone: its end ran (or its client reset it) and the VM cannot reach it.
     pub fn close_stream(&self, id: u32) {
         self.closed.borrow_mut().insert(id);
     }
@@ -425,12 +410,6 @@ impl HttpCallouts for FakeVm {
         timeout_ms: u32,
     ) -> Result<u32, HostError> {
         self.callouts.dispatch(cluster, headers, timeout_ms)
-    }
-    fn response_status(&self) -> Option<Vec<u8>> {
-        self.callouts.response_status()
-    }
-    fn response_body(&self, size: usize) -> Result<Vec<u8>, HostError> {
-        self.callouts.response_body(size)
     }
 }
 
@@ -455,20 +434,17 @@ impl Clock for FakeVm {
 impl VmHost for FakeVm {
     type Stream = FakeStream;
 
-    fn stream(&self) -> FakeStream {
-        FakeStream(self.clone())
+    fn stream(&self, id: u32) -> Option<FakeStream> {
+        self.open(id)?;
+        Some(FakeStream {
+            vm: self.clone(),
+            id,
+        })
     }
 
-    fn switch_to_stream(&self, id: u32) -> Result<(), HostError> {
-        if self.closed.borrow().contains(&id) {
-            return Err(STREAM_GONE);
-        }
-        self.current.set(id);
-        Ok(())
-    }
-
-    fn resume_stream(&self) -> Result<(), HostError> {
-        self.resumed.borrow_mut().push(self.current.get());
+    fn resume(&self, id: u32) -> Result<(), HostError> {
+        self.open(id).ok_or(STREAM_GONE)?;
+        self.resumed.borrow_mut().push(id);
         Ok(())
     }
 
@@ -492,21 +468,16 @@ impl VmHost for FakeVm {
     fn sync_log_level(&self) {}
 }
 
-/// The current stream of a [`FakeVm`]: every call goes to the stream the VM acts on now, and
-/// fails (or finds nothing) when that is no open stream.
-pub struct FakeStream(FakeVm);
+/// One stream of a [`FakeVm`], by id: each call fails (or finds nothing) once the stream is
+/// gone.
+pub struct FakeStream {
+    vm: FakeVm,
+    id: u32,
+}
 
 impl FakeStream {
-    fn current(&self) -> Option<Rc<FakeHost>> {
-        let vm = &self.0;
-        if vm.closed.borrow().contains(&vm.current.get()) {
-            return None;
-        }
-        vm.streams.borrow().get(&vm.current.get()).cloned()
-    }
-
     fn with<T>(&self, gone: T, call: impl FnOnce(&FakeHost) -> T) -> T {
-        match self.current() {
+        match self.vm.open(self.id) {
             Some(stream) => call(&stream),
             None => gone,
         }
@@ -552,10 +523,10 @@ impl HttpHost for FakeStream {
         self.with(Err(STREAM_GONE), |s| s.send_error(error, shape))
     }
     fn now_ms(&self) -> u64 {
-        self.0.clock.0.get()
+        self.vm.clock.0.get()
     }
     fn shared_data(&self) -> &dyn SharedData {
-        &*self.0.shared
+        &*self.vm.shared
     }
 }
 

@@ -1,6 +1,8 @@
-//! The host contract: everything the pure core needs from the proxy, as small traits. The
-//! proxy-wasm edge (`filter/`) implements them with host calls; [`fake`] implements them in
-//! memory for native tests. A failed host call is a [`HostError`], never a panic.
+//! The host contract: everything the pure core needs from the proxy, as small traits, shaped by
+//! what the core asks (a stream is addressed by its id, a callout's answer arrives as a value).
+//! The edges (`crates/wasm-filter`, `crates/dynamic-module`) implement them with their host's
+//! calls; [`fake`] implements them in memory for native tests. A failed host call is a
+//! [`HostError`], never a panic.
 
 /// A host call that did not succeed; the status is the raw proxy-wasm status code.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -88,7 +90,7 @@ impl SharedData for SharedMemory {
     }
 }
 
-/// Outgoing HTTP calls (scrapes, discovery) and the answer being delivered.
+/// Outgoing HTTP calls (scrapes, discovery); their answers come back as [`CalloutAnswer`]s.
 pub trait HttpCallouts {
     /// Sends a request to an Envoy cluster; the token names it in the response callback.
     fn dispatch(
@@ -97,10 +99,45 @@ pub trait HttpCallouts {
         headers: &[(&str, &str)],
         timeout_ms: u32,
     ) -> Result<u32, HostError>;
-    /// The `:status` of the response being delivered (valid inside its callback only).
-    fn response_status(&self) -> Option<Vec<u8>>;
-    /// The first `size` bytes of the response body being delivered.
-    fn response_body(&self, size: usize) -> Result<Vec<u8>, HostError>;
+}
+
+/// A callout's answer as the edge read it, handed to the core as a value.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CalloutAnswer {
+    /// Its `:status`; `None` when the call timed out or was reset.
+    pub status: Option<Vec<u8>>,
+    /// The body's size, whether it was read or not.
+    pub body_size: usize,
+    /// The body of a 200 within the cap; empty when it was not read.
+    pub body: Result<Vec<u8>, HostError>,
+}
+
+impl CalloutAnswer {
+    /// Reads an answer with the edge's calls: its status, then its body only if the status is
+    /// 200 (the core uses no other body) and the body is within `cap` bytes (the core's limit
+    /// for that call), so an oversized page is never copied. `answered` false: no response
+    /// arrived (a timeout or a reset), and nothing is read.
+    pub fn read(
+        answered: bool,
+        body_size: usize,
+        cap: usize,
+        status: impl FnOnce() -> Option<Vec<u8>>,
+        body: impl FnOnce(usize) -> Result<Vec<u8>, HostError>,
+    ) -> CalloutAnswer {
+        let status = if answered { status() } else { None };
+        let body_size = if answered { body_size } else { 0 };
+        let ok = status.as_deref() == Some(b"200".as_slice());
+        let body = if ok && body_size <= cap {
+            body(body_size)
+        } else {
+            Ok(Vec::new())
+        };
+        CalloutAnswer {
+            status,
+            body_size,
+            body,
+        }
+    }
 }
 
 /// The host's wall clock.
@@ -123,6 +160,29 @@ pub trait Metrics {
     fn increment(&self, id: u32, offset: i64) -> Result<(), HostError>;
     /// Sets a gauge or records a histogram sample.
     fn record(&self, id: u32, value: u64) -> Result<(), HostError>;
+}
+
+/// What a worker VM needs from its host beyond data and callouts: its timer, the streams it
+/// acts on (each addressed by its id), and what it reports about itself. Every call may fail;
+/// none may panic.
+pub trait VmHost: SharedData + HttpCallouts + Metrics + Clock + Clone {
+    /// One stream's calls: its headers, body and local reply.
+    type Stream: HttpHost;
+    /// Stream `id`: the one whose callback runs, or one flow control holds; `None` when it is
+    /// gone (its end already ran).
+    fn stream(&self, id: u32) -> Option<Self::Stream>;
+    /// Lets stream `id`, paused, go on.
+    fn resume(&self, id: u32) -> Result<(), HostError>;
+    /// Sets the period of this VM's tick.
+    fn set_tick_period_ms(&self, period_ms: u32) -> Result<(), HostError>;
+    /// A nanosecond clock, to time decisions and the configuration.
+    fn now_ns(&self) -> Result<u64, HostError>;
+    /// This VM's linear memory, in bytes.
+    fn memory_bytes(&self) -> u64;
+    /// Host calls by kind since the last take, in [`HostCall::ALL`] order.
+    fn take_host_calls(&self) -> [u64; HostCall::ALL.len()];
+    /// Re-reads the host's log level (an operator may change it at run time).
+    fn sync_log_level(&self);
 }
 
 /// proxy-wasm's log levels.
@@ -264,28 +324,6 @@ impl HeaderPairs {
     }
 }
 
-/// What a worker VM needs from its host beyond data and callouts: its timer, the streams it
-/// acts on, and what it reports about itself. Every call may fail; none may panic.
-pub trait VmHost: SharedData + HttpCallouts + Metrics + Clock + Clone {
-    /// The current stream's calls: the stream whose callback runs, or the one last switched to.
-    type Stream: HttpHost;
-    fn stream(&self) -> Self::Stream;
-    /// Makes stream `id` the current one; an error when that stream is gone.
-    fn switch_to_stream(&self, id: u32) -> Result<(), HostError>;
-    /// Lets the current (paused) stream go on.
-    fn resume_stream(&self) -> Result<(), HostError>;
-    /// Sets the period of this VM's tick.
-    fn set_tick_period_ms(&self, period_ms: u32) -> Result<(), HostError>;
-    /// A nanosecond clock, to time decisions and the configuration.
-    fn now_ns(&self) -> Result<u64, HostError>;
-    /// This VM's linear memory, in bytes.
-    fn memory_bytes(&self) -> u64;
-    /// Host calls by kind since the last take, in [`HostCall::ALL`] order.
-    fn take_host_calls(&self) -> [u64; HostCall::ALL.len()];
-    /// Re-reads the host's log level (an operator may change it at run time).
-    fn sync_log_level(&self);
-}
-
 /// In-memory hosts for native tests, here and (with the `testing` feature) in the CLI, the
 /// benches and the integration tests.
 #[cfg(any(test, feature = "testing"))]
@@ -310,6 +348,36 @@ mod tests {
             assert!(!map.contains("y"));
             assert_eq!(map.keys().count(), 3);
         }
+    }
+
+    #[test]
+    fn an_answer_reads_only_the_body_of_a_200_within_the_cap() {
+        let read = |answered: bool, status: &str, size: usize, cap: usize| {
+            let mut reads = Vec::new();
+            let answer = CalloutAnswer::read(
+                answered,
+                size,
+                cap,
+                || Some(status.as_bytes().to_vec()),
+                |size| {
+                    reads.push(size);
+                    Ok(vec![b'x'; size])
+                },
+            );
+            (answer, reads)
+        };
+        let (answer, reads) = read(true, "200", 10, 10);
+        assert_eq!((answer.body, reads), (Ok(vec![b'x'; 10]), vec![10]));
+        let (answer, reads) = read(true, "200", 11, 10);
+        assert_eq!(
+            (answer.body_size, answer.body, reads),
+            (11, Ok(vec![]), vec![])
+        );
+        let (answer, reads) = read(true, "503", 3, 10);
+        assert_eq!(answer.status.as_deref(), Some(&b"503"[..]));
+        assert!(reads.is_empty(), "a failure's body is not read");
+        let (answer, reads) = read(false, "200", 3, 10);
+        assert_eq!((answer.status, answer.body_size, reads), (None, 0, vec![]));
     }
 
     #[test]

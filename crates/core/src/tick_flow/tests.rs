@@ -45,10 +45,13 @@ impl Vm {
         self.deliver(token, status, body)
     }
 
+    /// Reads the answer to `token` with the data layer's cap, as an edge does, and hands it
+    /// over.
     fn deliver(&mut self, token: u32, status: Option<&str>, body: &str) -> CalloutOutcome {
-        self.host.callouts.answer(token, status, body);
+        let cap = self.slot.data.body_cap(token).unwrap_or(0);
+        let answer = self.host.callouts.answer(token, status, body, cap);
         self.flow
-            .on_callout_response(&self.host, &mut self.slot, token, body.len())
+            .on_callout_response(&self.host, &mut self.slot, token, &answer)
     }
 
     fn health(&self, index: usize) -> Health {

@@ -8,7 +8,7 @@ use crate::datalayer::CalloutOutcome;
 use crate::error_response::RequestError;
 use crate::flow_control::releases::{release_held, Callback, FLOW_TICK_MS};
 use crate::hash::hash_bytes;
-use crate::host::{HttpHost, VmHost};
+use crate::host::{CalloutAnswer, HttpHost, VmHost};
 use crate::picker::Picker;
 use crate::request::ApiKind;
 use crate::request_flow::{Flow, Outcome, RequestFlow};
@@ -26,8 +26,6 @@ struct PoolClock {
 
 pub struct WorkerVm<H: VmHost> {
     host: H,
-    /// The root context's id: the context made current again after acting on held streams.
-    root_id: u32,
     picker: Picker,
     /// Every pool's stats, in pool order.
     stats: Vec<Stats<H>>,
@@ -84,7 +82,6 @@ impl<H: VmHost> WorkerVm<H> {
             .collect();
         Ok(WorkerVm {
             host,
-            root_id,
             picker,
             stats,
             pools,
@@ -164,7 +161,7 @@ impl<H: VmHost> WorkerVm<H> {
             }
             if let Some(queue) = slot.queue.as_mut().filter(|_| full || waiting) {
                 queue.refresh(&self.host);
-                release_held(&self.host, slot, stats, self.root_id, Callback::Root);
+                release_held(&self.host, slot, stats, Callback::Root);
             }
         }
         if models_changed {
@@ -173,15 +170,27 @@ impl<H: VmHost> WorkerVm<H> {
         self.pace_ticks(now_ms);
     }
 
-    /// A callout's answer (`num_headers` 0: it timed out or was reset). A scrape that shows
-    /// room lets held requests go at once, not at the next tick.
-    pub fn on_callout_response(&mut self, token: u32, num_headers: usize, body_size: usize) {
-        let owner = (0..self.picker.len()).find(|&index| {
+    /// The pool whose data layer sent call `token`.
+    fn pool_of_call(&self, token: u32) -> Option<usize> {
+        (0..self.picker.len()).find(|&index| {
             self.picker
                 .slot(index)
                 .is_some_and(|slot| slot.data.owns(token))
-        });
-        let Some(index) = owner else {
+        })
+    }
+
+    /// How many bytes of call `token`'s body the VM reads: the edge reads the answer
+    /// ([`CalloutAnswer::read`]) with this cap before handing it over, so an oversized page is
+    /// never copied. `None` when the call is not this VM's (its answer is ignored).
+    pub fn callout_body_cap(&self, token: u32) -> Option<usize> {
+        let slot = self.picker.slot(self.pool_of_call(token)?)?;
+        slot.data.body_cap(token)
+    }
+
+    /// A callout's answer, as the edge read it. A scrape that shows room lets held requests go
+    /// at once, not at the next tick.
+    pub fn on_callout_response(&mut self, token: u32, answer: CalloutAnswer) {
+        let Some(index) = self.pool_of_call(token) else {
             return;
         };
         let (Some(pool), Some(slot)) = (self.pools.get_mut(index), self.picker.slot_mut(index))
@@ -189,15 +198,14 @@ impl<H: VmHost> WorkerVm<H> {
             return;
         };
         let stats = self.stats.get(index);
-        let body_size = if num_headers == 0 { 0 } else { body_size };
         let outcome = pool
             .ticks
             .flow
-            .on_callout_response(&self.host, slot, token, body_size);
+            .on_callout_response(&self.host, slot, token, &answer);
         if let Some(stats) = stats {
             stats.after_callout(slot, outcome);
         }
-        release_held(&self.host, slot, stats, self.root_id, Callback::Root);
+        release_held(&self.host, slot, stats, Callback::Root);
         if let CalloutOutcome::Models { changed: true } = outcome {
             self.picker.refresh_learned_models();
         }
@@ -227,7 +235,9 @@ impl<H: VmHost> WorkerVm<H> {
     }
 
     pub fn on_response_headers(&mut self, request: &mut RequestFlow) {
-        request.on_response_headers(&self.host.stream(), &mut self.picker);
+        if let Some(stream) = self.host.stream(request.id()) {
+            request.on_response_headers(&stream, &mut self.picker);
+        }
     }
 
     /// The stream ended, however it ended: its slot (or its place in the queue) is given back,
@@ -260,7 +270,15 @@ impl<H: VmHost> WorkerVm<H> {
         last: bool,
         step: impl FnOnce(&mut RequestFlow, &H::Stream, &mut Picker) -> Flow,
     ) -> Flow {
-        let stream = self.host.stream();
+        let Some(stream) = self.host.stream(request.id()) else {
+            // The callback's own stream is always there; a host that says otherwise has
+            // nothing left to act on.
+            log::warn!(
+                "inference-picker: stream {} is gone in its own callback",
+                request.id()
+            );
+            return Flow::Continue;
+        };
         let was_pending = request.outcome == Outcome::Pending;
         // The pool is known only after the decision: the first pool's stats pace the sample.
         let timed =
@@ -283,7 +301,7 @@ impl<H: VmHost> WorkerVm<H> {
         let pool = request.pool();
         if let Some(slot) = self.picker.slot_mut(pool) {
             let stats = self.stats.get(pool);
-            release_held(&self.host, slot, stats, request.id(), Callback::Stream);
+            release_held(&self.host, slot, stats, Callback::Stream);
         }
     }
 

@@ -40,10 +40,9 @@ fn configured(config: &str) -> (FakeVm, WorkerVm<FakeVm>) {
 }
 
 /// One interval later, a tick; every scrape it sent is answered with the pod's waiting queue
-/// (in pool order), from the root context as Envoy does.
+/// (in pool order).
 fn scrape_round(host: &FakeVm, vm: &mut WorkerVm<FakeVm>, waiting: &[u32]) {
     host.clock.advance(INTERVAL_MS);
-    host.enter(ROOT);
     vm.on_tick();
     for call in host.callouts.take_sent() {
         let pod = call
@@ -51,9 +50,15 @@ fn scrape_round(host: &FakeVm, vm: &mut WorkerVm<FakeVm>, waiting: &[u32]) {
             .and_then(|value| value.strip_prefix("10.0.0."));
         let index: usize = pod.and_then(|p| p.split(':').next()?.parse().ok()).unwrap();
         let body = format!("vllm:num_requests_waiting {}\n", waiting[index - 1]);
-        host.callouts.answer(call.token, Some("200"), &body);
-        vm.on_callout_response(call.token, 1, body.len());
+        answer(host, vm, call.token, Some("200"), &body);
     }
+}
+
+/// Reads the answer to call `token` with the VM's cap, as an edge does, and hands it over.
+fn answer(host: &FakeVm, vm: &mut WorkerVm<FakeVm>, token: u32, status: Option<&str>, body: &str) {
+    let cap = vm.callout_body_cap(token).unwrap();
+    let answer = host.callouts.answer(token, status, body, cap);
+    vm.on_callout_response(token, answer);
 }
 
 /// A completions request on stream `id`, headers then body, as Envoy calls them.
@@ -81,8 +86,7 @@ fn send_to(
 }
 
 fn destination(host: &FakeVm, id: u32) -> Option<String> {
-    host.enter(id);
-    let value = host.stream().request_header(DESTINATION_HEADER)?;
+    let value = host.stream(id)?.request_header(DESTINATION_HEADER)?;
     String::from_utf8(value).ok()
 }
 
@@ -162,9 +166,13 @@ fn a_scrape_that_times_out_reads_no_body() {
     let sent = host.callouts.take_sent();
     assert_eq!(sent.len(), 2);
     for call in &sent {
-        host.callouts
-            .answer(call.token, None, "vllm:num_requests_waiting 0\n");
-        vm.on_callout_response(call.token, 0, 28);
+        answer(
+            &host,
+            &mut vm,
+            call.token,
+            None,
+            "vllm:num_requests_waiting 0\n",
+        );
     }
     assert_eq!(host.callouts.body_bytes_read.get(), 0);
     for pod in ["10.0.0.1:8000", "10.0.0.2:8000"] {
@@ -183,18 +191,13 @@ fn a_request_held_behind_a_busy_pod_goes_when_the_slot_frees() {
     assert_eq!((flow, &second.outcome), (Flow::Pause, &Outcome::Held));
     assert_eq!(destination(&host, 11), None, "nothing written while held");
     // The tick sees requests waiting and speeds up.
-    host.enter(ROOT);
     vm.on_tick();
     assert_eq!(host.tick_period_ms.get(), Some(FLOW_TICK_MS));
-    // The first stream ends: in its own callback the held one is routed and resumed, and
-    // the host is back on the first stream afterwards.
-    host.enter(10);
+    // The first stream ends: in its own callback the held one is routed and resumed.
     vm.on_stream_done(&mut first);
-    assert_eq!(host.current(), 10, "back on the callback's own stream");
     assert_eq!(host.resumed.borrow().as_slice(), &[11]);
     assert_eq!(destination(&host, 11).as_deref(), Some("10.0.0.1:8000"));
     // The resumed stream's response takes its decision back; its end frees the slot.
-    host.enter(11);
     vm.on_response_headers(&mut second);
     assert!(second.was_routed());
     vm.on_stream_done(&mut second);
@@ -203,7 +206,6 @@ fn a_request_held_behind_a_busy_pod_goes_when_the_slot_frees() {
     // Nothing waits any more: within a pool interval, the tick slows down to it again.
     for _ in 0..INTERVAL_MS / u64::from(FLOW_TICK_MS) {
         host.clock.advance(u64::from(FLOW_TICK_MS));
-        host.enter(ROOT);
         vm.on_tick();
     }
     assert_eq!(host.tick_period_ms.get(), Some(50));
@@ -218,7 +220,6 @@ fn a_released_request_whose_stream_is_gone_gives_its_slot_back() {
     assert_eq!(flow, Flow::Pause);
     // Stream 11 is reset before its end reaches the VM; the release finds it gone.
     host.close_stream(11);
-    host.enter(10);
     vm.on_stream_done(&mut first);
     assert!(host.resumed.borrow().is_empty());
     let (_, flow) = send(&host, &mut vm, 12);
@@ -246,7 +247,6 @@ fn a_refusal_found_in_a_stream_callback_is_sent_from_the_next_tick() {
         None,
         "not answered from stream 12's callback"
     );
-    host.enter(ROOT);
     vm.on_tick();
     assert_eq!(host.stream_reply(11), Some(429));
     assert!(host.resumed.borrow().is_empty());
@@ -256,7 +256,7 @@ fn a_refusal_found_in_a_stream_callback_is_sent_from_the_next_tick() {
 fn a_request_before_the_configuration_is_answered_503_in_its_api_shape() {
     let host = FakeVm::default();
     host.open_stream(3, &[(":path", "/v1/chat/completions")], "");
-    answer_unavailable(&host.stream());
+    answer_unavailable(&host.stream(3).unwrap());
     assert_eq!(host.stream_reply(3), Some(503));
 }
 

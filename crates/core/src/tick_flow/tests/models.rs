@@ -78,6 +78,32 @@ fn the_scraper_learns_each_pods_models_and_the_others_read_them() {
 }
 
 #[test]
+fn each_answer_is_read_only_as_far_as_the_core_uses_it() {
+    let (shared, clock) = (Rc::<FakeShared>::default(), Rc::<FakeClock>::default());
+    let mut vm = Vm::new(LEARNING_POOL, 1, &shared, &clock);
+    vm.tick();
+    let (models_call, _) = model_calls(&vm)[0].clone();
+    let scrape = vm.host.callouts.token_for("10.0.0.1:8000").unwrap();
+    assert_ne!(scrape, models_call);
+    let body_cap = |vm: &Vm, token| vm.slot.data.body_cap(token);
+    assert_eq!(body_cap(&vm, scrape), Some(4 << 20), "pool.maxMetricsBytes");
+    assert_eq!(
+        body_cap(&vm, models_call),
+        Some(crate::datalayer::MAX_MODELS_BYTES)
+    );
+    vm.deliver(scrape, Some("200"), "vllm:num_requests_waiting 0\n");
+    assert_eq!(
+        body_cap(&vm, scrape),
+        None,
+        "answered: no longer this pool's"
+    );
+    let mut discovering = Vm::new(DISCOVERED, 2, &Rc::default(), &clock);
+    discovering.tick();
+    let call = discovering.host.callouts.take_sent().pop().unwrap();
+    assert_eq!(body_cap(&discovering, call.token), Some(usize::MAX));
+}
+
+#[test]
 fn every_pods_list_reaches_the_other_vms_even_when_the_pool_serves_the_same_models() {
     let (shared, clock) = (Rc::<FakeShared>::default(), Rc::<FakeClock>::default());
     let mut a = Vm::new(LEARNING_POOL, 1, &shared, &clock);
