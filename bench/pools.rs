@@ -5,7 +5,7 @@ use crate::procfs::cpu_seconds;
 use crate::report::{csv_table, markdown_table, Cell, Column, Part, Row};
 use crate::support::{shipped_picker_config, Envoy, Sim, SimPool, MODEL};
 use crate::workloads::padded_completion;
-use inference_picker_core::picker::ModelRouter;
+use inference_picker_core::router::ModelRouter;
 use std::time::Duration;
 
 const INTRO: &str = "## 7. Many pools in one filter: 1 vs 100 pools\n\n\

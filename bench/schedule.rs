@@ -6,12 +6,12 @@ use crate::workloads::{half_shared_chats, padded_completion};
 use inference_picker_core::config::load as load_config;
 use inference_picker_core::endpoint::Health;
 use inference_picker_core::host::{HostError, MetricKind, Metrics};
-use inference_picker_core::picker::PoolSlot;
-use inference_picker_core::picker::STATS_PREFIX;
 use inference_picker_core::request::{parse_body, ApiKind};
+use inference_picker_core::router::PoolSlot;
+use inference_picker_core::router::STATS_PREFIX;
 use inference_picker_core::scheduling::rng::Rng;
 use inference_picker_core::stats::Stats;
-use inference_picker_core::tick_flow::configure;
+use inference_picker_core::vm::configure::configure;
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::fmt::Write as _;
@@ -28,7 +28,7 @@ const BETWEEN: &str =
 
 const CONFIGURE: &str = "\nConfiguring one VM, natively: loading and validating the YAML \
      configuration with N static endpoints (the shipped plugins), building the director \
-     (`tick_flow::configure`), and defining every stat (five per endpoint; here in an \
+     (`vm::configure::configure`), and defining every stat (five per endpoint; here in an \
      in-memory name table, in Envoy a host call each). Envoy logs the same step per VM \
      (`configured with N endpoints in X ms`), which part 4 reports.\n\n";
 
@@ -152,7 +152,7 @@ fn time_configure(endpoints: usize) -> ConfigureRow {
         let configured = configure(yaml.as_bytes(), 7).expect("config");
         load_ms = load_ms.min(started.elapsed().as_secs_f64() * 1e3);
         let started = Instant::now();
-        let slot = configured.picker.slot(0).expect("one pool");
+        let slot = configured.router.slot(0).expect("one pool");
         let stats = Stats::define(NamedStats::default(), slot, STATS_PREFIX);
         stats_ms = stats_ms.min(started.elapsed().as_secs_f64() * 1e3);
         std::hint::black_box(stats);

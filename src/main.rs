@@ -17,13 +17,13 @@ use inference_picker_core::endpoint::Health;
 use inference_picker_core::flow_control::policy_plugins::{fairness_type, ordering_type};
 use inference_picker_core::flow_control::DEFAULT_FAIRNESS_ID;
 use inference_picker_core::host::fake::FakeVm;
-use inference_picker_core::picker::Picker;
-use inference_picker_core::picker::PoolSlot;
 use inference_picker_core::protocol::{
     FAIRNESS_ID_HEADER, LLMD_FAIRNESS_ID_HEADER, MODEL_REWRITE_HEADER, SUBSET_HINT_KEY,
 };
 use inference_picker_core::request::{parse_body, ApiKind};
-use inference_picker_core::request_flow::{Outcome, RequestFlow};
+use inference_picker_core::request_driver::{Outcome, RequestDriver};
+use inference_picker_core::router::PoolRouter;
+use inference_picker_core::router::PoolSlot;
 use inference_picker_core::vm::WorkerVm;
 use std::process::ExitCode;
 
@@ -142,10 +142,10 @@ fn explain(args: &[String]) -> Result<(), String> {
     host.clock.advance(START_MS);
     let mut vm = WorkerVm::configure(host.clone(), ROOT_ID, text.as_bytes(), None)
         .map_err(|error| format!("{}: {error}", args.config))?;
-    let pool = chosen_pool(vm.picker(), &args, body.as_deref())?;
+    let pool = chosen_pool(vm.router(), &args, body.as_deref())?;
     feed_metrics(&host, &mut vm, pool, &args)?;
     let now_ms = host.clock.0.get();
-    if let Some(slot) = vm.picker().slot(pool) {
+    if let Some(slot) = vm.router().slot(pool) {
         print_flow_control(slot, now_ms);
     }
     let mut headers: Vec<(&str, &str)> = args
@@ -157,12 +157,12 @@ fn explain(args: &[String]) -> Result<(), String> {
     let stream = host.open_stream(STREAM_ID, &headers, body.as_deref().unwrap_or_default());
     // `--header x-gateway-destination-endpoint-subset:a,b` stands for the proxy's hint.
     *stream.subset_hint.borrow_mut() = header(&args, SUBSET_HINT_KEY).map(String::into_bytes);
-    let mut request = RequestFlow::new(STREAM_ID);
+    let mut request = RequestDriver::new(STREAM_ID);
     vm.on_request_headers(&mut request, body.is_none());
     if let Some(body) = &body {
         vm.on_request_body(&mut request, body.len(), true);
     }
-    let slot = vm.picker().slot(request.pool()).ok_or("no pool")?;
+    let slot = vm.router().slot(request.pool()).ok_or("no pool")?;
     report(&request.outcome, slot, &args)
 }
 
@@ -175,18 +175,22 @@ fn header(args: &ExplainArgs, name: &str) -> Option<String> {
 
 /// The pool the request's model names (after a model rewrite header): the pool whose pods the
 /// `--metrics` files describe.
-fn chosen_pool(picker: &Picker, args: &ExplainArgs, body: Option<&str>) -> Result<usize, String> {
+fn chosen_pool(
+    router: &PoolRouter,
+    args: &ExplainArgs,
+    body: Option<&str>,
+) -> Result<usize, String> {
     let api = ApiKind::from_path(args.path.as_bytes());
     let model = match (body, api.is_inference()) {
         (Some(body), true) => header(args, MODEL_REWRITE_HEADER)
             .or_else(|| parse_body(api, body.as_bytes()).ok().map(|r| r.model)),
         _ => None,
     };
-    let pool = picker
+    let pool = router
         .pool_for(model.as_deref())
         .ok_or_else(|| format!("refused with 404: no pool serves the model {model:?}"))?;
-    if picker.len() > 1 {
-        let name = picker
+    if router.len() > 1 {
+        let name = router
             .slots()
             .get(pool)
             .map_or("-", |slot| slot.name.as_str());
@@ -203,7 +207,7 @@ fn feed_metrics(
     pool: usize,
     args: &ExplainArgs,
 ) -> Result<(), String> {
-    let slot = vm.picker().slot(pool).ok_or("no pool")?;
+    let slot = vm.router().slot(pool).ok_or("no pool")?;
     let addresses: Vec<String> = slot
         .data
         .pool()
@@ -244,7 +248,7 @@ fn feed_metrics(
     }
     host.clock.advance(vm.interval_ms(pool).unwrap_or(0));
     vm.on_tick();
-    let slot = vm.picker().slot(pool).ok_or("no pool")?;
+    let slot = vm.router().slot(pool).ok_or("no pool")?;
     for (endpoint, path) in slot.data.pool().endpoints.iter().zip(&args.metrics) {
         if endpoint.health != Health::Fresh {
             println!(

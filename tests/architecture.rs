@@ -174,9 +174,9 @@ fn no_module_imports_one_that_imports_it_back() {
     let graph = import_graph();
     assert!(graph.len() > 40, "the graph looks unread: {graph:?}");
     assert!(
-        graph["tick_flow"].contains("shared_state"),
+        graph["tick_driver"].contains("shared_state"),
         "known edge missing: {:?}",
-        graph["tick_flow"]
+        graph["tick_driver"]
     );
     if let Some(cycle) = find_cycle(&graph) {
         panic!("import cycle: {}", cycle.join(" -> "));
@@ -259,7 +259,7 @@ fn only_the_data_layer_writes_scraped_state() {
     // The tick asks the data layer to refresh health (its own method of the same name).
     let outside: Vec<String> = outside
         .into_iter()
-        .filter(|line| line != "tick_flow calls refresh_health")
+        .filter(|line| line != "tick_driver calls refresh_health")
         .collect();
     assert!(
         outside.is_empty(),
@@ -328,14 +328,14 @@ fn a_request_is_decided_and_a_pool_ticked_through_one_entry() {
     // releases call the director's scheduling; the edges reach neither.
     let outside = only_owners_call(
         &["route_prepared", "route_parsed"],
-        &["picker", "flow_control", "director"],
+        &["router", "flow_control", "director"],
     );
     assert!(
         outside.is_empty(),
         "a second way to schedule a request: {outside:?}"
     );
     // A pool's tick: only the worker VM drives it.
-    let outside = only_owners_call(&["on_tick", "on_callout_response"], &["vm", "tick_flow"]);
+    let outside = only_owners_call(&["on_tick", "on_callout_response"], &["vm", "tick_driver"]);
     assert!(
         outside.is_empty(),
         "a second way to tick a pool: {outside:?}"
@@ -406,7 +406,7 @@ fn the_core_cannot_name_proxy_wasm() {
 /// implements, the worker VM it forwards to, the request state each stream keeps, and the protocol's names and error
 /// shapes it writes. Scheduling, flow control or configuration named here would be a
 /// decision made in the edge.
-const FILTER_USES: [&str; 5] = ["host", "vm", "request_flow", "error_response", "protocol"];
+const FILTER_USES: [&str; 5] = ["host", "vm", "request_driver", "error_response", "protocol"];
 
 #[test]
 fn the_filter_only_carries_out_what_the_core_decides() {

@@ -7,16 +7,16 @@ use inference_picker_core::director::Routed;
 use inference_picker_core::endpoint::Pool;
 use inference_picker_core::error_response::RequestError;
 use inference_picker_core::host::fake::NoSharedData;
-use inference_picker_core::picker::{Decided, Picker, PoolSlot};
 use inference_picker_core::request::{ApiKind, RequestHeaders};
+use inference_picker_core::router::{Decided, PoolRouter, PoolSlot};
 
 /// One pool, fed scrapes as the data layer takes them and requests as the request path
 /// prepares and decides them (the stream's part aside).
-pub struct OnePool(Picker);
+pub struct OnePool(PoolRouter);
 
 impl OnePool {
     pub fn new(config: FilterConfig) -> Self {
-        OnePool(Picker::single(config))
+        OnePool(PoolRouter::single(config))
     }
 
     pub fn slot(&mut self) -> &mut PoolSlot {

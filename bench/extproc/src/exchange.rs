@@ -10,14 +10,14 @@ use crate::proto::{
 };
 use inference_picker_core::duration::duration_ms;
 use inference_picker_core::host::fake::FakeHost;
-use inference_picker_core::picker::Picker;
-use inference_picker_core::request_flow::{Flow, Outcome, RequestFlow};
+use inference_picker_core::router::PoolRouter;
+use inference_picker_core::request_driver::{Next, Outcome, RequestDriver};
 use std::collections::HashMap;
 use std::time::Instant;
 
 /// The picker every stream uses, and when the process started (its clock).
 pub struct Shared {
-    pub picker: Picker,
+    pub router: PoolRouter,
     pub started: Instant,
 }
 
@@ -28,7 +28,7 @@ pub struct Exchange {
     stream: FakeHost,
     /// The request headers as Envoy sent them.
     sent: HashMap<String, String>,
-    request: RequestFlow,
+    request: RequestDriver,
     /// The decision's replies went out: later body chunks pass straight back.
     decided: bool,
 }
@@ -41,14 +41,14 @@ impl Exchange {
         shared: &mut Shared,
     ) -> Vec<ProcessingResponse> {
         self.stream.now_ms.set(duration_ms(shared.started.elapsed()));
-        let picker = &mut shared.picker;
+        let router = &mut shared.router;
         match message.request {
             Some(Request::RequestHeaders(headers)) => {
                 self.sent = pairs(&headers).collect();
                 *self.stream.headers.borrow_mut() = self.sent.clone();
                 let flow = self
                     .request
-                    .on_headers(&self.stream, picker, headers.end_of_stream);
+                    .on_headers(&self.stream, router, headers.end_of_stream);
                 self.after(flow, false)
             }
             Some(Request::RequestBody(chunk)) if self.decided => {
@@ -59,11 +59,11 @@ impl Exchange {
                 let size = self.stream.body.borrow().len();
                 let flow = self
                     .request
-                    .on_body(&self.stream, picker, size, chunk.end_of_stream);
+                    .on_body(&self.stream, router, size, chunk.end_of_stream);
                 self.after(flow, true)
             }
             Some(Request::RequestTrailers(_)) => {
-                let flow = self.request.on_trailers(&self.stream, picker);
+                let flow = self.request.on_trailers(&self.stream, router);
                 let mut replies = self.after(flow, true);
                 replies.push(reply(Response::RequestTrailers(
                     TrailersResponse::default(),
@@ -74,7 +74,7 @@ impl Exchange {
                 let mut response = self.stream.response_headers.borrow_mut();
                 response.extend(pairs(&headers).filter(|(name, _)| name == ":status"));
                 drop(response);
-                self.request.on_response_headers(&self.stream, picker);
+                self.request.on_response_headers(&self.stream, router);
                 let written: Vec<(String, String)> = self
                     .stream
                     .response_headers
@@ -105,16 +105,16 @@ impl Exchange {
     pub fn finish(&mut self, shared: &mut Shared) {
         let now_ms = duration_ms(shared.started.elapsed());
         let store = &self.stream.shared;
-        self.request.on_done(&mut shared.picker, now_ms, store);
+        self.request.on_done(&mut shared.router, now_ms, store);
     }
 
     /// The replies once the flow has decided: its refusal, or the headers it changed (and the
     /// buffered body, streamed back, when it came with one). Nothing while it waits.
-    fn after(&mut self, flow: Flow, with_body: bool) -> Vec<ProcessingResponse> {
+    fn after(&mut self, flow: Next, with_body: bool) -> Vec<ProcessingResponse> {
         if let Some((status, body)) = self.stream.reply.take() {
             return vec![refusal(status, body)];
         }
-        if flow == Flow::Pause || self.request.outcome == Outcome::Pending {
+        if flow == Next::Pause || self.request.outcome == Outcome::Pending {
             return Vec::new();
         }
         self.decided = true;

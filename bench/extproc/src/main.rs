@@ -26,7 +26,7 @@ const PROCESS_PATH: &str = "/envoy.service.ext_proc.v3.ExternalProcessor/Process
 
 #[derive(Clone)]
 struct ExternalProcessor {
-    picker: Arc<Mutex<Shared>>,
+    router: Arc<Mutex<Shared>>,
 }
 
 impl tonic::server::NamedService for ExternalProcessor {
@@ -50,7 +50,7 @@ where
         if request.uri().path() != PROCESS_PATH {
             return Box::pin(async { Ok(unimplemented_method()) });
         }
-        let process = Process(self.picker.clone());
+        let process = Process(self.router.clone());
         Box::pin(async move {
             let codec =
                 tonic::codec::ProstCodec::<ProcessingResponse, ProcessingRequest>::default();
@@ -81,14 +81,14 @@ impl tonic::server::StreamingService<ProcessingRequest> for Process {
     type Future = BoxFuture<tonic::Response<Self::ResponseStream>, Status>;
 
     fn call(&mut self, request: tonic::Request<Streaming<ProcessingRequest>>) -> Self::Future {
-        let picker = self.0.clone();
+        let router = self.0.clone();
         let mut inbound = request.into_inner();
         let (sender, receiver) = tokio::sync::mpsc::channel(4);
         tokio::spawn(async move {
             let mut exchange = exchange::Exchange::default();
             while let Ok(Some(message)) = inbound.message().await {
-                let replies = match picker.lock() {
-                    Ok(mut picker) => exchange.on_message(message, &mut picker),
+                let replies = match router.lock() {
+                    Ok(mut router) => exchange.on_message(message, &mut router),
                     Err(_) => return,
                 };
                 for reply in replies {
@@ -98,8 +98,8 @@ impl tonic::server::StreamingService<ProcessingRequest> for Process {
                 }
             }
             // The client went away before the response: the pod's slot is free again.
-            if let Ok(mut picker) = picker.lock() {
-                exchange.finish(&mut picker);
+            if let Ok(mut router) = router.lock() {
+                exchange.finish(&mut router);
             }
         });
         Box::pin(async move { Ok(tonic::Response::new(ReceiverStream::new(receiver))) })
@@ -116,7 +116,7 @@ fn flag(name: &str) -> Option<String> {
 fn main() {
     let port: u16 = flag("--port").and_then(|p| p.parse().ok()).unwrap_or(0);
     let Some(config_path) = flag("--config") else {
-        eprintln!("usage: extproc-picker --port N --config picker.yaml");
+        eprintln!("usage: extproc-picker --port N --config router.yaml");
         std::process::exit(2);
     };
     let text = std::fs::read_to_string(&config_path).unwrap_or_else(|error| {
@@ -127,11 +127,11 @@ fn main() {
         eprintln!("extproc-picker: {config_path}: {error}");
         std::process::exit(2);
     });
-    let picker = Arc::new(Mutex::new(Shared {
-        picker: configured.picker,
+    let router = Arc::new(Mutex::new(Shared {
+        router: configured.router,
         started: std::time::Instant::now(),
     }));
-    scrape::spawn(picker.clone());
+    scrape::spawn(router.clone());
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -140,21 +140,21 @@ fn main() {
             eprintln!("extproc-picker: runtime: {error}");
             std::process::exit(2);
         });
-    runtime.block_on(serve(port, picker));
+    runtime.block_on(serve(port, router));
 }
 
 /// The filter's own configuration loader; flow control (which holds requests across VMs) is
 /// the filter's alone.
-fn configure(text: &[u8]) -> Result<inference_picker_core::tick_flow::Configured, String> {
-    let configured = inference_picker_core::tick_flow::configure(text, 7)?;
-    let slots = configured.picker.slots();
+fn configure(text: &[u8]) -> Result<inference_picker_core::vm::configure::Configured, String> {
+    let configured = inference_picker_core::vm::configure::configure(text, 7)?;
+    let slots = configured.router.slots();
     if slots.iter().any(|slot| slot.queue.is_some()) {
         return Err("flow control is not supported by the ext_proc baseline".into());
     }
     Ok(configured)
 }
 
-async fn serve(port: u16, picker: Arc<Mutex<Shared>>) {
+async fn serve(port: u16, router: Arc<Mutex<Shared>>) {
     let listener = match tokio::net::TcpListener::bind(("127.0.0.1", port)).await {
         Ok(listener) => listener,
         Err(error) => {
@@ -176,7 +176,7 @@ async fn serve(port: u16, picker: Arc<Mutex<Shared>>) {
         },
     );
     let served = tonic::transport::Server::builder()
-        .add_service(ExternalProcessor { picker })
+        .add_service(ExternalProcessor { router })
         .serve_with_incoming(incoming)
         .await;
     if let Err(error) = served {

@@ -40,7 +40,7 @@ pub fn spawn(shared: Arc<Mutex<Shared>>) {
                     return;
                 };
                 let now = duration_ms(shared.started.elapsed());
-                let Some(slot) = shared.picker.slot_mut(pool) else {
+                let Some(slot) = shared.router.slot_mut(pool) else {
                     continue;
                 };
                 let answer = CalloutAnswer {
@@ -55,7 +55,7 @@ pub fn spawn(shared: Arc<Mutex<Shared>>) {
         }
         if let Ok(mut shared) = shared.lock() {
             let now = duration_ms(shared.started.elapsed());
-            for slot in shared.picker.slots_mut() {
+            for slot in shared.router.slots_mut() {
                 slot.data.refresh_health(now);
             }
         }
@@ -100,7 +100,7 @@ impl SharedData for Calls {
 fn start_rounds(shared: &mut Shared, calls: &Calls) -> Duration {
     let mut interval = Duration::MAX;
     let now = duration_ms(shared.started.elapsed());
-    for (pool, slot) in shared.picker.slots_mut().iter_mut().enumerate() {
+    for (pool, slot) in shared.router.slots_mut().iter_mut().enumerate() {
         interval = interval.min(slot.data.settings().refresh_metrics_interval);
         slot.data.call_out(calls, now);
         note_pool(calls, pool);
@@ -131,7 +131,7 @@ fn take_jobs(shared: &Arc<Mutex<Shared>>, calls: &Calls) -> Vec<Job> {
     sent.into_iter()
         .filter_map(|call| {
             let pool = pools.remove(&call.token)?;
-            let settings = shared.picker.slot(pool)?.data.settings();
+            let settings = shared.router.slot(pool)?.data.settings();
             let address = call.authority()?.to_owned();
             let path = settings.metrics_path.clone();
             Some((pool, call.token, address, path, settings.metrics_timeout))

@@ -7,7 +7,7 @@ mod steps;
 use std::cell::RefCell;
 
 thread_local! {
-    static STATE: RefCell<Option<(inference_picker_core::picker::Picker, steps::BenchHost)>> =
+    static STATE: RefCell<Option<(inference_picker_core::router::PoolRouter, steps::BenchHost)>> =
         const { RefCell::new(None) };
     static TICKS: RefCell<Option<steps::Ticks>> = const { RefCell::new(None) };
 }
@@ -27,13 +27,13 @@ pub extern "C" fn tick(n: u32) -> u32 {
 /// 1 when the picker is configured and routes the body, 0 otherwise.
 #[no_mangle]
 pub extern "C" fn setup(body_bytes: u32) -> u32 {
-    let Some(mut picker) = steps::shipped_picker() else {
+    let Some(mut router) = steps::shipped_picker() else {
         return 0;
     };
     let body = steps::padded_completion(body_bytes as usize);
     let host = steps::BenchHost::new(&body);
-    let routes = steps::run(&mut picker, &host, steps::STEPS.len() - 1, 1) == 1;
-    STATE.with(|state| *state.borrow_mut() = Some((picker, host)));
+    let routes = steps::run(&mut router, &host, steps::STEPS.len() - 1, 1) == 1;
+    STATE.with(|state| *state.borrow_mut() = Some((router, host)));
     u32::from(routes)
 }
 
@@ -41,9 +41,9 @@ pub extern "C" fn setup(body_bytes: u32) -> u32 {
 pub extern "C" fn run(step: u32, n: u32) -> u32 {
     STATE.with(|state| {
         let mut state = state.borrow_mut();
-        let Some((picker, host)) = state.as_mut() else {
+        let Some((router, host)) = state.as_mut() else {
             return 0;
         };
-        steps::run(picker, host, step as usize, n as usize) as u32
+        steps::run(router, host, step as usize, n as usize) as u32
     })
 }

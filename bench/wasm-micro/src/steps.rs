@@ -8,10 +8,10 @@ use inference_picker_core::host::fake::{FakeVm, NoSharedData};
 use inference_picker_core::host::{
     encode_header_map, HeaderPairs, HostError, HttpHost, SharedData,
 };
-use inference_picker_core::picker::Picker;
 use inference_picker_core::request::{ApiKind, RequestHeaders};
-use inference_picker_core::request_flow::RequestFlow;
-use inference_picker_core::tick_flow::TickFlow;
+use inference_picker_core::request_driver::RequestDriver;
+use inference_picker_core::router::PoolRouter;
+use inference_picker_core::tick_driver::TickDriver;
 use serde_yaml::Value;
 
 /// What each step runs, in order: every step does the one before it and more.
@@ -50,9 +50,9 @@ fn shipped_picker_config() -> Option<String> {
 }
 
 /// The picker, its endpoints scraped once.
-pub fn shipped_picker() -> Option<Picker> {
-    let mut picker = shipped_configuration()?.0;
-    let data = &mut picker.slot_mut(0)?.data;
+pub fn shipped_picker() -> Option<PoolRouter> {
+    let mut router = shipped_configuration()?.0;
+    let data = &mut router.slot_mut(0)?.data;
     for (endpoint, waiting) in (0..ENDPOINTS).zip([1, 3]) {
         let metrics = format!(
             "vllm:num_requests_waiting {waiting}\nvllm:num_requests_running 2\n\
@@ -61,15 +61,15 @@ pub fn shipped_picker() -> Option<Picker> {
         data.scrape_answered(endpoint, 0, &metrics).ok()?;
     }
     data.refresh_health(0);
-    Some(picker)
+    Some(router)
 }
 
 /// The shipped configuration's picker and its pool's tick flow.
-fn shipped_configuration() -> Option<(Picker, TickFlow)> {
+fn shipped_configuration() -> Option<(PoolRouter, TickDriver)> {
     let text = shipped_picker_config()?;
-    let configured = inference_picker_core::tick_flow::configure(text.as_bytes(), 7).ok()?;
-    let flow = configured.ticks.into_iter().next()?.flow;
-    Some((configured.picker, flow))
+    let configured = inference_picker_core::vm::configure::configure(text.as_bytes(), 7).ok()?;
+    let flow = configured.ticks.into_iter().next()?.driver;
+    Some((configured.router, flow))
 }
 
 /// A real vLLM 0.32 `/metrics` answer under load (what each scrape reads in production).
@@ -79,22 +79,22 @@ const VLLM_METRICS: &str =
 /// The scraping VM's ticks, on the in-memory host: each tick's own work and the answers of
 /// the scrapes it sent, with a clock that moves one interval per tick.
 pub struct Ticks {
-    picker: Picker,
-    flow: TickFlow,
+    router: PoolRouter,
+    flow: TickDriver,
     host: FakeVm,
 }
 
 impl Ticks {
     pub fn new() -> Option<Ticks> {
-        let (picker, flow) = shipped_configuration()?;
+        let (router, flow) = shipped_configuration()?;
         let host = FakeVm::default();
         host.clock.advance(1_000_000);
-        Some(Ticks { picker, flow, host })
+        Some(Ticks { router, flow, host })
     }
 
     /// Runs `n` ticks; the scrapes answered, so a tick that scrapes nothing shows as 0.
     pub fn run(&mut self, n: usize) -> usize {
-        let Some(slot) = self.picker.slot_mut(0) else {
+        let Some(slot) = self.router.slot_mut(0) else {
             return 0;
         };
         let mut answered = 0;
@@ -194,33 +194,33 @@ impl HttpHost for BenchHost {
 
 /// Runs step `step` (an index into [`STEPS`]) `n` times; the count of requests routed, so a
 /// broken step shows as 0.
-pub fn run(picker: &mut Picker, host: &BenchHost, step: usize, n: usize) -> usize {
+pub fn run(router: &mut PoolRouter, host: &BenchHost, step: usize, n: usize) -> usize {
     let mut routed = 0;
     for id in 0..n {
         let ok = match step {
-            0 => parse(picker, host),
-            1 => decide(picker, host),
-            _ => request(picker, host, id),
+            0 => parse(router, host),
+            1 => decide(router, host),
+            _ => request(router, host, id),
         };
         routed += usize::from(ok);
     }
     routed
 }
 
-fn parse(picker: &mut Picker, host: &BenchHost) -> bool {
+fn parse(router: &mut PoolRouter, host: &BenchHost) -> bool {
     let body = host.body.as_slice();
-    let prepared = picker.prepare(ApiKind::Completions, Some(body), RequestHeaders::default());
+    let prepared = router.prepare(ApiKind::Completions, Some(body), RequestHeaders::default());
     std::hint::black_box(&prepared).is_ok()
 }
 
-fn decide(picker: &mut Picker, host: &BenchHost) -> bool {
+fn decide(router: &mut PoolRouter, host: &BenchHost) -> bool {
     let body = host.body.as_slice();
     let Ok((pool, prepared)) =
-        picker.prepare(ApiKind::Completions, Some(body), RequestHeaders::default())
+        router.prepare(ApiKind::Completions, Some(body), RequestHeaders::default())
     else {
         return false;
     };
-    let Some(slot) = picker.slot_mut(pool) else {
+    let Some(slot) = router.slot_mut(pool) else {
         return false;
     };
     match slot.director.route_prepared(&mut slot.data, prepared) {
@@ -232,12 +232,12 @@ fn decide(picker: &mut Picker, host: &BenchHost) -> bool {
     }
 }
 
-fn request(picker: &mut Picker, host: &BenchHost, id: usize) -> bool {
-    let mut flow = RequestFlow::new(u32::try_from(id).unwrap_or(0));
-    flow.on_headers(host, picker, false);
-    flow.on_body(host, picker, host.body.len(), true);
+fn request(router: &mut PoolRouter, host: &BenchHost, id: usize) -> bool {
+    let mut flow = RequestDriver::new(u32::try_from(id).unwrap_or(0));
+    flow.on_headers(host, router, false);
+    flow.on_body(host, router, host.body.len(), true);
     let routed = flow.was_routed();
-    flow.on_response_headers(host, picker);
-    flow.on_done(picker, 0, &NoSharedData);
+    flow.on_response_headers(host, router);
+    flow.on_done(router, 0, &NoSharedData);
     routed
 }

@@ -24,16 +24,16 @@ pub mod learned;
 pub mod limits;
 pub mod metrics;
 pub mod pace;
-pub mod picker;
 pub mod prometheus;
 pub mod protocol;
 pub mod request;
-pub mod request_flow;
+pub mod request_driver;
+pub mod router;
 pub mod scheduling;
 pub mod shared_keys;
 pub mod shared_state;
 pub mod stats;
-pub mod tick_flow;
+pub mod tick_driver;
 pub mod vm;
 
 /// The `#[test]` every unit-test module imports (`use crate::harness::test;`): libtest's natively

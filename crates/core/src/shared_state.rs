@@ -475,9 +475,9 @@ mod tests {
         DataLayer::from_pool(pool(), crate::config::PoolConfig::default())
     }
 
-    fn slot() -> crate::picker::PoolSlot {
+    fn slot() -> crate::router::PoolSlot {
         let config = "pool: {endpoints: [{address: '10.0.0.1:8000'}, {address: '10.0.0.2:8000'}]}";
-        crate::picker::PoolSlot::new("p".into(), crate::config::load(config, 1).unwrap())
+        crate::router::PoolSlot::new("p".into(), crate::config::load(config, 1).unwrap())
     }
 
     #[test]

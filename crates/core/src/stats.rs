@@ -6,9 +6,9 @@ use crate::datalayer::{CalloutOutcome, Scraped};
 use crate::endpoint::Health;
 use crate::error_response::{Dropped, RequestError};
 use crate::host::{HostCall, MetricKind, Metrics};
-use crate::picker::{PoolSlot, STATS_PREFIX};
+use crate::router::{PoolSlot, STATS_PREFIX};
 use crate::shared_state::Role;
-use crate::tick_flow::TickOutcome;
+use crate::tick_driver::TickOutcome;
 use std::cell::{Cell, RefCell};
 
 /// How often the scraper sets the per-endpoint gauges (at most; each tick if longer).
@@ -73,7 +73,7 @@ pub const TIMED_DECISION_EVERY: u32 = 16;
 
 /// How a request left flow control's queue.
 #[derive(Debug, Clone, PartialEq)]
-pub enum FlowExit {
+pub enum QueueExit {
     /// Picked for and resumed, to the pool index `primary`.
     Dispatched { primary: usize },
     /// Refused on the way out (TTL, or no endpoint left after filters).
@@ -104,7 +104,7 @@ struct FlowStats {
 }
 
 impl<H: Metrics> Stats<H> {
-    /// `prefix` starts every pool-scoped name: [`crate::picker::STATS_PREFIX`] for a single pool, with
+    /// `prefix` starts every pool-scoped name: [`crate::router::STATS_PREFIX`] for a single pool, with
     /// `.pool.<name>` for each of many (the VM-wide stats are never prefixed further).
     pub fn define(host: H, slot: &PoolSlot, prefix: &str) -> Self {
         let define = |kind, name: &str| define(&host, kind, name);
@@ -361,18 +361,18 @@ impl<H: Metrics> Stats<H> {
     }
 
     /// A held request left the queue after `waited_ms`.
-    pub fn flow_left(&self, exit: FlowExit, waited_ms: u64) {
+    pub fn flow_left(&self, exit: QueueExit, waited_ms: u64) {
         let Some(flow) = &self.flow else {
             return;
         };
         match &exit {
-            FlowExit::Dispatched { primary } => {
+            QueueExit::Dispatched { primary } => {
                 self.bump(flow.dispatched);
                 self.routed_count();
                 self.bump(self.endpoint(*primary, |e| e.picks));
             }
-            FlowExit::Abandoned => self.bump(flow.abandoned),
-            FlowExit::Refused(error) => {
+            QueueExit::Abandoned => self.bump(flow.abandoned),
+            QueueExit::Refused(error) => {
                 if let RequestError::Dropped(Dropped::TtlExpired | Dropped::NoEndpointTtlExpired) =
                     error
                 {
@@ -584,7 +584,7 @@ mod tests {
         }
         let director = PoolSlot::new("p".into(), load(&config, 1).unwrap());
         let defined = Defined::default();
-        let stats = Stats::define(&defined, &director, crate::picker::STATS_PREFIX);
+        let stats = Stats::define(&defined, &director, crate::router::STATS_PREFIX);
         let pool_wide = defined.0.get() - 5 * COVER_BATCH as u32;
         assert!(pool_wide < 20, "five per endpoint of the first batch only");
         stats.cover(&director);

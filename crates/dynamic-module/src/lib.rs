@@ -22,7 +22,7 @@ mod ticker;
 use abi::{status, EnvoyBuffer, EnvoyHeader, EnvoyPtr};
 use host::NativeHost;
 use inference_picker_core::host::{CalloutAnswer, HostCall};
-use inference_picker_core::request_flow::{Flow, Outcome, RequestFlow};
+use inference_picker_core::request_driver::{Next, Outcome, RequestDriver};
 use inference_picker_core::vm::{answer_no_endpoint, answer_unavailable, WorkerVm};
 use std::cell::Cell;
 use std::ffi::{c_char, c_void};
@@ -41,16 +41,16 @@ static NEXT_STREAM_ID: AtomicU32 = AtomicU32::new(1);
 thread_local! {
     /// This thread is inside the picker: Envoy re-enters a filter's hooks from within a call
     /// (a local reply sent from a request hook runs the response hooks at once).
-    static IN_PICKER: Cell<bool> = const { Cell::new(false) };
+    static IN_VM: Cell<bool> = const { Cell::new(false) };
 }
 
 /// One filter config's picker, shared by its streams on every worker.
-struct Picker {
+struct ConfigVm {
     host: NativeHost,
     vm: Mutex<WorkerVm<NativeHost>>,
 }
 
-impl Picker {
+impl ConfigVm {
     /// Runs `step` on the VM, with `own` as the stream of the running hook (`None`: a main
     /// thread callback); `None` when this thread is already inside the picker.
     fn run<R>(
@@ -58,24 +58,24 @@ impl Picker {
         own: Option<Own>,
         step: impl FnOnce(&mut WorkerVm<NativeHost>) -> R,
     ) -> Option<R> {
-        if IN_PICKER.get() {
+        if IN_VM.get() {
             return None;
         }
-        IN_PICKER.set(true);
+        IN_VM.set(true);
         let mut vm = lock(&self.vm);
         lock(&self.host.state.streams).enter(own);
         let result = step(&mut vm);
         lock(&self.host.state.streams).enter(None);
         drop(vm);
-        IN_PICKER.set(false);
+        IN_VM.set(false);
         Some(result)
     }
 }
 
 /// One stream's filter.
 struct StreamFilter {
-    picker: Arc<Picker>,
-    request: RequestFlow,
+    config_vm: Arc<ConfigVm>,
+    request: RequestDriver,
 }
 
 impl StreamFilter {
@@ -83,7 +83,7 @@ impl StreamFilter {
     fn step(
         &mut self,
         envoy: EnvoyPtr,
-        step: impl FnOnce(&mut WorkerVm<NativeHost>, &mut RequestFlow) -> Flow,
+        step: impl FnOnce(&mut WorkerVm<NativeHost>, &mut RequestDriver) -> Next,
     ) -> bool {
         let id = self.request.id();
         let own = Own {
@@ -91,15 +91,15 @@ impl StreamFilter {
             filter: envoy,
             resumed: false,
         };
-        let (request, host) = (&mut self.request, &self.picker.host);
-        let ran = self.picker.run(Some(own), |vm| {
+        let (request, host) = (&mut self.request, &self.config_vm.host);
+        let ran = self.config_vm.run(Some(own), |vm| {
             let flow = step(vm, request);
             // Held, unless the core let it go within this same hook.
             let resumed = lock(&host.state.streams).own_resumed();
-            if flow == Flow::Pause && request.outcome == Outcome::Held && !resumed {
+            if flow == Next::Pause && request.outcome == Outcome::Held && !resumed {
                 hold(host, id, envoy);
             }
-            flow == Flow::Continue || resumed
+            flow == Next::Continue || resumed
         });
         ran.unwrap_or_else(|| {
             answer_unavailable(&NativeStream::Direct(envoy));
@@ -127,8 +127,8 @@ fn hold(host: &NativeHost, id: u32, envoy: EnvoyPtr) {
 ///
 /// # Safety
 /// `config` must be null or a pointer `config_new` returned, not yet destroyed.
-unsafe fn picker_of<'a>(config: *const c_void) -> Option<&'a Arc<Picker>> {
-    config.cast::<Arc<Picker>>().as_ref()
+unsafe fn config_vm_of<'a>(config: *const c_void) -> Option<&'a Arc<ConfigVm>> {
+    config.cast::<Arc<ConfigVm>>().as_ref()
 }
 
 /// A stream's filter, used by its worker only; `None` (the hook does nothing) when this thread
@@ -138,7 +138,7 @@ unsafe fn picker_of<'a>(config: *const c_void) -> Option<&'a Arc<Picker>> {
 /// # Safety
 /// `filter` must be null or a pointer `filter_new` returned, not yet destroyed.
 unsafe fn stream_filter<'a>(filter: *const c_void) -> Option<&'a mut StreamFilter> {
-    if IN_PICKER.get() {
+    if IN_VM.get() {
         return None;
     }
     filter.cast::<StreamFilter>().cast_mut().as_mut()
@@ -188,7 +188,7 @@ extern "C" fn envoy_dynamic_module_on_http_filter_config_new(
     }
 }
 
-fn configure(config_envoy: EnvoyPtr, text: &[u8]) -> Result<Arc<Picker>, String> {
+fn configure(config_envoy: EnvoyPtr, text: &[u8]) -> Result<Arc<ConfigVm>, String> {
     let envoy = abi::envoy().ok_or("the module's callbacks are not loaded")?;
     let ticker = Ticker::new();
     let host = NativeHost::new(config_envoy, ticker.clone());
@@ -203,7 +203,7 @@ fn configure(config_envoy: EnvoyPtr, text: &[u8]) -> Result<Arc<Picker>, String>
     ticker
         .start(scheduler)
         .map_err(|error| format!("cannot start the metrics tick: {error}"))?;
-    Ok(Arc::new(Picker {
+    Ok(Arc::new(ConfigVm {
         host,
         vm: Mutex::new(vm),
     }))
@@ -215,7 +215,7 @@ extern "C" fn envoy_dynamic_module_on_http_filter_config_destroy(config: *const 
         return;
     }
     // SAFETY: the pointer `config_new` returned, destroyed once.
-    let picker = unsafe { Box::from_raw(config.cast::<Arc<Picker>>().cast_mut()) };
+    let picker = unsafe { Box::from_raw(config.cast::<Arc<ConfigVm>>().cast_mut()) };
     picker.host.state.ticker.stop();
 }
 
@@ -226,7 +226,7 @@ extern "C" fn envoy_dynamic_module_on_http_filter_config_scheduled(
     event: u64,
 ) {
     // SAFETY: the pointer `config_new` returned, alive until `config_destroy`.
-    let Some(picker) = (unsafe { picker_of(config) }) else {
+    let Some(picker) = (unsafe { config_vm_of(config) }) else {
         return;
     };
     if event == TICK {
@@ -247,7 +247,7 @@ extern "C" fn envoy_dynamic_module_on_http_filter_config_http_callout_done(
     body_chunks_size: usize,
 ) {
     // SAFETY: the pointer `config_new` returned, alive until `config_destroy`.
-    let Some(picker) = (unsafe { picker_of(config) }) else {
+    let Some(picker) = (unsafe { config_vm_of(config) }) else {
         return;
     };
     let Ok(token) = u32::try_from(callout_id) else {
@@ -301,13 +301,13 @@ extern "C" fn envoy_dynamic_module_on_http_filter_new(
     _filter_envoy: *mut c_void,
 ) -> *const c_void {
     // SAFETY: the pointer `config_new` returned, alive until `config_destroy`.
-    let Some(picker) = (unsafe { picker_of(config) }) else {
+    let Some(picker) = (unsafe { config_vm_of(config) }) else {
         return std::ptr::null();
     };
     let id = NEXT_STREAM_ID.fetch_add(1, Ordering::Relaxed).max(1);
     let filter = StreamFilter {
-        picker: Arc::clone(picker),
-        request: RequestFlow::new(id),
+        config_vm: Arc::clone(picker),
+        request: RequestDriver::new(id),
     };
     Box::into_raw(Box::new(filter)).cast_const().cast()
 }
@@ -393,7 +393,7 @@ extern "C" fn envoy_dynamic_module_on_http_filter_response_headers(
         let request = &mut filter.request;
         // A local reply the picker sends runs this hook within the picker: nothing to learn.
         filter
-            .picker
+            .config_vm
             .run(Some(own), |vm| vm.on_response_headers(request));
     }
     status::CONTINUE
@@ -409,7 +409,10 @@ extern "C" fn envoy_dynamic_module_on_http_filter_destroy(filter: *const c_void)
     // SAFETY: the pointer `filter_new` returned, destroyed once.
     let mut filter = unsafe { Box::from_raw(filter.cast::<StreamFilter>().cast_mut()) };
     let id = filter.request.id();
-    let StreamFilter { picker, request } = &mut *filter;
+    let StreamFilter {
+        config_vm: picker,
+        request,
+    } = &mut *filter;
     picker.run(None, |vm| {
         vm.on_stream_done(request);
         lock(&picker.host.state.streams).forget(id);
@@ -430,7 +433,7 @@ extern "C" fn envoy_dynamic_module_on_http_filter_scheduled(
     if event != RUN_QUEUED {
         return;
     }
-    let queued = lock(&filter.picker.host.state.streams).take_queued(filter.request.id());
+    let queued = lock(&filter.config_vm.host.state.streams).take_queued(filter.request.id());
     if NativeStream::Direct(EnvoyPtr(filter_envoy)).carry_out(queued) {
         if let Some(envoy) = abi::envoy() {
             // SAFETY: this stream's worker, within its hook.

@@ -11,7 +11,7 @@ mod fault;
 
 use abi::{EnvoyHost, EnvoyStream};
 use inference_picker_core::host::LOG_CRITICAL;
-use inference_picker_core::request_flow::{Flow, RequestFlow};
+use inference_picker_core::request_driver::{Next, RequestDriver};
 use inference_picker_core::vm::{answer_unavailable, WorkerVm};
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{Action, BufferType, ContextType};
@@ -93,7 +93,7 @@ impl RootContext for PickerRoot {
     fn create_http_context(&self, context_id: u32) -> Option<Box<dyn HttpContext>> {
         Some(Box::new(PickerHttp {
             vm: self.vm.clone(),
-            request: RequestFlow::new(context_id),
+            request: RequestDriver::new(context_id),
         }))
     }
 
@@ -104,14 +104,14 @@ impl RootContext for PickerRoot {
 
 struct PickerHttp {
     vm: Option<SharedVm>,
-    request: RequestFlow,
+    request: RequestDriver,
 }
 
 impl PickerHttp {
     /// Runs one request callback on the VM; without one, the request is answered 503.
     fn run(
         &mut self,
-        step: impl FnOnce(&mut WorkerVm<EnvoyHost>, &mut RequestFlow) -> Flow,
+        step: impl FnOnce(&mut WorkerVm<EnvoyHost>, &mut RequestDriver) -> Next,
     ) -> Action {
         let _entered = abi::enter(self.request.id());
         let Some(mut vm) = self.vm.as_ref().and_then(|vm| vm.try_borrow_mut().ok()) else {
@@ -119,8 +119,8 @@ impl PickerHttp {
             return Action::Pause;
         };
         match step(&mut vm, &mut self.request) {
-            Flow::Continue => Action::Continue,
-            Flow::Pause => Action::Pause,
+            Next::Continue => Action::Continue,
+            Next::Pause => Action::Pause,
         }
     }
 }

@@ -8,10 +8,10 @@ use crate::harness::test;
 use crate::host::fake::FakeCallouts;
 use crate::host::SharedData;
 use crate::metrics::ExtractError;
-use crate::picker::{Decided, PoolSlot};
 use crate::request::{ApiKind, RequestHeaders};
+use crate::router::{Decided, PoolSlot};
 use crate::scheduling::ExplainRow;
-use crate::tick_flow::TickReport;
+use crate::tick_driver::TickReport;
 
 /// One pool's rooms, driven as the request path and the tick drive them; the callouts the
 /// data layer sends go to the fake.

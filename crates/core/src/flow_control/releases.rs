@@ -4,10 +4,10 @@
 use super::queue::Release;
 use crate::error_response::RequestError;
 use crate::host::{HttpHost, VmHost};
-use crate::picker::PoolSlot;
 use crate::request::ApiKind;
-use crate::request_flow::{write_decision, ClientSent};
-use crate::stats::{FlowExit, Stats};
+use crate::request_driver::{write_decision, ClientSent};
+use crate::router::PoolSlot;
+use crate::stats::{QueueExit, Stats};
 
 /// The tick period while requests wait: another VM's freed slot (seen in its in-flight
 /// counts) reaches this VM's held requests within this long.
@@ -79,7 +79,7 @@ fn carry_out_on_stream<H: VmHost>(
             ..
         } => (
             *id,
-            FlowExit::Dispatched {
+            QueueExit::Dispatched {
                 primary: routed.primary,
             },
             *waited_ms,
@@ -89,7 +89,7 @@ fn carry_out_on_stream<H: VmHost>(
             error,
             waited_ms,
             ..
-        } => (*id, FlowExit::Refused(error.clone()), *waited_ms),
+        } => (*id, QueueExit::Refused(error.clone()), *waited_ms),
     };
     let Some(stream) = host.stream(id) else {
         // The stream is gone (its end already ran): give back what the pick took.
@@ -107,7 +107,7 @@ fn carry_out_on_stream<H: VmHost>(
             }
         },
         Carried::Answered => match exit {
-            FlowExit::Dispatched { .. } => FlowExit::Refused(RequestError::NoEndpoint(
+            QueueExit::Dispatched { .. } => QueueExit::Refused(RequestError::NoEndpoint(
                 "the destination could not be set".into(),
             )),
             refused => refused,

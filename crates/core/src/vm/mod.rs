@@ -9,12 +9,13 @@ use crate::error_response::RequestError;
 use crate::flow_control::releases::{release_held, Callback, FLOW_TICK_MS};
 use crate::hash::hash_bytes;
 use crate::host::{CalloutAnswer, HttpHost, VmHost};
-use crate::picker::Picker;
 use crate::request::ApiKind;
-use crate::request_flow::{Flow, Outcome, RequestFlow};
-use crate::stats::{FlowExit, Stats};
-use crate::tick_flow::{self, PoolTicks};
+use crate::request_driver::{Next, Outcome, RequestDriver};
+use crate::router::PoolRouter;
+use crate::stats::{QueueExit, Stats};
+use configure::PoolTicks;
 
+pub mod configure;
 #[cfg(test)]
 mod tests;
 
@@ -26,7 +27,7 @@ struct PoolClock {
 
 pub struct WorkerVm<H: VmHost> {
     host: H,
-    picker: Picker,
+    router: PoolRouter,
     /// Every pool's stats, in pool order.
     stats: Vec<Stats<H>>,
     /// Every pool's ticks, in pool order.
@@ -52,25 +53,25 @@ impl<H: VmHost> WorkerVm<H> {
         let started_ns = host.now_ns().unwrap_or(0);
         // Each VM needs its own tie-breaking sequence, or all workers pick alike.
         let seed = hash_bytes(started_ns, &root_id.to_le_bytes());
-        let configured = tick_flow::configure(text, seed)?;
+        let configured = configure::configure(text, seed)?;
         host.set_tick_period_ms(configured.tick_ms)
             .map_err(|error| format!("cannot start the metrics tick: {error}"))?;
         let loaded_ns = host.now_ns().unwrap_or(started_ns);
-        let picker = configured.picker;
-        let stats: Vec<Stats<H>> = picker
+        let router = configured.router;
+        let stats: Vec<Stats<H>> = router
             .slots()
             .iter()
             .zip(&configured.ticks)
             .map(|(slot, ticks)| Stats::define(host.clone(), slot, &ticks.stats_prefix))
             .collect();
         let defined_ns = host.now_ns().unwrap_or(loaded_ns);
-        let endpoints: usize = picker.slots().iter().map(|s| s.data.pool().len()).sum();
+        let endpoints: usize = router.slots().iter().map(|s| s.data.pool().len()).sum();
         log::info!(
             "inference-picker: configured with {endpoints} endpoints in {}ms (stats {}ms), scraping every {}ms, {} pool(s), VM id {seed:016x}",
             defined_ns.saturating_sub(started_ns) / 1_000_000,
             defined_ns.saturating_sub(loaded_ns) / 1_000_000,
             configured.tick_ms,
-            picker.len(),
+            router.len(),
         );
         let pools = configured
             .ticks
@@ -82,7 +83,7 @@ impl<H: VmHost> WorkerVm<H> {
             .collect();
         Ok(WorkerVm {
             host,
-            picker,
+            router,
             stats,
             pools,
             tick_ms: configured.tick_ms,
@@ -96,14 +97,14 @@ impl<H: VmHost> WorkerVm<H> {
     /// configuration (Envoy's dynamic modules); endpoints discovered later go without.
     pub fn define_all_stats(&self) {
         for (index, stats) in self.stats.iter().enumerate() {
-            if let Some(slot) = self.picker.slot(index) {
+            if let Some(slot) = self.router.slot(index) {
                 stats.define_all(slot, index == 0);
             }
         }
     }
 
-    pub fn picker(&self) -> &Picker {
-        &self.picker
+    pub fn router(&self) -> &PoolRouter {
+        &self.router
     }
 
     /// How often pool `pool` ticks in full (scrapes, sharing).
@@ -133,7 +134,7 @@ impl<H: VmHost> WorkerVm<H> {
         let mut models_changed = false;
         let mut log_level_synced = false;
         for (index, pool) in self.pools.iter_mut().enumerate() {
-            let Some(slot) = self.picker.slot_mut(index) else {
+            let Some(slot) = self.router.slot_mut(index) else {
                 continue;
             };
             let stats = self.stats.get(index);
@@ -149,7 +150,7 @@ impl<H: VmHost> WorkerVm<H> {
                     self.host.sync_log_level();
                     log_level_synced = true;
                 }
-                let outcome = pool.ticks.flow.on_tick(&self.host, slot);
+                let outcome = pool.ticks.driver.on_tick(&self.host, slot);
                 if let Some(stats) = stats {
                     stats.after_tick(slot, &outcome);
                 }
@@ -157,7 +158,7 @@ impl<H: VmHost> WorkerVm<H> {
                 pool.next_full_tick_ms = now_ms.saturating_add(pool.ticks.interval_ms);
             } else if waiting {
                 // A flow-control tick: the whole Envoy's in-flight counts, then what may go.
-                pool.ticks.flow.exchange_load(&self.host, slot, now_ms);
+                pool.ticks.driver.exchange_load(&self.host, slot, now_ms);
             }
             if let Some(queue) = slot.queue.as_mut().filter(|_| full || waiting) {
                 queue.refresh(&self.host);
@@ -165,15 +166,15 @@ impl<H: VmHost> WorkerVm<H> {
             }
         }
         if models_changed {
-            self.picker.refresh_learned_models();
+            self.router.refresh_learned_models();
         }
         self.pace_ticks(now_ms);
     }
 
     /// The pool whose data layer sent call `token`.
     fn pool_of_call(&self, token: u32) -> Option<usize> {
-        (0..self.picker.len()).find(|&index| {
-            self.picker
+        (0..self.router.len()).find(|&index| {
+            self.router
                 .slot(index)
                 .is_some_and(|slot| slot.data.owns(token))
         })
@@ -183,7 +184,7 @@ impl<H: VmHost> WorkerVm<H> {
     /// ([`CalloutAnswer::read`]) with this cap before handing it over, so an oversized page is
     /// never copied. `None` when the call is not this VM's (its answer is ignored).
     pub fn callout_body_cap(&self, token: u32) -> Option<usize> {
-        let slot = self.picker.slot(self.pool_of_call(token)?)?;
+        let slot = self.router.slot(self.pool_of_call(token)?)?;
         slot.data.body_cap(token)
     }
 
@@ -193,69 +194,69 @@ impl<H: VmHost> WorkerVm<H> {
         let Some(index) = self.pool_of_call(token) else {
             return;
         };
-        let (Some(pool), Some(slot)) = (self.pools.get_mut(index), self.picker.slot_mut(index))
+        let (Some(pool), Some(slot)) = (self.pools.get_mut(index), self.router.slot_mut(index))
         else {
             return;
         };
         let stats = self.stats.get(index);
         let outcome = pool
             .ticks
-            .flow
+            .driver
             .on_callout_response(&self.host, slot, token, &answer);
         if let Some(stats) = stats {
             stats.after_callout(slot, outcome);
         }
         release_held(&self.host, slot, stats, Callback::Root);
         if let CalloutOutcome::Models { changed: true } = outcome {
-            self.picker.refresh_learned_models();
+            self.router.refresh_learned_models();
         }
     }
 
-    pub fn on_request_headers(&mut self, request: &mut RequestFlow, end_of_stream: bool) -> Flow {
-        self.request_step(request, end_of_stream, |request, stream, picker| {
-            request.on_headers(stream, picker, end_of_stream)
+    pub fn on_request_headers(&mut self, request: &mut RequestDriver, end_of_stream: bool) -> Next {
+        self.request_step(request, end_of_stream, |request, stream, router| {
+            request.on_headers(stream, router, end_of_stream)
         })
     }
 
     pub fn on_request_body(
         &mut self,
-        request: &mut RequestFlow,
+        request: &mut RequestDriver,
         body_size: usize,
         end_of_stream: bool,
-    ) -> Flow {
-        self.request_step(request, end_of_stream, |request, stream, picker| {
-            request.on_body(stream, picker, body_size, end_of_stream)
+    ) -> Next {
+        self.request_step(request, end_of_stream, |request, stream, router| {
+            request.on_body(stream, router, body_size, end_of_stream)
         })
     }
 
-    pub fn on_request_trailers(&mut self, request: &mut RequestFlow) -> Flow {
-        self.request_step(request, true, |request, stream, picker| {
-            request.on_trailers(stream, picker)
+    pub fn on_request_trailers(&mut self, request: &mut RequestDriver) -> Next {
+        self.request_step(request, true, |request, stream, router| {
+            request.on_trailers(stream, router)
         })
     }
 
-    pub fn on_response_headers(&mut self, request: &mut RequestFlow) {
+    pub fn on_response_headers(&mut self, request: &mut RequestDriver) {
         if let Some(stream) = self.host.stream(request.id()) {
-            request.on_response_headers(&stream, &mut self.picker);
+            request.on_response_headers(&stream, &mut self.router);
         }
     }
 
     /// The stream ended, however it ended: its slot (or its place in the queue) is given back,
     /// and the next held request may go.
-    pub fn on_stream_done(&mut self, request: &mut RequestFlow) {
+    pub fn on_stream_done(&mut self, request: &mut RequestDriver) {
         // Only a request still held needs the time (it leaves the queue).
         let now_ms = if request.outcome == Outcome::Held {
             self.host.now_ms().unwrap_or(0)
         } else {
             0
         };
-        if let Some(waited_ms) = request.on_done(&mut self.picker, now_ms, &self.host) {
+        if let Some(waited_ms) = request.on_done(&mut self.router, now_ms, &self.host) {
             log::debug!(
                 "inference-picker: flow control dropped request_id={} waited_ms={waited_ms} reason=client-disconnected",
                 request.request_id
             );
             if let Some(stats) = self.stats.get(request.pool()) {
-                stats.flow_left(FlowExit::Abandoned, waited_ms);
+                stats.flow_left(QueueExit::Abandoned, waited_ms);
             }
         }
         self.release_held_in_pool(request);
@@ -266,10 +267,10 @@ impl<H: VmHost> WorkerVm<H> {
     /// of an inference request reads no clock.
     fn request_step(
         &mut self,
-        request: &mut RequestFlow,
+        request: &mut RequestDriver,
         last: bool,
-        step: impl FnOnce(&mut RequestFlow, &H::Stream, &mut Picker) -> Flow,
-    ) -> Flow {
+        step: impl FnOnce(&mut RequestDriver, &H::Stream, &mut PoolRouter) -> Next,
+    ) -> Next {
         let Some(stream) = self.host.stream(request.id()) else {
             // The callback's own stream is always there; a host that says otherwise has
             // nothing left to act on.
@@ -277,16 +278,16 @@ impl<H: VmHost> WorkerVm<H> {
                 "inference-picker: stream {} is gone in its own callback",
                 request.id()
             );
-            return Flow::Continue;
+            return Next::Continue;
         };
         let was_pending = request.outcome == Outcome::Pending;
         // The pool is known only after the decision: the first pool's stats pace the sample.
         let timed =
             was_pending && last && self.stats.first().is_some_and(Stats::time_this_decision);
         let started_ns = timed.then(|| self.host.now_ns().ok()).flatten();
-        let flow = step(request, &stream, &mut self.picker);
+        let flow = step(request, &stream, &mut self.router);
         if was_pending {
-            request.log_decision(&stream, &self.picker);
+            request.log_decision(&stream, &self.router);
             self.count_decision(request, started_ns);
         }
         if request.outcome == Outcome::Held {
@@ -297,15 +298,15 @@ impl<H: VmHost> WorkerVm<H> {
     }
 
     /// Flow control's part of a stream callback, in the request's pool.
-    fn release_held_in_pool(&mut self, request: &RequestFlow) {
+    fn release_held_in_pool(&mut self, request: &RequestDriver) {
         let pool = request.pool();
-        if let Some(slot) = self.picker.slot_mut(pool) {
+        if let Some(slot) = self.router.slot_mut(pool) {
             let stats = self.stats.get(pool);
             release_held(&self.host, slot, stats, Callback::Stream);
         }
     }
 
-    fn count_decision(&self, request: &RequestFlow, started_ns: Option<u64>) {
+    fn count_decision(&self, request: &RequestDriver, started_ns: Option<u64>) {
         let Some(stats) = self.stats.get(request.pool()) else {
             return;
         };
@@ -327,7 +328,7 @@ impl<H: VmHost> WorkerVm<H> {
     /// configured period otherwise.
     fn pace_ticks(&mut self, now_ms: u64) {
         let waiting = self
-            .picker
+            .router
             .slots()
             .iter()
             .any(|slot| slot.flow_waiting(now_ms));
@@ -346,7 +347,7 @@ impl<H: VmHost> WorkerVm<H> {
 /// Answers a request that arrived before the VM was configured (or while it is busy in a
 /// callback that cannot be re-entered): 503, in the shape its API expects.
 pub fn answer_unavailable(stream: &impl HttpHost) {
-    answer_no_endpoint(stream, "the endpoint picker is not configured");
+    answer_no_endpoint(stream, "the endpoint router is not configured");
 }
 
 /// Answers a request the edge cannot carry through (503, `why`, in the shape its API expects).

@@ -62,11 +62,16 @@ fn answer(host: &FakeVm, vm: &mut WorkerVm<FakeVm>, token: u32, status: Option<&
 }
 
 /// A completions request on stream `id`, headers then body, as Envoy calls them.
-fn send(host: &FakeVm, vm: &mut WorkerVm<FakeVm>, id: u32) -> (RequestFlow, Flow) {
+fn send(host: &FakeVm, vm: &mut WorkerVm<FakeVm>, id: u32) -> (RequestDriver, Next) {
     send_body(host, vm, id, BODY)
 }
 
-fn send_body(host: &FakeVm, vm: &mut WorkerVm<FakeVm>, id: u32, body: &str) -> (RequestFlow, Flow) {
+fn send_body(
+    host: &FakeVm,
+    vm: &mut WorkerVm<FakeVm>,
+    id: u32,
+    body: &str,
+) -> (RequestDriver, Next) {
     send_to(host, vm, id, "/v1/completions", body)
 }
 
@@ -76,11 +81,11 @@ fn send_to(
     id: u32,
     path: &str,
     body: &str,
-) -> (RequestFlow, Flow) {
+) -> (RequestDriver, Next) {
     let headers = [(":path", path), (":method", "POST")];
     host.open_stream(id, &headers, body);
-    let mut request = RequestFlow::new(id);
-    assert_eq!(vm.on_request_headers(&mut request, false), Flow::Pause);
+    let mut request = RequestDriver::new(id);
+    assert_eq!(vm.on_request_headers(&mut request, false), Next::Pause);
     let flow = vm.on_request_body(&mut request, body.len(), true);
     (request, flow)
 }
@@ -111,7 +116,7 @@ fn scrape_answers_reach_the_pick_and_the_stats() {
     scrape_round(&host, &mut vm, &[6, 0]);
     scrape_round(&host, &mut vm, &[6, 0]);
     let (request, flow) = send(&host, &mut vm, 10);
-    assert_eq!(flow, Flow::Continue);
+    assert_eq!(flow, Next::Continue);
     assert!(matches!(request.outcome, Outcome::Routed(_)));
     assert_eq!(destination(&host, 10).as_deref(), Some("10.0.0.2:8000"));
     // Per-request counts reach Envoy's counters on the next tick, in one call per stat.
@@ -129,7 +134,7 @@ fn scrape_answers_reach_the_pick_and_the_stats() {
         Some(2)
     );
     let (_, flow) = send(&host, &mut vm, 11);
-    assert_eq!(flow, Flow::Continue);
+    assert_eq!(flow, Next::Continue);
     assert_eq!(destination(&host, 11).as_deref(), Some("10.0.0.1:8000"));
 }
 
@@ -144,7 +149,7 @@ fn the_prefix_scorers_home_picks_reach_its_own_counters() {
             r#"{{"model":"m","messages":[{{"role":"system","content":"{shared}"}},{{"role":"user","content":"question {id}"}}]}}"#
         );
         let (_, flow) = send_to(&host, &mut vm, id, "/v1/chat/completions", &body);
-        assert_eq!(flow, Flow::Continue);
+        assert_eq!(flow, Next::Continue);
     }
     let homes: Vec<Option<String>> = (10..13).map(|id| destination(&host, id)).collect();
     assert!(homes.iter().all(|home| *home == homes[0]), "{homes:?}");
@@ -186,9 +191,9 @@ fn a_request_held_behind_a_busy_pod_goes_when_the_slot_frees() {
     let (host, mut vm) = configured(ONE_SLOT);
     scrape_round(&host, &mut vm, &[0]);
     let (mut first, flow) = send(&host, &mut vm, 10);
-    assert_eq!(flow, Flow::Continue);
+    assert_eq!(flow, Next::Continue);
     let (mut second, flow) = send(&host, &mut vm, 11);
-    assert_eq!((flow, &second.outcome), (Flow::Pause, &Outcome::Held));
+    assert_eq!((flow, &second.outcome), (Next::Pause, &Outcome::Held));
     assert_eq!(destination(&host, 11), None, "nothing written while held");
     // The tick sees requests waiting and speeds up.
     vm.on_tick();
@@ -202,7 +207,7 @@ fn a_request_held_behind_a_busy_pod_goes_when_the_slot_frees() {
     assert!(second.was_routed());
     vm.on_stream_done(&mut second);
     let (_, flow) = send(&host, &mut vm, 12);
-    assert_eq!(flow, Flow::Continue, "the slot is free again");
+    assert_eq!(flow, Next::Continue, "the slot is free again");
     // Nothing waits any more: within a pool interval, the tick slows down to it again.
     for _ in 0..INTERVAL_MS / u64::from(FLOW_TICK_MS) {
         host.clock.advance(u64::from(FLOW_TICK_MS));
@@ -217,7 +222,7 @@ fn a_released_request_whose_stream_is_gone_gives_its_slot_back() {
     scrape_round(&host, &mut vm, &[0]);
     let (mut first, _) = send(&host, &mut vm, 10);
     let (_, flow) = send(&host, &mut vm, 11);
-    assert_eq!(flow, Flow::Pause);
+    assert_eq!(flow, Next::Pause);
     // Stream 11 is reset before its end reaches the VM; the release finds it gone.
     host.close_stream(11);
     vm.on_stream_done(&mut first);
@@ -225,7 +230,7 @@ fn a_released_request_whose_stream_is_gone_gives_its_slot_back() {
     let (_, flow) = send(&host, &mut vm, 12);
     assert_eq!(
         flow,
-        Flow::Continue,
+        Next::Continue,
         "the pick for the gone stream was given back"
     );
 }
@@ -236,12 +241,12 @@ fn a_refusal_found_in_a_stream_callback_is_sent_from_the_next_tick() {
     scrape_round(&host, &mut vm, &[0]);
     let (_first, _) = send(&host, &mut vm, 10);
     let (_, flow) = send(&host, &mut vm, 11);
-    assert_eq!(flow, Flow::Pause);
+    assert_eq!(flow, Next::Pause);
     // Past the TTL, another request's callback finds stream 11 expired: a local reply sent
     // from that callback would confuse Envoy about the current stream, so it waits.
     host.clock.advance(1_500);
     let (_, flow) = send(&host, &mut vm, 12);
-    assert_eq!(flow, Flow::Pause);
+    assert_eq!(flow, Next::Pause);
     assert_eq!(
         host.stream_reply(11),
         None,

@@ -4,6 +4,8 @@ use crate::datalayer::{Scraped, MAX_PROBE_BACKOFF_MS};
 use crate::endpoint::Health;
 use crate::harness::test;
 use crate::host::fake::{capture_warnings, FakeClock, FakeShared, FakeVm};
+use crate::shared_keys::SharedKeys;
+use crate::vm::configure::{configure, PoolTicks};
 use std::rc::Rc;
 
 const INTERVAL_MS: u64 = 50;
@@ -14,7 +16,7 @@ const POOL: &str = "pool:
 
 struct Vm {
     host: FakeVm,
-    flow: TickFlow,
+    flow: TickDriver,
     slot: PoolSlot,
 }
 
@@ -22,7 +24,7 @@ impl Vm {
     fn new(config: &str, id: u64, shared: &Rc<FakeShared>, clock: &Rc<FakeClock>) -> Self {
         Vm {
             host: FakeVm::in_process(Rc::clone(shared), Rc::clone(clock)),
-            flow: TickFlow::new(Some(Coordinator::new(
+            flow: TickDriver::new(Some(Coordinator::new(
                 SharedKeys::under("test"),
                 id,
                 INTERVAL_MS,
@@ -651,7 +653,7 @@ fn answers_to_unknown_calls_are_ignored() {
 fn configure_loads_or_says_why_not() {
     let configured = configure(POOL.as_bytes(), 7).unwrap();
     assert_eq!(configured.tick_ms, 50);
-    assert_eq!(configured.picker.slot(0).unwrap().data.pool().len(), 3);
+    assert_eq!(configured.router.slot(0).unwrap().data.pool().len(), 3);
     assert_eq!(configured.ticks[0].stats_prefix, "inference_picker");
     assert!(configure(b"\xff\xfe", 7).err().unwrap().contains("UTF-8"));
     assert!(configure(b"pool: {endpoints: nope}", 7).is_err());
@@ -671,14 +673,21 @@ pools:
 ";
     let configured = configure(text.as_bytes(), 7).unwrap();
     assert_eq!(configured.tick_ms, 20);
-    assert_eq!(configured.picker.len(), 2);
-    assert_eq!(configured.picker.slot(1).unwrap().data.pool().len(), 2);
+    assert_eq!(configured.router.len(), 2);
+    assert_eq!(configured.router.slot(1).unwrap().data.pool().len(), 2);
     let [llama, qwen] = &configured.ticks[..] else {
         panic!("two pools");
     };
     assert_eq!((llama.interval_ms, qwen.interval_ms), (50, 20));
     assert_eq!(qwen.stats_prefix, "inference_picker.pool.qwen");
-    let namespace = |t: &PoolTicks| t.flow.coordinator().unwrap().keys().namespace().to_owned();
+    let namespace = |t: &PoolTicks| {
+        t.driver
+            .coordinator()
+            .unwrap()
+            .keys()
+            .namespace()
+            .to_owned()
+    };
     assert_ne!(
         namespace(llama),
         namespace(qwen),

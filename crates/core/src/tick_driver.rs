@@ -1,69 +1,14 @@
 //! One pool's tick in one VM, written against the host traits so it runs natively in tests:
 //! elect the scraper, share state between the worker VMs, let the data layer call out (scrape
 //! rounds, discovery, model lists) when this VM scrapes, and publish what a round learned.
-//! The request side is [`crate::request_flow`]; the edges only forward callbacks to both.
+//! The request side is [`crate::request_driver`]; the edges only forward callbacks to both.
 
-use crate::config;
 use crate::datalayer::{CalloutOutcome, ToShare};
-use crate::duration::duration_ms;
 use crate::endpoint::{Health, HealthTransition};
 use crate::host::{CalloutAnswer, Clock, HostError, HttpCallouts, SharedData};
 use crate::learned::Learned;
-use crate::picker::{stats_prefix, Picker, PoolSlot};
-use crate::shared_keys::SharedKeys;
+use crate::router::PoolSlot;
 use crate::shared_state::{Coordinator, Role};
-
-/// One VM's configuration, loaded: every pool's director (in the picker) and tick flow, in the
-/// same order, and the tick period.
-pub struct Configured {
-    pub picker: Picker,
-    pub ticks: Vec<PoolTicks>,
-    pub tick_ms: u32,
-}
-
-/// One pool's timer side: its tick flow, the prefix of its stats, and how often it ticks.
-pub struct PoolTicks {
-    pub flow: TickFlow,
-    pub stats_prefix: String,
-    pub interval_ms: u64,
-}
-
-/// Loads the plugin configuration for one VM; `vm_seed` must differ between VMs, or every
-/// worker breaks ties alike. Warnings go to the log; the error says what to fix.
-pub fn configure(text: &[u8], vm_seed: u64) -> Result<Configured, String> {
-    let text = std::str::from_utf8(text)
-        .map_err(|_| "invalid configuration: it is not UTF-8 text".to_owned())?;
-    let set = config::load_set(text, vm_seed, false).map_err(|error| error.to_string())?;
-    let many = set.listed;
-    let mut slots = Vec::with_capacity(set.pools.len());
-    let mut ticks = Vec::with_capacity(set.pools.len());
-    for pool in set.pools {
-        for warning in &pool.config.warnings {
-            log::warn!("inference-picker: pool {}: {warning}", pool.name);
-        }
-        let interval_ms = duration_ms(pool.config.pool.refresh_metrics_interval);
-        // Each pool elects its own scraper and keeps its own shared state.
-        let keys = SharedKeys::for_config(text.as_bytes(), many.then_some(pool.name.as_str()));
-        let coordinator = Coordinator::new(keys.clone(), vm_seed, interval_ms);
-        let models = pool.router_models();
-        ticks.push(PoolTicks {
-            flow: TickFlow::new(Some(coordinator)),
-            stats_prefix: stats_prefix(many.then_some(pool.name.as_str())),
-            interval_ms,
-        });
-        let mut slot = PoolSlot::new(pool.name, pool.config);
-        if let Some(queue) = &mut slot.queue {
-            queue.control_mut().attach(keys, vm_seed);
-        }
-        slots.push((slot, models));
-    }
-    let tick_ms = ticks.iter().map(|t| t.interval_ms).min().unwrap_or(1000);
-    Ok(Configured {
-        picker: Picker::new(slots, set.pool_header),
-        ticks,
-        tick_ms: u32::try_from(tick_ms).unwrap_or(u32::MAX),
-    })
-}
 
 /// What changed on a tick, for the log.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -90,15 +35,15 @@ pub struct TickOutcome {
 /// Health transitions logged one line each in a tick; more make one summary line.
 const DETAILED_TRANSITIONS: usize = 3;
 
-pub struct TickFlow {
+pub struct TickDriver {
     /// `None`: this VM is alone (or shared data failed) and does everything itself.
     coordinator: Option<Coordinator>,
     last_tick_ms: u64,
 }
 
-impl TickFlow {
+impl TickDriver {
     pub fn new(coordinator: Option<Coordinator>) -> Self {
-        TickFlow {
+        TickDriver {
             coordinator,
             last_tick_ms: 0,
         }

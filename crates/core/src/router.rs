@@ -217,7 +217,7 @@ pub fn glob_matches(glob: &[u8], text: &[u8]) -> bool {
         .is_some_and(|rest| rest.iter().all(|&c| c == b'*'))
 }
 
-pub struct Picker {
+pub struct PoolRouter {
     pools: Vec<PoolSlot>,
     router: ModelRouter,
     /// `poolHeader`: the request header the chosen pool's name is written to.
@@ -230,7 +230,7 @@ pub struct Picker {
     prompt_chars_needed: usize,
 }
 
-impl Picker {
+impl PoolRouter {
     /// `pools` in configuration order with each one's models (see [`ModelRouter::new`]).
     pub fn new(pools: Vec<(PoolSlot, Option<Vec<String>>)>, pool_header: Option<String>) -> Self {
         let models: Vec<Option<Vec<String>>> = pools.iter().map(|(_, m)| m.clone()).collect();
@@ -248,7 +248,7 @@ impl Picker {
             .map(|slot| slot.director.prompt_chars_needed())
             .max()
             .unwrap_or(0);
-        Picker {
+        PoolRouter {
             prompt_chars_needed,
             pools,
             router: ModelRouter::new(&models),
@@ -261,7 +261,7 @@ impl Picker {
     /// One pool serving every model (the single `pool` section; tests).
     pub fn single(config: FilterConfig) -> Self {
         let slot = PoolSlot::new(crate::config::DEFAULT_POOL_NAME.into(), config);
-        Picker::new(vec![(slot, None)], None)
+        PoolRouter::new(vec![(slot, None)], None)
     }
 
     pub fn len(&self) -> usize {

@@ -4,8 +4,8 @@
 use crate::director::{Prepared, Routed};
 use crate::error_response::RequestError;
 use crate::flow_control::{Arrival, DEFAULT_FAIRNESS_ID};
-use crate::picker::{Decided, Picker, PoolSlot};
 use crate::request::{ApiKind, RequestHeaders};
+use crate::router::{Decided, PoolRouter, PoolSlot};
 
 use crate::host::{HeaderPairs, HostError, HttpHost, SharedData};
 use crate::protocol::{
@@ -24,7 +24,7 @@ fn milliseconds(text: Option<String>) -> Option<f64> {
 
 /// Whether the host should hold the request or let it go on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Flow {
+pub enum Next {
     Continue,
     Pause,
 }
@@ -42,7 +42,7 @@ pub enum Outcome {
     Held,
 }
 
-pub struct RequestFlow {
+pub struct RequestDriver {
     /// The host's context id: flow control names the held request by it.
     id: u32,
     api: ApiKind,
@@ -61,9 +61,9 @@ pub struct RequestFlow {
     fairness_id: Option<String>,
 }
 
-impl Default for RequestFlow {
+impl Default for RequestDriver {
     fn default() -> Self {
-        RequestFlow {
+        RequestDriver {
             id: 0,
             api: ApiKind::Other,
             headers: RequestHeaders::default(),
@@ -118,20 +118,20 @@ impl ClientSent {
     }
 }
 
-impl RequestFlow {
+impl RequestDriver {
     pub fn new(id: u32) -> Self {
-        RequestFlow {
+        RequestDriver {
             id,
-            ..RequestFlow::default()
+            ..RequestDriver::default()
         }
     }
 
     pub fn on_headers(
         &mut self,
         host: &impl HttpHost,
-        picker: &mut Picker,
+        router: &mut PoolRouter,
         end_of_stream: bool,
-    ) -> Flow {
+    ) -> Next {
         // Every header in one host call: the reads below and the removals the decision can
         // skip are answered from it.
         let pairs = host.request_headers();
@@ -140,12 +140,12 @@ impl RequestFlow {
             None => ApiKind::from_path(&host.request_header(":path").unwrap_or_default()),
         };
         self.client_sent = pairs.as_ref().map(ClientSent::of).unwrap_or_default();
-        self.read_protocol_headers(host, picker, pairs.as_ref());
+        self.read_protocol_headers(host, router, pairs.as_ref());
         if end_of_stream || !self.api.is_inference() {
             // No body to read (GET /v1/models) or none we need: route on the headers alone.
-            return self.finish(host, picker, None);
+            return self.finish(host, router, None);
         }
-        Flow::Pause
+        Next::Pause
     }
 
     /// The host's context id of the request's stream.
@@ -163,10 +163,10 @@ impl RequestFlow {
     fn read_protocol_headers(
         &mut self,
         host: &impl HttpHost,
-        picker: &mut Picker,
+        router: &mut PoolRouter,
         pairs: Option<&HeaderPairs>,
     ) {
-        let uses = picker.header_use();
+        let uses = router.header_use();
         let text = |name: &str| match pairs {
             Some(pairs) => pairs.get(name).and_then(clean),
             None => header_text(host, name),
@@ -193,7 +193,7 @@ impl RequestFlow {
         self.request_id = match text(REQUEST_ID_HEADER) {
             Some(id) => id,
             None => {
-                let id = picker.new_request_id();
+                let id = router.new_request_id();
                 if let Err(error) = host.set_request_header(REQUEST_ID_HEADER, &id) {
                     log::warn!("inference-picker: setting {REQUEST_ID_HEADER}: {error}");
                 }
@@ -205,37 +205,37 @@ impl RequestFlow {
     pub fn on_body(
         &mut self,
         host: &impl HttpHost,
-        picker: &mut Picker,
+        router: &mut PoolRouter,
         body_size: usize,
         end_of_stream: bool,
-    ) -> Flow {
+    ) -> Next {
         if self.outcome != Outcome::Pending {
-            return Flow::Continue;
+            return Next::Continue;
         }
-        let limit = picker.max_request_body_bytes();
+        let limit = router.max_request_body_bytes();
         if body_size > limit {
             return self.reject(host, RequestError::BodyTooLarge { limit });
         }
         self.body_size = body_size;
         if !end_of_stream {
-            return Flow::Pause;
+            return Next::Pause;
         }
-        self.decide_on_body(host, picker)
+        self.decide_on_body(host, router)
     }
 
     /// Trailers end the stream (HTTP/2 HEADERS after DATA, or after no DATA at all): decide
     /// here, or the paused request would move on undecided with whatever headers the client
     /// sent.
-    pub fn on_trailers(&mut self, host: &impl HttpHost, picker: &mut Picker) -> Flow {
+    pub fn on_trailers(&mut self, host: &impl HttpHost, router: &mut PoolRouter) -> Next {
         if self.outcome != Outcome::Pending {
-            return Flow::Continue;
+            return Next::Continue;
         }
-        self.decide_on_body(host, picker)
+        self.decide_on_body(host, router)
     }
 
-    fn decide_on_body(&mut self, host: &impl HttpHost, picker: &mut Picker) -> Flow {
+    fn decide_on_body(&mut self, host: &impl HttpHost, router: &mut PoolRouter) -> Next {
         match host.request_body(self.body_size) {
-            Ok(body) => self.finish(host, picker, Some(&body)),
+            Ok(body) => self.finish(host, router, Some(&body)),
             Err(error) => {
                 log::warn!("inference-picker: reading the request body: {error}");
                 self.reject(
@@ -248,11 +248,11 @@ impl RequestFlow {
 
     /// The decision's debug line: where the request went and every score behind it, or why
     /// it was refused.
-    pub fn log_decision(&self, host: &impl HttpHost, picker: &Picker) {
+    pub fn log_decision(&self, host: &impl HttpHost, router: &PoolRouter) {
         if !log::log_enabled!(log::Level::Debug) {
             return;
         }
-        let Some(slot) = picker.slot(self.pool) else {
+        let Some(slot) = router.slot(self.pool) else {
             return;
         };
         let pool = slot.name.as_str();
@@ -293,8 +293,8 @@ impl RequestFlow {
     /// retried past (refused, reset, 503: the response came from a later address of the
     /// destination list) and the one that answered 5xx (or Envoy's own 5xx when it could not
     /// connect); the session token goes back so the client can stick to the pod.
-    pub fn on_response_headers(&mut self, host: &impl HttpHost, picker: &mut Picker) {
-        let Some(slot) = picker.slot_mut(self.pool) else {
+    pub fn on_response_headers(&mut self, host: &impl HttpHost, router: &mut PoolRouter) {
+        let Some(slot) = router.slot_mut(self.pool) else {
             return;
         };
         self.take_back_dispatched(slot);
@@ -374,11 +374,11 @@ impl RequestFlow {
     /// request had waited.
     pub fn on_done(
         &mut self,
-        picker: &mut Picker,
+        router: &mut PoolRouter,
         now_ms: u64,
         store: &dyn SharedData,
     ) -> Option<u64> {
-        let slot = picker.slot_mut(self.pool)?;
+        let slot = router.slot_mut(self.pool)?;
         self.take_back_dispatched(slot);
         if self.outcome == Outcome::Held {
             self.outcome = Outcome::Rejected(RequestError::NoEndpoint(
@@ -393,14 +393,19 @@ impl RequestFlow {
         None
     }
 
-    fn finish(&mut self, host: &impl HttpHost, picker: &mut Picker, body: Option<&[u8]>) -> Flow {
+    fn finish(
+        &mut self,
+        host: &impl HttpHost,
+        router: &mut PoolRouter,
+        body: Option<&[u8]>,
+    ) -> Next {
         let headers = std::mem::take(&mut self.headers);
-        let (pool, prepared) = match picker.prepare(self.api, body, headers) {
+        let (pool, prepared) = match router.prepare(self.api, body, headers) {
             Ok(prepared) => prepared,
             Err(error) => return self.reject(host, error),
         };
         self.pool = pool;
-        if let Some((header, name)) = picker.pool_label(pool) {
+        if let Some((header, name)) = router.pool_label(pool) {
             if let Err(error) = host.set_request_header(header, name) {
                 // The client's value would pick the route: refuse rather than guess.
                 log::error!("inference-picker: setting {header}: {error}");
@@ -408,7 +413,7 @@ impl RequestFlow {
                 return self.reject(host, error);
             }
         }
-        let Some(slot) = picker.slot_mut(pool) else {
+        let Some(slot) = router.slot_mut(pool) else {
             return self.reject(
                 host,
                 RequestError::NoEndpoint("no pool serves this request".into()),
@@ -425,7 +430,7 @@ impl RequestFlow {
             Decided::Routed(routed) => self.write_routed(host, slot, routed, body_size),
             Decided::Held => {
                 self.outcome = Outcome::Held;
-                Flow::Pause
+                Next::Pause
             }
             Decided::Refused(error) => self.reject(host, error),
         }
@@ -459,7 +464,7 @@ impl RequestFlow {
         slot: &mut PoolSlot,
         routed: Routed,
         body_size: usize,
-    ) -> Flow {
+    ) -> Next {
         if let Err(error) = write_decision(host, &routed, body_size, self.client_sent) {
             log::error!("inference-picker: applying the decision: {error}");
             slot.director.request_ended(&mut slot.data, &routed);
@@ -469,10 +474,10 @@ impl RequestFlow {
             );
         }
         self.outcome = Outcome::Routed(routed);
-        Flow::Continue
+        Next::Continue
     }
 
-    fn reject(&mut self, host: &impl HttpHost, error: RequestError) -> Flow {
+    fn reject(&mut self, host: &impl HttpHost, error: RequestError) -> Next {
         if let Err(host_error) = host.send_error(&error, self.api.error_shape()) {
             log::error!(
                 "inference-picker: sending the {} reply: {host_error}",
@@ -480,7 +485,7 @@ impl RequestFlow {
             );
         }
         self.outcome = Outcome::Rejected(error);
-        Flow::Pause
+        Next::Pause
     }
 }
 

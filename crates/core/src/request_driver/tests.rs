@@ -21,8 +21,8 @@ fn host(path: &str, body: &str) -> FakeHost {
 }
 
 /// The one pool of a test picker.
-fn only(picker: &Picker) -> &PoolSlot {
-    picker.slot(0).unwrap()
+fn only(router: &PoolRouter) -> &PoolSlot {
+    router.slot(0).unwrap()
 }
 
 /// A pool of `config`, each endpoint scraped at time 0 with the waiting queue `waiting[i]`.
@@ -36,21 +36,21 @@ fn scraped_slot(name: &str, config: crate::config::FilterConfig, waiting: &[u32]
     slot
 }
 
-fn director() -> Picker {
+fn director() -> PoolRouter {
     let config = load("pool: {endpoints: [{address: '127.0.0.1:8001'}]}", 1).unwrap();
-    Picker::new(vec![(scraped_slot("default", config, &[0]), None)], None)
+    PoolRouter::new(vec![(scraped_slot("default", config, &[0]), None)], None)
 }
 
 #[test]
 fn body_is_buffered_then_routed_and_client_header_overwritten() {
     let host = host("/v1/completions", r#"{"model":"m","prompt":"x"}"#);
     let mut director = director();
-    let mut flow = RequestFlow::default();
-    assert_eq!(flow.on_headers(&host, &mut director, false), Flow::Pause);
-    assert_eq!(flow.on_body(&host, &mut director, 5, false), Flow::Pause);
+    let mut flow = RequestDriver::default();
+    assert_eq!(flow.on_headers(&host, &mut director, false), Next::Pause);
+    assert_eq!(flow.on_body(&host, &mut director, 5, false), Next::Pause);
     assert_eq!(
         flow.on_body(&host, &mut director, host.body.borrow().len(), true),
-        Flow::Continue
+        Next::Continue
     );
     assert_eq!(host.headers.borrow()[DESTINATION_HEADER], "127.0.0.1:8001");
     assert_eq!(only(&director).data.pool().endpoints[0].in_flight, 1);
@@ -68,18 +68,18 @@ fn trailers_end_the_stream_and_the_request_is_decided_there() {
     let body = r#"{"model":"m","prompt":"x"}"#;
     let host = host("/v1/%63ompletions", body);
     let mut director = director();
-    let mut flow = RequestFlow::default();
-    assert_eq!(flow.on_headers(&host, &mut director, false), Flow::Pause);
+    let mut flow = RequestDriver::default();
+    assert_eq!(flow.on_headers(&host, &mut director, false), Next::Pause);
     assert_eq!(
         flow.on_body(&host, &mut director, body.len(), false),
-        Flow::Pause
+        Next::Pause
     );
     assert_eq!(host.headers.borrow()[DESTINATION_HEADER], "6.6.6.6:22");
-    assert_eq!(flow.on_trailers(&host, &mut director), Flow::Continue);
+    assert_eq!(flow.on_trailers(&host, &mut director), Next::Continue);
     assert_eq!(host.headers.borrow()[DESTINATION_HEADER], "127.0.0.1:8001");
     assert_eq!(
         flow.on_trailers(&host, &mut director),
-        Flow::Continue,
+        Next::Continue,
         "decided once"
     );
     assert_eq!(only(&director).data.pool().endpoints[0].in_flight, 1);
@@ -89,9 +89,9 @@ fn trailers_end_the_stream_and_the_request_is_decided_there() {
 fn trailers_without_data_get_the_body_error() {
     let host = host("/v1/chat/completions", "");
     let mut director = director();
-    let mut flow = RequestFlow::default();
-    assert_eq!(flow.on_headers(&host, &mut director, false), Flow::Pause);
-    assert_eq!(flow.on_trailers(&host, &mut director), Flow::Pause);
+    let mut flow = RequestDriver::default();
+    assert_eq!(flow.on_headers(&host, &mut director, false), Next::Pause);
+    assert_eq!(flow.on_trailers(&host, &mut director), Next::Pause);
     assert_eq!(host.reply.borrow().as_ref().unwrap().0, 400);
     assert_eq!(host.headers.borrow()[DESTINATION_HEADER], "6.6.6.6:22");
 }
@@ -100,8 +100,8 @@ fn trailers_without_data_get_the_body_error() {
 fn get_without_body_is_routed_at_headers() {
     let host = host("/v1/models", "");
     let mut director = director();
-    let mut flow = RequestFlow::default();
-    assert_eq!(flow.on_headers(&host, &mut director, true), Flow::Continue);
+    let mut flow = RequestDriver::default();
+    assert_eq!(flow.on_headers(&host, &mut director, true), Next::Continue);
     assert_eq!(host.headers.borrow()[DESTINATION_HEADER], "127.0.0.1:8001");
 }
 
@@ -114,8 +114,8 @@ fn errors_become_json_replies() {
         ("/v1/completions", "", true, 400),
     ] {
         let host = host(path, body);
-        let mut flow = RequestFlow::default();
-        if flow.on_headers(&host, &mut director, end_at_headers) == Flow::Pause && !end_at_headers {
+        let mut flow = RequestDriver::default();
+        if flow.on_headers(&host, &mut director, end_at_headers) == Next::Pause && !end_at_headers {
             flow.on_body(&host, &mut director, body.len(), true);
         }
         let (got, json) = host.reply.borrow().clone().unwrap();
@@ -135,12 +135,12 @@ fn errors_become_json_replies() {
 fn oversized_body_is_413_before_buffering_completes() {
     let host = host("/v1/completions", "");
     let mut director = director();
-    let mut flow = RequestFlow::default();
+    let mut flow = RequestDriver::default();
     flow.on_headers(&host, &mut director, false);
     let limit = only(&director).data.settings().max_request_body_bytes;
     assert_eq!(
         flow.on_body(&host, &mut director, limit + 1, false),
-        Flow::Pause
+        Next::Pause
     );
     assert_eq!(host.reply.borrow().as_ref().unwrap().0, 413);
 }
@@ -150,17 +150,17 @@ fn failing_to_set_the_header_refuses_and_releases() {
     let mut host = host("/v1/models", "");
     host.fail_set_header = true;
     let mut director = director();
-    let mut flow = RequestFlow::default();
+    let mut flow = RequestDriver::default();
     flow.on_headers(&host, &mut director, true);
     assert_eq!(host.reply.borrow().as_ref().unwrap().0, 503);
     assert_eq!(only(&director).data.pool().endpoints[0].in_flight, 0);
 }
 
-fn routed(host: &FakeHost, director: &mut Picker) -> RequestFlow {
-    let mut flow = RequestFlow::default();
-    if flow.on_headers(host, director, false) == Flow::Pause {
+fn routed(host: &FakeHost, director: &mut PoolRouter) -> RequestDriver {
+    let mut flow = RequestDriver::default();
+    if flow.on_headers(host, director, false) == Next::Pause {
         let size = host.body.borrow().len();
-        assert_eq!(flow.on_body(host, director, size, true), Flow::Continue);
+        assert_eq!(flow.on_body(host, director, size, true), Next::Continue);
     }
     flow
 }
@@ -252,17 +252,17 @@ fn a_5xx_answer_backs_the_pod_off() {
 }
 
 /// Three pods, pod 0 preferred (shortest queue), with two fallbacks in the header.
-fn director_with_fallbacks() -> Picker {
+fn director_with_fallbacks() -> PoolRouter {
     let config = "plugins: [{type: queue-scorer}, {type: max-score-picker, parameters: {maxNumOfEndpoints: 3}}]\n\
                   pool: {destinationList: true, endpoints: [{address: '127.0.0.1:8001'}, {address: '127.0.0.1:8002'}, {address: '127.0.0.1:8003'}]}";
     let slot = scraped_slot("default", load(config, 1).unwrap(), &[0, 1, 2]);
-    Picker::new(vec![(slot, None)], None)
+    PoolRouter::new(vec![(slot, None)], None)
 }
 
 fn respond(
     host: &FakeHost,
-    flow: &mut RequestFlow,
-    director: &mut Picker,
+    flow: &mut RequestDriver,
+    director: &mut PoolRouter,
     status: &str,
     served: &str,
 ) {
@@ -273,7 +273,7 @@ fn respond(
     flow.on_response_headers(host, director);
 }
 
-fn backing_off(director: &Picker) -> Vec<bool> {
+fn backing_off(director: &PoolRouter) -> Vec<bool> {
     only(director)
         .data
         .pool()
@@ -440,7 +440,7 @@ fn a_refusal_is_sent_only_from_a_root_callback() {
     assert_eq!(host.reply.borrow().as_ref().map(|r| r.0), Some(429));
 }
 
-fn two_pools() -> Picker {
+fn two_pools() -> PoolRouter {
     let text = "poolHeader: x-gateway-inference-pool\npools:\n\
                 - {name: llama, models: [llama-3, sql-lora], endpoints: [{address: '127.0.0.1:8001'}]}\n\
                 - {name: qwen, models: ['qwen-*'], endpoints: [{address: '127.0.0.1:8002'}]}\n";
@@ -454,12 +454,12 @@ fn two_pools() -> Picker {
             (scraped_slot(&pool.name, pool.config, &[0]), models)
         })
         .collect();
-    Picker::new(slots, header)
+    PoolRouter::new(slots, header)
 }
 
 #[test]
 fn the_model_picks_the_pool_and_its_name_is_written() {
-    let mut picker = two_pools();
+    let mut router = two_pools();
     for (model, endpoint, pool) in [
         ("qwen-7b", "127.0.0.1:8002", "qwen"),
         ("sql-lora", "127.0.0.1:8001", "llama"),
@@ -468,13 +468,13 @@ fn the_model_picks_the_pool_and_its_name_is_written() {
             "/v1/completions",
             &format!(r#"{{"model":"{model}","prompt":"x"}}"#),
         );
-        let mut flow = routed(&host, &mut picker);
+        let mut flow = routed(&host, &mut router);
         assert_eq!(host.headers.borrow()[DESTINATION_HEADER], endpoint);
         assert_eq!(host.headers.borrow()["x-gateway-inference-pool"], pool);
-        assert_eq!(picker.slots()[flow.pool()].name, pool);
-        flow.on_done(&mut picker, 0, &FakeShared::default());
+        assert_eq!(router.slots()[flow.pool()].name, pool);
+        flow.on_done(&mut router, 0, &FakeShared::default());
     }
-    let in_flight = |p: usize| picker.slot(p).unwrap().data.pool().endpoints[0].in_flight;
+    let in_flight = |p: usize| router.slot(p).unwrap().data.pool().endpoints[0].in_flight;
     assert_eq!(
         (in_flight(0), in_flight(1)),
         (0, 0),
@@ -484,14 +484,14 @@ fn the_model_picks_the_pool_and_its_name_is_written() {
 
 #[test]
 fn a_model_no_pool_serves_is_a_404_naming_it() {
-    let mut picker = two_pools();
+    let mut router = two_pools();
     let host = host(
         "/v1/chat/completions",
         r#"{"model":"mistral","messages":[]}"#,
     );
-    let mut flow = RequestFlow::default();
-    flow.on_headers(&host, &mut picker, false);
-    flow.on_body(&host, &mut picker, host.body.borrow().len(), true);
+    let mut flow = RequestDriver::default();
+    flow.on_headers(&host, &mut router, false);
+    flow.on_body(&host, &mut router, host.body.borrow().len(), true);
     let (status, body) = host.reply.borrow().clone().unwrap();
     assert_eq!(status, 404);
     assert!(String::from_utf8_lossy(&body).contains("`mistral` does not exist"));
@@ -504,12 +504,12 @@ fn a_model_no_pool_serves_is_a_404_naming_it() {
 
 #[test]
 fn the_rewritten_model_picks_the_pool() {
-    let mut picker = two_pools();
+    let mut router = two_pools();
     let host = host("/v1/completions", r#"{"model":"llama-3","prompt":"x"}"#);
     host.headers
         .borrow_mut()
         .insert(MODEL_REWRITE_HEADER.into(), "qwen-14b".into());
-    routed(&host, &mut picker);
+    routed(&host, &mut router);
     assert_eq!(host.headers.borrow()[DESTINATION_HEADER], "127.0.0.1:8002");
 }
 
@@ -526,7 +526,7 @@ fn messages_api_refusals_are_anthropic_shaped() {
     };
     let mut director = director();
     let bad = host("/v1//messages/", "{oops");
-    let mut flow = RequestFlow::default();
+    let mut flow = RequestDriver::default();
     flow.on_headers(&bad, &mut director, false);
     flow.on_body(&bad, &mut director, 5, true);
     assert_eq!(anthropic(&bad), (400, "invalid_request_error".into()));
