@@ -5,7 +5,7 @@
 use crate::exchange::Shared;
 use inference_picker_core::duration::duration_ms;
 use inference_picker_core::host::fake::{FakeCallouts, NoSharedData};
-use inference_picker_core::host::{CalloutAnswer, HostError, HttpCallouts, SharedData};
+use inference_picker_core::host::CalloutAnswer;
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::io::{Read, Write};
@@ -48,7 +48,8 @@ pub fn spawn(shared: Arc<Mutex<Shared>>) {
                     body_size: body.as_ref().map_or(0, String::len),
                     body: Ok(body.map(String::into_bytes).unwrap_or_default()),
                 };
-                slot.data.on_answer(&calls, token, &answer, now, true, None);
+                slot.data
+                    .on_answer((&calls.callouts, &NoSharedData), token, &answer, now, true, None);
                 // An answer lets the round's next scrapes go: they are this pool's too.
                 note_pool(&calls, pool);
             }
@@ -74,27 +75,6 @@ struct Calls {
     pools: RefCell<HashMap<u32, usize>>,
 }
 
-impl HttpCallouts for Calls {
-    fn dispatch(
-        &self,
-        cluster: &str,
-        headers: &[(&str, &str)],
-        timeout_ms: u32,
-    ) -> Result<u32, HostError> {
-        self.callouts.dispatch(cluster, headers, timeout_ms)
-    }
-}
-
-impl SharedData for Calls {
-    fn get(&self, key: &str) -> Result<Option<(Vec<u8>, u32)>, HostError> {
-        NoSharedData.get(key)
-    }
-
-    fn set(&self, key: &str, value: &[u8], cas: Option<u32>) -> Result<bool, HostError> {
-        NoSharedData.set(key, value, cas)
-    }
-}
-
 /// Every pool's data layer starts its due scrape round; returns how long to wait before the
 /// next.
 fn start_rounds(shared: &mut Shared, calls: &Calls) -> Duration {
@@ -102,7 +82,7 @@ fn start_rounds(shared: &mut Shared, calls: &Calls) -> Duration {
     let now = duration_ms(shared.started.elapsed());
     for (pool, slot) in shared.router.slots_mut().iter_mut().enumerate() {
         interval = interval.min(slot.data.settings().refresh_metrics_interval);
-        slot.data.call_out(calls, now);
+        slot.data.call_out(&calls.callouts, now);
         note_pool(calls, pool);
     }
     // No pool: look again in a second.

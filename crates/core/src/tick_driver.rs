@@ -133,9 +133,14 @@ impl TickDriver {
         let now = host.now_ms().unwrap_or(self.last_tick_ms);
         let scraping = self.role() == Role::Scraper;
         let models_key = self.coordinator.as_ref().map(|c| c.keys().models());
-        let (outcome, share) =
-            slot.data
-                .on_answer(host, token, answer, now, scraping, models_key.as_deref());
+        let (outcome, share) = slot.data.on_answer(
+            (host, host),
+            token,
+            answer,
+            now,
+            scraping,
+            models_key.as_deref(),
+        );
         let ToShare { snapshot, members } = share;
         if snapshot {
             self.publish_snapshot(host, slot);

@@ -192,7 +192,7 @@ impl DataLayer {
     /// where the model lists are shared (none when this VM is alone).
     pub fn on_answer(
         &mut self,
-        host: &(impl HttpCallouts + SharedData),
+        (callouts, store): (&impl HttpCallouts, &impl SharedData),
         token: u32,
         answer: &CalloutAnswer,
         now_ms: u64,
@@ -209,13 +209,13 @@ impl DataLayer {
         }
         if self.models.owns(token) {
             let rooms = (&self.pool, &self.settings);
-            let changed = self
-                .models
-                .on_answer(host, rooms, models_key, token, answer);
+            let changed =
+                self.models
+                    .on_answer((callouts, store), rooms, models_key, token, answer);
             return (CalloutOutcome::Models { changed }, ToShare::default());
         }
         let answer = self.scrapes.on_answer(
-            host,
+            callouts,
             &mut self.pool,
             &self.settings,
             token,

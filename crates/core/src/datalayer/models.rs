@@ -4,11 +4,11 @@
 //! the same pace. What each pod reported narrows a request's candidates to the pods serving
 //! its model, and the pool router routes models to pools with the pool's union of them.
 
+use super::scrapes::pod_get;
 use crate::config::{ModelsSource, PoolConfig};
 use crate::duration::duration_ms;
 use crate::endpoint::Pool;
 use crate::host::{CalloutAnswer, HostError, HttpCallouts, SharedData};
-use crate::protocol::DESTINATION_HEADER;
 use crate::scheduling::plugins::datalayer::models_data_source::served_models;
 pub use crate::scheduling::plugins::datalayer::models_data_source::MAX_MODELS_BYTES;
 use hashbrown::HashMap;
@@ -110,13 +110,7 @@ impl ModelLists {
             let Some(address) = pool.get(index).map(|e| e.address.as_str()) else {
                 continue;
             };
-            let headers = [
-                (":method", "GET"),
-                (":path", source.path.as_str()),
-                (":authority", address),
-                (DESTINATION_HEADER, address),
-                ("accept", "application/json"),
-            ];
+            let headers = pod_get(&source.path, address, "application/json");
             match host.dispatch(&settings.metrics_cluster, &headers, timeout) {
                 Ok(token) => {
                     self.calls.insert(token, index);
@@ -134,7 +128,7 @@ impl ModelLists {
     /// whether the pool's models changed.
     pub fn on_answer(
         &mut self,
-        host: &(impl HttpCallouts + SharedData),
+        (callouts, store): (&impl HttpCallouts, &impl SharedData),
         (pool, settings): (&Pool, &PoolConfig),
         key: Option<&str>,
         token: u32,
@@ -154,11 +148,11 @@ impl ModelLists {
                 self.served
             );
         }
-        self.send(host, pool, settings);
+        self.send(callouts, pool, settings);
         let round_over = self.calls.is_empty() && self.queue.is_empty();
         if let (true, true, Some(key)) = (round_over, self.round_changed, key) {
             self.round_changed = false;
-            if let Err(error) = self.publish(host, key, pool) {
+            if let Err(error) = self.publish(store, key, pool) {
                 log::warn!("inference-picker: sharing the pool's models: {error}");
             }
         }

@@ -202,13 +202,7 @@ impl Scrapes {
                 continue;
             }
             let address = endpoint.address.as_str();
-            let headers = [
-                (":method", "GET"),
-                (":path", settings.metrics_path.as_str()),
-                (":authority", address),
-                (DESTINATION_HEADER, address),
-                ("accept", "text/plain"),
-            ];
+            let headers = pod_get(&settings.metrics_path, address, "text/plain");
             match host.dispatch(&settings.metrics_cluster, &headers, timeout) {
                 Ok(token) => {
                     let round = self.round;
@@ -477,6 +471,18 @@ fn back_off_probes(pool: &mut Pool, settings: &PoolConfig, index: usize) {
             .min(MAX_PROBE_BACKOFF_MS);
         endpoint.next_probe_ms = now.saturating_add(backoff);
     }
+}
+
+/// A GET of `path` on the pod at `address`, through the metrics cluster (ORIGINAL_DST keyed on
+/// the destination header).
+pub fn pod_get<'a>(path: &'a str, address: &'a str, accept: &'a str) -> [(&'a str, &'a str); 5] {
+    [
+        (":method", "GET"),
+        (":path", path),
+        (":authority", address),
+        (DESTINATION_HEADER, address),
+        ("accept", accept),
+    ]
 }
 
 pub fn describe_status(status: Option<&[u8]>) -> String {

@@ -20,6 +20,12 @@ fn host(path: &str, body: &str) -> FakeHost {
     host
 }
 
+/// No endpoint of the one pool has a request in flight.
+fn nothing_in_flight(router: &PoolRouter) -> bool {
+    let endpoints = &only(router).data.pool().endpoints;
+    endpoints.iter().all(|e| e.in_flight == 0)
+}
+
 /// The one pool of a test picker.
 fn only(router: &PoolRouter) -> &PoolSlot {
     router.slot(0).unwrap()
@@ -308,12 +314,7 @@ fn a_request_envoy_retried_on_a_fallback_backs_the_skipped_pods_off() {
         "the count moved to the pod serving it"
     );
     flow.on_done(&mut director, 0, &FakeShared::default());
-    assert!(only(&director)
-        .data
-        .pool()
-        .endpoints
-        .iter()
-        .all(|e| e.in_flight == 0));
+    assert!(nothing_in_flight(&director));
     // The next request is not offered to the pod that could not take the last one.
     let host = host_with("/v1/completions", r#"{"model":"m","prompt":"y"}"#, &[]);
     routed(&host, &mut director);
@@ -336,12 +337,7 @@ fn served_by_the_primary_backs_nothing_off_and_a_last_503_backs_every_attempt_of
     respond(&host, &mut flow, &mut director, "503", "127.0.0.1:8003");
     assert_eq!(backing_off(&director), [true, true, true]);
     flow.on_done(&mut director, 0, &FakeShared::default());
-    assert!(only(&director)
-        .data
-        .pool()
-        .endpoints
-        .iter()
-        .all(|e| e.in_flight == 0));
+    assert!(nothing_in_flight(&director));
 }
 
 #[test]
@@ -372,12 +368,7 @@ fn an_address_outside_the_list_says_nothing_about_the_listed_pods() {
     respond(&host, &mut flow, &mut director, "200", "10.9.9.9:80");
     assert_eq!(backing_off(&director), [false, false, false]);
     flow.on_done(&mut director, 0, &FakeShared::default());
-    assert!(only(&director)
-        .data
-        .pool()
-        .endpoints
-        .iter()
-        .all(|e| e.in_flight == 0));
+    assert!(nothing_in_flight(&director));
 }
 
 #[test]

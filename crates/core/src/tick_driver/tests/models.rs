@@ -33,13 +33,19 @@ fn model_calls(vm: &Vm) -> Vec<(u32, String)> {
         .collect()
 }
 
-#[test]
-fn the_scraper_learns_each_pods_models_and_the_others_read_them() {
+/// A scraper and a follower over one shared store, each ticked once.
+fn two_vms_ticked() -> (Vm, Vm, Rc<FakeClock>) {
     let (shared, clock) = (Rc::<FakeShared>::default(), Rc::<FakeClock>::default());
     let mut a = Vm::new(LEARNING_POOL, 1, &shared, &clock);
     let mut b = Vm::new(LEARNING_POOL, 2, &shared, &clock);
     a.tick();
     b.tick();
+    (a, b, clock)
+}
+
+#[test]
+fn the_scraper_learns_each_pods_models_and_the_others_read_them() {
+    let (mut a, mut b, clock) = two_vms_ticked();
     let calls = model_calls(&a);
     assert_eq!(calls.len(), 2, "one /v1/models call per pod");
     assert!(model_calls(&b).is_empty(), "the follower asks no pod");
@@ -105,11 +111,7 @@ fn each_answer_is_read_only_as_far_as_the_core_uses_it() {
 
 #[test]
 fn every_pods_list_reaches_the_other_vms_even_when_the_pool_serves_the_same_models() {
-    let (shared, clock) = (Rc::<FakeShared>::default(), Rc::<FakeClock>::default());
-    let mut a = Vm::new(LEARNING_POOL, 1, &shared, &clock);
-    let mut b = Vm::new(LEARNING_POOL, 2, &shared, &clock);
-    a.tick();
-    b.tick();
+    let (mut a, mut b, _clock) = two_vms_ticked();
     let calls = model_calls(&a);
     // The pod listing more answers first; the second adds nothing to the pool's models.
     a.deliver(
