@@ -13,6 +13,12 @@ use crate::stats::{QueueExit, Stats};
 /// counts) reaches this VM's held requests within this long.
 pub const FLOW_TICK_MS: u32 = 5;
 
+/// Whether the VM ticks every [`FLOW_TICK_MS`] rather than at its configured period
+/// (`tick_ms`): requests wait in some pool, here or (as last seen) in another VM.
+pub fn ticks_fast(pools: &[PoolSlot], now_ms: u64, tick_ms: u32) -> bool {
+    FLOW_TICK_MS < tick_ms && pools.iter().any(|pool| pool.flow_waiting(now_ms))
+}
+
 /// Which kind of callback flow control acts from: only a root context's (a tick, a callout
 /// answer) may send local replies to held streams.
 #[derive(Clone, Copy, PartialEq, Eq)]

@@ -6,7 +6,7 @@
 
 use crate::datalayer::CalloutOutcome;
 use crate::error_response::RequestError;
-use crate::flow_control::releases::{release_held, Callback, FLOW_TICK_MS};
+use crate::flow_control::releases::{release_held, ticks_fast, Callback, FLOW_TICK_MS};
 use crate::hash::hash_bytes;
 use crate::host::{CalloutAnswer, HttpHost, VmHost};
 use crate::request::ApiKind;
@@ -327,12 +327,7 @@ impl<H: VmHost> WorkerVm<H> {
     /// Ticks every [`FLOW_TICK_MS`] while requests wait anywhere in this Envoy, at the
     /// configured period otherwise.
     fn pace_ticks(&mut self, now_ms: u64) {
-        let waiting = self
-            .router
-            .slots()
-            .iter()
-            .any(|slot| slot.flow_waiting(now_ms));
-        let fast = waiting && FLOW_TICK_MS < self.tick_ms;
+        let fast = ticks_fast(self.router.slots(), now_ms, self.tick_ms);
         if fast == self.fast_ticking {
             return;
         }
