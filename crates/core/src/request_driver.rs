@@ -29,7 +29,7 @@ pub enum Next {
     Pause,
 }
 
-/// What the flow decided, for logs and the in-flight release.
+/// What the request driver decided, for logs and for ending the request.
 // One per stream, inside the stream's own heap-allocated context: boxing the routed outcome
 // would add an allocation per request to save bytes nobody copies.
 #[allow(clippy::large_enum_variant)]

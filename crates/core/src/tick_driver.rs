@@ -28,7 +28,7 @@ pub struct TickOutcome {
     pub report: TickReport,
     /// Another VM changed the pool's members (the stats must cover the new ones).
     pub members_changed: bool,
-    /// The pool's models (from `models-data-source`) changed: the picker re-reads them.
+    /// The pool's models (from `models-data-source`) changed: the router re-reads them.
     pub models_changed: bool,
 }
 

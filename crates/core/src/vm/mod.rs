@@ -1,7 +1,7 @@
-//! One worker VM, whole: its picker, every pool's ticks and how often they run, flow control's
+//! One worker VM, whole: its pool router, every pool's ticks and how often they run, flow control's
 //! releases of held requests, and the stats of all of it. The host edge makes one [`WorkerVm`]
 //! per VM and forwards each proxy-wasm callback to it; what the VM decides is carried out
-//! through [`VmHost`], so every flow (request, tick, release, callout answer) runs natively in
+//! through [`VmHost`], so every path (request, tick, release, callout answer) runs natively in
 //! tests against the in-memory host (`host::fake::FakeVm`).
 
 use crate::datalayer::CalloutOutcome;
@@ -285,7 +285,7 @@ impl<H: VmHost> WorkerVm<H> {
         let timed =
             was_pending && last && self.stats.first().is_some_and(Stats::time_this_decision);
         let started_ns = timed.then(|| self.host.now_ns().ok()).flatten();
-        let flow = step(request, &stream, &mut self.router);
+        let next = step(request, &stream, &mut self.router);
         if was_pending {
             request.log_decision(&stream, &self.router);
             self.count_decision(request, started_ns);
@@ -294,7 +294,7 @@ impl<H: VmHost> WorkerVm<H> {
             // Held behind others while the pool may have room: let the right one go.
             self.release_held_in_pool(request);
         }
-        flow
+        next
     }
 
     /// Flow control's part of a stream callback, in the request's pool.
