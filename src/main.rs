@@ -14,7 +14,6 @@
 
 use inference_picker_core::config::{load_set, PoolSet};
 use inference_picker_core::endpoint::Health;
-use inference_picker_core::flow_control::policy_plugins::{fairness_type, ordering_type};
 use inference_picker_core::flow_control::DEFAULT_FAIRNESS_ID;
 use inference_picker_core::host::fake::FakeVm;
 use inference_picker_core::protocol::{
@@ -24,6 +23,7 @@ use inference_picker_core::request::{parse_body, ApiKind};
 use inference_picker_core::request_driver::{Outcome, RequestDriver};
 use inference_picker_core::router::PoolRouter;
 use inference_picker_core::router::PoolSlot;
+use inference_picker_core::scheduling::flow_policy_plugins::{fairness_type, ordering_type};
 use inference_picker_core::vm::WorkerVm;
 use std::process::ExitCode;
 

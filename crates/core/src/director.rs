@@ -160,12 +160,6 @@ impl Director {
         self.scheduler.pool_saturation(data.pool(), now_ms)
     }
 
-    /// Which endpoints have room now (flow control dispatches only while one has).
-    pub fn endpoints_with_room(&self, data: &DataLayer, now_ms: u64, room: &mut Vec<bool>) -> bool {
-        self.scheduler
-            .endpoints_with_room(data.pool(), now_ms, room)
-    }
-
     /// The pool's saturation at a tick, announced once it changed for
     /// [`SATURATION_TICKS_TO_ANNOUNCE`] ticks in a row: one scrape round on the edge would
     /// otherwise flap the warning on and off.
@@ -221,7 +215,7 @@ impl Director {
         let mut started = Vec::new();
         for address in unreachable {
             if let Some(index) = data.pool().index_of(address) {
-                if data.back_off(index, until) {
+                if data.avoid(index, until) {
                     started.push(address.to_owned());
                 }
             }

@@ -5,7 +5,7 @@
 //! request path makes no shared-data calls of this module's (with flow control on, admitting
 //! and releasing a held request read and write its Envoy-wide ledger, `flow_control::ledger`).
 
-use crate::datalayer::DataLayer;
+use crate::datalayer::{DataLayer, Members};
 use crate::endpoint::Pool;
 use crate::host::{HostError, SharedData};
 use crate::learned::Learned;
@@ -52,9 +52,6 @@ struct Load {
     /// `(requests, tokens)` per pool index.
     counts: Vec<(u32, u64)>,
 }
-
-/// Pool members as the scraping VM knows them, in index order: `(address, labels, removed)`.
-pub type Members = Vec<(String, std::collections::BTreeMap<String, String>, bool)>;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 struct Membership {

@@ -6,7 +6,7 @@ use super::error::ConfigError;
 use super::pool::PoolConfig;
 use super::raw::{RawConfig, RawPlugin, RawProfile};
 use super::validate::{is_producer, weight};
-use crate::flow_control::FlowControlConfig;
+use crate::config::flow_control::FlowControlConfig;
 use crate::scheduling::plugins::{self, profile_handler::single_profile_handler};
 use crate::scheduling::{
     DataLayerPlugin, ModelsSource, Plugin, PluginInstance, PluginSummary, Profile, WeightedScorer,
@@ -277,10 +277,10 @@ pub(super) fn flow_control(
                 Plugin::FlowPolicy(policy) => Some(*policy),
                 _ => None,
             })
-            .or_else(|| crate::flow_control::config::default_policy(name))
+            .or_else(|| crate::config::flow_control::default_policy(name))
     };
     let priorities: Vec<i32> = pool.objectives.iter().map(|o| o.priority).collect();
-    crate::flow_control::config::build(&section, &priorities, &lookup)
+    crate::config::flow_control::build(&section, &priorities, &lookup)
         .map(Some)
         .map_err(|(key, reason)| ConfigError::invalid(key, reason))
 }

@@ -5,9 +5,9 @@
 use super::pool::PoolConfig;
 use super::raw::{RawConfig, RawPlugin};
 use super::validate::{API_VERSIONS, KIND};
-use crate::flow_control::policies::FlowPolicy;
-use crate::flow_control::policy_plugins::{fairness_type, ordering_type};
-use crate::flow_control::FlowControlConfig;
+use crate::config::flow_control::FlowControlConfig;
+use crate::scheduling::flow_policy::FlowPolicy;
+use crate::scheduling::flow_policy_plugins::{fairness_type, ordering_type};
 use crate::scheduling::plugins;
 use crate::scheduling::{Plugin, PluginInstance, Profile};
 use serde_yaml::Value;

@@ -6,6 +6,7 @@ mod build;
 mod defaults;
 mod effective;
 mod error;
+pub mod flow_control;
 mod pool;
 mod pools;
 mod prefix_indexes;
@@ -38,7 +39,7 @@ pub struct FilterConfig {
     pub metric_selectors: Vec<MetricSelector>,
     pub feature_gates: Vec<String>,
     /// Flow control's settings when the `flowControl` gate is on.
-    pub flow_control: Option<crate::flow_control::FlowControlConfig>,
+    pub flow_control: Option<crate::config::flow_control::FlowControlConfig>,
     /// Not fatal, but worth a log line (e.g. a plugin no profile uses).
     pub warnings: Vec<String>,
     /// Where the pods' model lists are read, with `models-data-source`.

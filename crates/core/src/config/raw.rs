@@ -19,7 +19,7 @@ pub(super) struct RawConfig {
     #[serde(alias = "data")]
     pub(super) data_layer: Option<RawDataLayer>,
     pub(super) pool: Option<PoolConfig>,
-    pub(super) flow_control: Option<crate::flow_control::config::RawFlowControl>,
+    pub(super) flow_control: Option<crate::config::flow_control::RawFlowControl>,
     /// llm-d-router's parser list; `parser` is its older single-parser form.
     pub(super) request_handler: Option<RawRequestHandler>,
     pub(super) parser: Option<RawRef>,

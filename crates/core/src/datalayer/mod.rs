@@ -345,7 +345,7 @@ impl DataLayer {
 
     /// A request routed to `index` failed at the pod: avoid it until `until_ms`. Returns true
     /// if it was not already avoided.
-    pub fn back_off(&mut self, index: usize, until_ms: u64) -> bool {
+    pub fn avoid(&mut self, index: usize, until_ms: u64) -> bool {
         self.pool.back_off(index, until_ms)
     }
 

@@ -2,7 +2,7 @@
 //! every VM updates by compare-and-swap: the global and per-band limits then hold exactly
 //! across worker VMs, however their requests race.
 
-use super::config::FlowControlConfig;
+use crate::config::flow_control::FlowControlConfig;
 use crate::host::{HostError, SharedData};
 use serde::{Deserialize, Serialize};
 

@@ -12,23 +12,19 @@
 //! or tick. This module is the pure part: plain data in and out; the host edge moves the
 //! summaries and resumes the streams.
 
-pub mod config;
 pub mod ledger;
-pub mod policies;
-pub mod policy_plugins;
 pub mod queue;
-pub mod releases;
 
-pub use config::{BandConfig, FlowControlConfig};
+pub use crate::config::flow_control::{BandConfig, FlowControlConfig};
 
 use crate::error_response::Dropped;
-use crate::flow_control::policies::{Fairness, OrderFacts};
 use crate::host::{HostError, SharedData};
+use crate::scheduling::flow_policy::{Fairness, OrderFacts};
+use crate::scheduling::flow_policy_plugins::ordering_key;
 use crate::scheduling::plugins::flow_control::{
     global_strict_fairness_policy, round_robin_fairness_policy,
 };
 use crate::shared_keys::SharedKeys;
-use policy_plugins::ordering_key;
 use serde::{Deserialize, Serialize};
 
 /// The flow of requests that name no fairness id (llm-d's name for it).

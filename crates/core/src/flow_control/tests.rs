@@ -1,18 +1,21 @@
 use super::*;
-use crate::flow_control::policies::{FlowPolicy, Ordering};
 use crate::harness::test;
 use crate::host::fake::FakeShared;
+use crate::scheduling::flow_policy::{FlowPolicy, Ordering};
 use crate::shared_keys::SharedKeys;
 
 fn control(section: &str) -> FlowControl {
-    let raw: config::RawFlowControl = serde_yaml::from_str(section).unwrap();
+    let raw: crate::config::flow_control::RawFlowControl = serde_yaml::from_str(section).unwrap();
     let lookup = |name: &str| match name {
         "rr" => Some(FlowPolicy::Fairness(Fairness::RoundRobin)),
         "edf" => Some(FlowPolicy::Ordering(Ordering::Edf)),
         "slo" => Some(FlowPolicy::Ordering(Ordering::SloDeadline)),
-        other => config::default_policy(other),
+        other => crate::config::flow_control::default_policy(other),
     };
-    let mut flow = FlowControl::new(config::build(&raw, &[], &lookup).unwrap(), 1);
+    let mut flow = FlowControl::new(
+        crate::config::flow_control::build(&raw, &[], &lookup).unwrap(),
+        1,
+    );
     flow.attach(SharedKeys::under("ns"), 1);
     flow
 }

@@ -1,9 +1,9 @@
 use super::*;
 use crate::config::load;
 use crate::flow_control::queue::Release;
-use crate::flow_control::releases::{carry_out, Carried};
 use crate::harness::test;
 use crate::host::fake::{FakeHost, FakeShared};
+use crate::vm::releases::{carry_out, Carried};
 use std::cell::RefCell;
 
 fn host(path: &str, body: &str) -> FakeHost {

@@ -8,6 +8,8 @@
 //! name `crate::scheduling::X` whichever file `X` lives in.
 
 mod cycle;
+pub mod flow_policy;
+pub mod flow_policy_plugins;
 pub mod plugins;
 pub mod prefix_home;
 pub mod prefix_index;

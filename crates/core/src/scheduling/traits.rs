@@ -6,9 +6,9 @@ use super::cycle::{CycleState, LearnedPrefix, SchedulingContext, Wiring};
 use super::profile::{Profile, ProfileResult};
 use super::rng::Rng;
 use crate::endpoint::{EndpointState, LoadView, Pool};
-use crate::flow_control::policies::FlowPolicy;
 use crate::metrics::MetricSelector;
 use crate::request::InferenceRequest;
+use crate::scheduling::flow_policy::FlowPolicy;
 
 // Plugins are `Send` so that a native host (the ext_proc baseline, the benchmarks) can share
 // one scheduler between threads; inside Envoy each VM is single-threaded anyway.

@@ -6,16 +6,17 @@
 
 use crate::datalayer::CalloutOutcome;
 use crate::error_response::RequestError;
-use crate::flow_control::releases::{release_held, ticks_fast, Callback, FLOW_TICK_MS};
 use crate::hash::hash_bytes;
 use crate::host::{CalloutAnswer, HttpHost, VmHost};
 use crate::request::ApiKind;
 use crate::request_driver::{Next, Outcome, RequestDriver};
 use crate::router::PoolRouter;
 use crate::stats::{QueueExit, Stats};
+use crate::vm::releases::{release_held, ticks_fast, Callback, FLOW_TICK_MS};
 use configure::PoolTicks;
 
 pub mod configure;
+pub mod releases;
 #[cfg(test)]
 mod tests;
 

@@ -3,7 +3,7 @@
 //! while the pool has no endpoint). Consumes arrival and TTL; no parameters.
 
 use super::no_parameters_policy;
-use crate::flow_control::policies::{FlowPolicy, OrderFacts, Ordering};
+use crate::scheduling::flow_policy::{FlowPolicy, OrderFacts, Ordering};
 use crate::scheduling::plugins::spec::{effective, Kind, NoParameters, PluginSpec};
 use crate::scheduling::Plugin;
 use serde_yaml::Value;
@@ -25,8 +25,8 @@ pub fn key(facts: &OrderFacts) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::flow_control::policy_plugins::ordering_key;
     use crate::harness::test;
+    use crate::scheduling::flow_policy_plugins::ordering_key;
 
     #[test]
     fn the_nearer_deadline_goes_first() {

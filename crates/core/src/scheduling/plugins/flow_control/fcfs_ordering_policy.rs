@@ -2,7 +2,7 @@
 //! order they arrived. Consumes the arrival time; no parameters.
 
 use super::no_parameters_policy;
-use crate::flow_control::policies::{FlowPolicy, OrderFacts, Ordering};
+use crate::scheduling::flow_policy::{FlowPolicy, OrderFacts, Ordering};
 use crate::scheduling::plugins::spec::{effective, Kind, NoParameters, PluginSpec};
 use crate::scheduling::Plugin;
 use serde_yaml::Value;
@@ -24,8 +24,8 @@ pub fn key(facts: &OrderFacts) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::flow_control::policy_plugins::ordering_key;
     use crate::harness::test;
+    use crate::scheduling::flow_policy_plugins::ordering_key;
 
     #[test]
     fn earlier_arrival_goes_first_whatever_the_deadline() {

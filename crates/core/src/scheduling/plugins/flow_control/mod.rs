@@ -13,7 +13,7 @@ pub mod static_usage_limit_policy;
 /// Flow-control policies take no parameters except the usage limit's `threshold`.
 pub(super) fn no_parameters_policy(
     parameters: &serde_yaml::Value,
-    policy: crate::flow_control::policies::FlowPolicy,
+    policy: crate::scheduling::flow_policy::FlowPolicy,
 ) -> Result<crate::scheduling::Plugin, String> {
     super::spec::no_parameters(parameters)?;
     Ok(crate::scheduling::Plugin::FlowPolicy(policy))

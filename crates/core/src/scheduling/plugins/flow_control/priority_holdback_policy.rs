@@ -7,7 +7,7 @@
 //! Parameters: `minCeiling` (required, in (0, 1)), `maxCeiling` (1.0, in (minCeiling, 1]),
 //! `shape` (`linear`, the only one), `domain` (`rank` | `value`, `rank`).
 
-use crate::flow_control::policies::{FlowPolicy, UsageLimit};
+use crate::scheduling::flow_policy::{FlowPolicy, UsageLimit};
 use crate::scheduling::plugins::spec::{effective, Kind, PluginSpec};
 use crate::scheduling::Plugin;
 use serde_yaml::Value;

@@ -5,7 +5,7 @@
 //! No parameters.
 
 use super::no_parameters_policy;
-use crate::flow_control::policies::{Fairness, FlowPolicy};
+use crate::scheduling::flow_policy::{Fairness, FlowPolicy};
 use crate::scheduling::plugins::spec::{effective, Kind, NoParameters, PluginSpec};
 use crate::scheduling::Plugin;
 use serde_yaml::Value;

@@ -4,7 +4,7 @@
 //! Consumes that header; no parameters.
 
 use super::no_parameters_policy;
-use crate::flow_control::policies::{FlowPolicy, OrderFacts, Ordering};
+use crate::scheduling::flow_policy::{FlowPolicy, OrderFacts, Ordering};
 use crate::scheduling::plugins::spec::{effective, Data, Kind, NoParameters, PluginSpec};
 use crate::scheduling::Plugin;
 use serde_yaml::Value;
@@ -29,8 +29,8 @@ pub fn key(facts: &OrderFacts) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::flow_control::policy_plugins::ordering_key;
     use crate::harness::test;
+    use crate::scheduling::flow_policy_plugins::ordering_key;
 
     #[test]
     fn a_stated_deadline_beats_none_and_the_tighter_one_goes_first() {

@@ -2,7 +2,7 @@
 //! pool's saturation (0 = idle, 1 = the saturation detector's threshold) is below
 //! `threshold`. Parameters: `threshold` in (0, 1], default 1.0 (dispatch until saturated).
 
-use crate::flow_control::policies::{FlowPolicy, UsageLimit};
+use crate::scheduling::flow_policy::{FlowPolicy, UsageLimit};
 use crate::scheduling::plugins::spec::{effective, Kind, PluginSpec};
 use crate::scheduling::Plugin;
 use serde_yaml::Value;

@@ -2,7 +2,7 @@
 //! and per-band limits, TTLs, band templates and policy references.
 
 use crate::duration::serde_go;
-use crate::flow_control::policies::{Fairness, FlowPolicy, Ordering, UsageLimit};
+use crate::scheduling::flow_policy::{Fairness, FlowPolicy, Ordering, UsageLimit};
 use crate::scheduling::plugins::flow_control::{
     fcfs_ordering_policy, global_strict_fairness_policy, static_usage_limit_policy,
 };
@@ -83,7 +83,7 @@ impl FlowControlConfig {
     pub fn orders_by_slo(&self) -> bool {
         self.bands
             .iter()
-            .any(|band| band.ordering == crate::flow_control::policies::Ordering::SloDeadline)
+            .any(|band| band.ordering == crate::scheduling::flow_policy::Ordering::SloDeadline)
     }
 
     /// The band a priority is queued in: its own, else band 0 (as llm-d falls back).

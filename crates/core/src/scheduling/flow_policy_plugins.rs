@@ -1,7 +1,7 @@
-//! Flow control's policies applied: each configured policy's behaviour comes from its
-//! plugin file in `scheduling::plugins::flow_control`.
+//! Flow control's policies applied: each configured policy's behaviour (an ordering key) and
+//! name come from its plugin file in `plugins::flow_control`.
 
-use crate::flow_control::policies::{Fairness, OrderFacts, Ordering};
+use crate::scheduling::flow_policy::{Fairness, OrderFacts, Ordering};
 use crate::scheduling::plugins::flow_control::{
     edf_ordering_policy, fcfs_ordering_policy, global_strict_fairness_policy,
     round_robin_fairness_policy, slo_deadline_ordering_policy,

@@ -1,8 +1,8 @@
 //! Flow control on the host: when held requests are let out, how each release is carried out
 //! on its own stream, and how fast the VM ticks while requests wait anywhere in the Envoy.
 
-use super::queue::Release;
 use crate::error_response::RequestError;
+use crate::flow_control::queue::Release;
 use crate::host::{HttpHost, VmHost};
 use crate::request::ApiKind;
 use crate::request_driver::{write_decision, ClientSent};
