@@ -87,8 +87,12 @@ lint: toolchain
 	$(CARGO) clippy --release --target wasm32-wasip1 -p inference-picker -p inference-picker-core -- -D warnings
 	$(CARGO) clippy --all-targets --manifest-path tools/wasm-exports/Cargo.toml --target-dir target/tools -- -D warnings
 
+## unit: the core's unit tests, the dynamic module's (its own code: the ABI table, the
+## allocator's count), the wasm-exports tool's. The wasm filter's edge has none: it is the host
+## SDK's calls in and out, which only Envoy runs (the integration suite).
 unit:
 	$(CARGO) test -p inference-picker-core --lib
+	$(CARGO) test -p inference-picker-module --lib
 	$(CARGO) test --release --manifest-path tools/wasm-exports/Cargo.toml --target-dir target/tools
 
 ## wasm-unit: the unit tests compiled to wasm32-unknown-unknown, run by wasm-bindgen-test in Node's

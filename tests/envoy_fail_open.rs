@@ -10,8 +10,7 @@ mod support;
 
 use serde_yaml::Value;
 use std::path::PathBuf;
-use std::time::Duration;
-use support::{completion, eventually, repo, shipped_picker_config, with_endpoints, Envoy, Sim};
+use support::{completion, repo, shipped_picker_config, with_endpoints, Envoy, Sim};
 
 const FAIL_OPEN: &str = "envoy/envoy-fail-open.yaml";
 const FAULT_HEADER: &str = "x-inference-picker-fault";
@@ -138,9 +137,21 @@ fn fail_the_vm(envoy: &Envoy) {
     );
 }
 
+/// The value of `name=` in an access-log line (`envoy.yaml`'s format), "" if it has none.
+fn field<'a>(line: &'a str, name: &str) -> &'a str {
+    let key = format!("{name}=");
+    line.split_whitespace()
+        .find_map(|part| part.strip_prefix(key.as_str()))
+        .unwrap_or("")
+}
+
+/// Requests sent once the VM has failed, to each config.
+const AFTER_FAILURE: usize = 12;
+
 #[test]
 fn with_the_vm_failed_fail_open_keeps_the_pool_serving_and_fail_closed_refuses() {
     let (a, b) = (Sim::start("pod-a", &[]), Sim::start("pod-b", &[]));
+    let pool = [a.address.as_str(), b.address.as_str()];
     let envoy = gateway(FAIL_OPEN, &[&a, &b]);
     let picked = envoy.post("/v1/completions", &completion(1));
     assert_eq!(picked.status, 200, "{}", picked.text());
@@ -149,7 +160,7 @@ fn with_the_vm_failed_fail_open_keeps_the_pool_serving_and_fail_closed_refuses()
     fail_the_vm(&envoy);
     // Every later request is served by a pool member, with no pick, whatever pod it names.
     let mut pods = Vec::new();
-    for n in 0..12 {
+    for n in 0..AFTER_FAILURE {
         let response = envoy.post_with(
             "/v1/completions",
             &[
@@ -162,24 +173,45 @@ fn with_the_vm_failed_fail_open_keeps_the_pool_serving_and_fail_closed_refuses()
         pods.push(response.pod());
     }
     assert!(
-        pods.iter().all(|p| p == "pod-a" || p == "pod-b"),
-        "{pods:?}"
-    );
-    assert!(
         pods.iter().any(|p| p == "pod-b"),
         "a client's destination header steered every request: {pods:?}"
     );
-    let lines = envoy.access_log(14);
-    let after: Vec<&String> = lines.iter().skip(2).collect();
+    // One line per request (one worker: in order): the picked one, the trapping one, then
+    // those served with the VM failed.
+    let lines = envoy.access_log(2 + AFTER_FAILURE);
+    assert_eq!(lines.len(), 2 + AFTER_FAILURE, "{lines:#?}");
+    let picks = field(&lines[0], "destination");
     assert!(
-        after.iter().all(|l| l.contains("destination=-")),
-        "the failed filter picked nothing: {after:?}"
+        picks.split(',').all(|pick| pool.contains(&pick)),
+        "the live filter wrote its picks: {}",
+        lines[0]
     );
+    for line in &lines[2..] {
+        assert_eq!(
+            field(line, "destination"),
+            "-",
+            "the failed filter picked nothing: {line}"
+        );
+        assert!(
+            pool.contains(&field(line, "upstream")),
+            "the balancer sent it to a pool member: {line}"
+        );
+    }
 
-    // The shipped config, same failure: refused.
+    // The shipped config, same failure: every request refused, none reaches a pod.
     let closed = gateway("envoy/envoy.yaml", &[&a, &b]);
     fail_the_vm(&closed);
-    eventually("the fail-closed 503", Duration::from_secs(5), || {
-        closed.post("/v1/completions", &completion(20)).status == 503
-    });
+    let served = a.requests_total() + b.requests_total();
+    let statuses: Vec<u16> = (0..AFTER_FAILURE)
+        .map(|n| closed.post("/v1/completions", &completion(20 + n)).status)
+        .collect();
+    assert!(
+        statuses.iter().all(|&status| status == 503),
+        "fail-closed answers: {statuses:?}"
+    );
+    assert_eq!(
+        a.requests_total() + b.requests_total(),
+        served,
+        "a refused request reached a pod"
+    );
 }

@@ -8,8 +8,8 @@ mod support;
 
 use std::time::{Duration, Instant};
 use support::{
-    eventually, series, shipped_picker_config, with_endpoints, with_pool_keys, BackgroundLoad,
-    Envoy, Served, Sim,
+    eventually, shipped_picker_config, with_endpoints, with_pool_keys, BackgroundLoad, Envoy,
+    Served, Sim,
 };
 
 /// Clients in flight through the gateway.
@@ -28,22 +28,6 @@ fn gateway(sims: &[&Sim], backoff: &str) -> Envoy {
     envoy
 }
 
-/// The filter's pick counter for `address`, summed over Envoy's workers. Each worker adds its
-/// picks to it on its tick, not per request.
-fn picks(envoy: &Envoy, address: &str) -> u64 {
-    let series = series(&format!(
-        "inference_picker_endpoint_picks{{endpoint=\"{address}\"}}"
-    ));
-    envoy
-        .admin_get("/stats/prometheus")
-        .text()
-        .lines()
-        .find(|line| line.starts_with(&series))
-        .and_then(|line| line.rsplit(' ').next())
-        .and_then(|value| value.parse::<f64>().ok())
-        .map_or(0, |value| value as u64)
-}
-
 /// Several ticks (50 ms): a span in which every worker adds the picks it made to the counter.
 const TICKS: Duration = Duration::from_millis(200);
 
@@ -55,10 +39,10 @@ fn settled_picks(envoy: &Envoy, address: &str) -> u64 {
         &format!("{address} to be no longer picked"),
         Duration::from_secs(3),
         || {
-            let before = picks(envoy, address);
+            let before = envoy.endpoint_picks(address);
             // A window, not a wait: the counter must not move during it.
             std::thread::sleep(TICKS);
-            settled = picks(envoy, address);
+            settled = envoy.endpoint_picks(address);
             settled == before
         },
     );
@@ -87,7 +71,7 @@ fn picked_again(envoy: &Envoy, address: &str, gone: u64) {
     eventually(
         &format!("{address}'s picks to count again"),
         Duration::from_secs(5),
-        || picks(envoy, address) > gone,
+        || envoy.endpoint_picks(address) > gone,
     );
 }
 
@@ -128,7 +112,7 @@ fn dies_under_load(stop: impl FnOnce(&mut Sim)) {
     load.wait_for(100);
     // Every request answered so far is in the counters.
     envoy.wait_for_decisions(load.answered() as u64);
-    assert!(picks(&envoy, &a.address) > 50, "pod-a is preferred");
+    assert!(envoy.endpoint_picks(&a.address) > 50, "pod-a is preferred");
 
     let (address, port) = (a.address.clone(), a.port());
     stop(&mut a);

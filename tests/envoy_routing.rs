@@ -303,17 +303,53 @@ fn json_answer(envoy: &Envoy) -> support::Response {
     answer.expect("an answer")
 }
 
+/// Sends `count` requests (each answered 200) and returns how many of them the filter picked
+/// `pod` for first, by its own pick counters once they count all `count` (`pool`: the address
+/// of every pod it may pick). The answers cannot tell: a request picked for a dead pod is
+/// retried on its fallback and answered by another.
+fn picks_of(envoy: &Envoy, pod: &str, pool: &[String], count: usize) -> u64 {
+    let counted = || -> u64 { pool.iter().map(|a| envoy.endpoint_picks(a)).sum() };
+    let (before, pod_before) = (counted(), envoy.endpoint_picks(pod));
+    picks(envoy, count);
+    eventually(
+        &format!("the filter to count the {count} picks"),
+        Duration::from_secs(5),
+        || counted() >= before + count as u64,
+    );
+    envoy.endpoint_picks(pod) - pod_before
+}
+
 #[test]
 fn dead_pods_get_no_traffic_and_an_empty_pool_is_503() {
     let a = Sim::start("pod-a", &[]);
     let mut b = Sim::start("pod-b", &[]);
     let mut c = Sim::start("pod-c", &[]);
-    let envoy = gateway(&[&a, &b, &c]);
+    // No passive back-off: a pick of the dead pod would otherwise keep it out for 5 s, as
+    // if the picker had read its health.
+    let config = with_pool_keys(
+        &with_endpoints(&shipped_picker_config(), &[&a, &b, &c]),
+        "passiveHealthBackoff: 0s",
+    );
+    let envoy = Envoy::start(&config, 2);
+    for sim in [&a, &b, &c] {
+        sim.wait_for_scrapes(3);
+    }
+    let pool = [&a, &b, &c].map(|sim| sim.address.clone());
+    let dead = b.address.clone();
     b.kill();
-    // Its next scrape (50 ms) fails and takes pod-b out of rotation.
+    // Its next scrape (50 ms) fails and takes pod-b out of rotation; a worker that does not
+    // scrape reads that on its next tick.
     envoy.wait_for_fresh_endpoints(2);
-    let served = picks(&envoy, 20);
-    assert!(!served.contains_key("pod-b"), "{served:?}");
+    eventually(
+        "every worker to stop picking the dead pod-b",
+        Duration::from_secs(5),
+        || picks_of(&envoy, &dead, &pool, 6) == 0,
+    );
+    let picked = picks_of(&envoy, &dead, &pool, 20);
+    assert_eq!(
+        picked, 0,
+        "the filter picked the dead pod-b for {picked} of 20 requests"
+    );
 
     c.kill();
     drop(a);

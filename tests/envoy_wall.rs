@@ -14,8 +14,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 use support::{
-    eventually, http1, picker_config_of, repo, with_endpoints, with_pool_endpoints, Envoy, Sim,
-    MODEL,
+    http1, picker_config_of, repo, with_endpoints, with_pool_endpoints, Envoy, Sim, MODEL,
 };
 
 /// A loopback listener that counts the connections it accepts.
@@ -168,9 +167,11 @@ fn no_request_reaches_an_address_outside_the_pool() {
     wall_holds("envoy/envoy.yaml");
 }
 
+const ORIGINAL_DST: &str = "envoy/envoy-original-dst.yaml";
+
 #[test]
 fn no_request_reaches_an_address_outside_the_pool_with_original_dst() {
-    wall_holds("envoy/envoy-original-dst.yaml");
+    wall_holds(ORIGINAL_DST);
 }
 
 #[test]
@@ -220,19 +221,45 @@ fn wall_holds(envoy_config: &str) {
         let answer = h1_chunked_with_trailers(&envoy, path, body, &steer);
         assert_answer(&answer, with_body, &pods, &case);
     }
-    // A time window, not a wait: an escape would be a connection Envoy may open late (a
-    // retry) and the canary counts on its next poll; an absence cannot be waited for.
-    std::thread::sleep(Duration::from_millis(200));
-    assert_eq!(canary.accepted(), 0, "a request escaped the pool");
+    assert_eq!(escapes(&canary), 0, "a request escaped the pool");
 }
 
+/// The connections the canary accepted, counted after a time window, not a wait: an escape
+/// would be a connection Envoy may open late (a retry) and the canary counts on its next poll;
+/// an absence cannot be waited for.
+fn escapes(canary: &Canary) -> usize {
+    std::thread::sleep(Duration::from_millis(200));
+    canary.accepted()
+}
+
+/// The wall's positive control: where nothing overwrites the client's destination header (the
+/// ORIGINAL_DST config without the filter), the wall's own requests, headers and canary show
+/// the escape: each request reaches the canary and no pod.
 #[test]
 fn the_canary_would_see_an_escape() {
-    // The same request sent straight at the canary is counted: the wall test can fail.
-    let canary = Canary::start();
-    let _ = TcpStream::connect(&canary.address).expect("connect");
-    eventually("the canary to accept", Duration::from_secs(5), || {
-        canary.accepted() > 0
+    let a = Sim::start("pod-a", &[]);
+    let picker_config = with_endpoints(&picker_config_of(ORIGINAL_DST), &[&a]);
+    let envoy = Envoy::start_from(ORIGINAL_DST, &picker_config, 1, |config| {
+        config
+            .listener_mut(0)
+            .http_filters_mut()
+            .retain(|filter| filter["name"] != "envoy.filters.http.wasm");
     });
-    assert_eq!(canary.accepted(), 1);
+    let canary = Canary::start();
+    let steer = steering_headers(&canary.address);
+    let good = format!(r#"{{"model":"{MODEL}","prompt":"hello","max_tokens":2}}"#);
+    let escaped = [
+        h2(&envoy, "/v1/completions", "data", &good, &steer),
+        h1_chunked_with_trailers(&envoy, "/v1/completions", &good, &steer),
+    ];
+    for answer in &escaped {
+        assert_eq!(answer.pod, None, "a pod served it: {}", answer.body);
+    }
+    assert!(
+        escapes(&canary) >= escaped.len(),
+        "the canary saw {} of the {} escapes",
+        canary.accepted(),
+        escaped.len()
+    );
+    assert_eq!(a.requests_total(), 0, "the pod saw none of them");
 }
