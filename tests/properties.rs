@@ -7,6 +7,7 @@ use inference_picker_core::config::load;
 use inference_picker_core::endpoint::{EndpointState, Health, Pool};
 use inference_picker_core::metrics::{extract, CacheConfig, EndpointMetrics, Engine, LoraInfo};
 use inference_picker_core::request::{parse_body, ApiKind, InferenceRequest, RequestHeaders};
+use inference_picker_core::scheduling::plugins::spec::Kind;
 use inference_picker_core::scheduling::plugins::{self, scorer::session_affinity_scorer};
 use inference_picker_core::scheduling::rng::Rng;
 use inference_picker_core::scheduling::{CycleState, Plugin, PrefixMatches, SchedulingContext};
@@ -99,22 +100,55 @@ fn pool_of(specs: &[PodSpec]) -> Pool {
     pool
 }
 
-/// Every scorer type, with the parameters it needs.
-fn scorers() -> Vec<(&'static str, Plugin)> {
+/// The parameters a scorer type needs to build; every other one builds from none.
+fn scorer_parameters(type_name: &str) -> Value {
+    match type_name {
+        "metric-scorer" => serde_yaml::from_str("{metricName: m, min: 0, max: 100}")
+            .expect("metric-scorer parameters"),
+        _ => Value::Null,
+    }
+}
+
+/// Scorer types the properties leave out, with why: none. A scorer type that does not build
+/// from [`scorer_parameters`] fails [`scorers`] until its parameters are added there (or it is
+/// listed here with its reason), so no scorer drops out of the properties unnoticed.
+const SCORERS_LEFT_OUT: &[&str] = &[];
+
+/// Every scorer type, aliases included.
+fn scorer_types() -> impl Iterator<Item = &'static str> {
     plugins::all_types()
-        .filter_map(|type_name| {
-            let parameters: Value = match type_name {
-                "metric-scorer" => {
-                    serde_yaml::from_str("{metricName: m, min: 0, max: 100}").ok()?
-                }
-                _ => Value::Null,
-            };
-            match plugins::build(type_name, &parameters) {
-                Ok(plugin @ Plugin::Scorer(_)) => Some((type_name, plugin)),
-                _ => None,
-            }
-        })
-        .collect()
+        .filter(|type_name| plugins::spec(type_name).is_some_and(|spec| spec.kind == Kind::Scorer))
+}
+
+/// Every scorer type, built with [`scorer_parameters`]; fails naming any that does not build
+/// and is not in [`SCORERS_LEFT_OUT`].
+fn scorers() -> Vec<(&'static str, Plugin)> {
+    let mut built = Vec::new();
+    let mut unbuilt: Vec<(&str, String)> = Vec::new();
+    for type_name in scorer_types() {
+        match plugins::build(type_name, &scorer_parameters(type_name)) {
+            Ok(plugin @ Plugin::Scorer(_)) => built.push((type_name, plugin)),
+            Ok(_) => unbuilt.push((type_name, "not built as a scorer".into())),
+            Err(error) => unbuilt.push((type_name, error)),
+        }
+    }
+    let left_out: Vec<&str> = unbuilt.iter().map(|(type_name, _)| *type_name).collect();
+    assert_eq!(
+        left_out, SCORERS_LEFT_OUT,
+        "scorer types the properties could not build: {unbuilt:?}"
+    );
+    built
+}
+
+#[test]
+fn every_scorer_type_builds_for_the_properties() {
+    let built: Vec<&str> = scorers()
+        .into_iter()
+        .map(|(type_name, _)| type_name)
+        .collect();
+    for type_name in ["queue-scorer", "metric-scorer", "prefix-cache-scorer"] {
+        assert!(built.contains(&type_name), "{type_name}: {built:?}");
+    }
 }
 
 /// Any value a pod could report or a snapshot could hold: valid, unknown, absurd.
@@ -262,31 +296,48 @@ fn check_others_undisturbed(
     Ok(())
 }
 
-/// A `/metrics` page of hostile series for pod 0.
+/// A `/metrics` page of hostile series for pod 0, with at least one engine series (a page
+/// without any is refused whole, and leaves nothing to check).
 fn hostile_page() -> impl Strategy<Value = String> {
-    let name = prop::sample::select(vec![
+    const ENGINE_SERIES: [&str; 3] = [
         "vllm:num_requests_waiting",
         "vllm:num_requests_running",
         "vllm:kv_cache_usage_perc",
+    ];
+    let any_name = prop::sample::select(vec![
+        ENGINE_SERIES[0],
+        ENGINE_SERIES[1],
+        ENGINE_SERIES[2],
         "m",
     ]);
-    let value = prop_oneof![
-        Just("NaN".to_owned()),
-        Just("+Inf".to_owned()),
-        Just("-Inf".to_owned()),
-        Just("1e308".to_owned()),
-        Just("1.7976931348623157e308".to_owned()),
-        Just("-1".to_owned()),
-        Just("0".to_owned()),
-        any::<f64>().prop_map(|v| format!("{v:e}")),
-        (0.0..50.0f64).prop_map(|v| v.to_string()),
-    ];
-    prop::collection::vec((name, 0u8..4, value), 1..10).prop_map(|lines| {
-        lines
-            .into_iter()
-            .map(|(name, model, value)| format!("{name}{{model_name=\"{model}\"}} {value}\n"))
-            .collect()
-    })
+    let value = || {
+        prop_oneof![
+            Just("NaN".to_owned()),
+            Just("+Inf".to_owned()),
+            Just("-Inf".to_owned()),
+            Just("1e308".to_owned()),
+            Just("1.7976931348623157e308".to_owned()),
+            Just("-1".to_owned()),
+            Just("0".to_owned()),
+            any::<f64>().prop_map(|v| format!("{v:e}")),
+            (0.0..50.0f64).prop_map(|v| v.to_string()),
+        ]
+    };
+    let engine_line = (
+        prop::sample::select(ENGINE_SERIES.to_vec()),
+        0u8..4,
+        value(),
+    );
+    let other_lines = prop::collection::vec((any_name, 0u8..4, value()), 0..9);
+    (engine_line, other_lines, any::<prop::sample::Index>()).prop_map(
+        |(engine_line, mut lines, at)| {
+            lines.insert(at.index(lines.len() + 1), engine_line);
+            lines
+                .into_iter()
+                .map(|(name, model, value)| format!("{name}{{model_name=\"{model}\"}} {value}\n"))
+                .collect()
+        },
+    )
 }
 
 proptest! {
@@ -323,16 +374,14 @@ proptest! {
     ) {
         let mut pool = pool_of(&specs);
         let selector = inference_picker_core::metrics::MetricSelector { metric_name: "m".into(), labels: vec![] };
-        match extract(Engine::Vllm, &page, &[selector]) {
-            Ok((metrics, _, _)) => {
-                // Stored as read: only known values, never NaN, infinite or negative.
-                for value in [metrics.waiting_queue, metrics.running_requests, metrics.kv_cache_usage].into_iter().flatten() {
-                    prop_assert!(value.is_finite() && value >= 0.0, "{page}");
-                }
-                pool.endpoints[0].metrics = metrics;
-            }
-            Err(_) => return Ok(()),
+        // Every page holds an engine series, so every one is read (none is skipped).
+        let (metrics, _, _) = extract(Engine::Vllm, &page, &[selector])
+            .map_err(|error| TestCaseError::fail(format!("{error}: {page}")))?;
+        // Stored as read: only known values, never NaN, infinite or negative.
+        for value in [metrics.waiting_queue, metrics.running_requests, metrics.kv_cache_usage].into_iter().flatten() {
+            prop_assert!(value.is_finite() && value >= 0.0, "{page}");
         }
+        pool.endpoints[0].metrics = metrics;
         let matched: Vec<usize> = specs.iter().map(|s| s.matched).collect();
         check_others_undisturbed(&pool, &matched, false)?;
         let config = "plugins:\n- type: queue-scorer\n- type: kv-cache-utilization-scorer\n- type: running-requests-size-scorer\n- type: load-aware-scorer\n- type: request-cost-scorer\n\
