@@ -194,6 +194,8 @@ fn no_module_of_any_crate_imports_one_that_imports_it_back() {
         crates().join("wasm-filter/src"),
         crates().join("dynamic-module/src"),
         root.join("bench/extproc/src"),
+        root.join("bench/wasm-micro/src"),
+        root.join("bench/profile-filter/src"),
         root.join("tools/wasm-exports/src"),
     ];
     for crate_src in sources {
