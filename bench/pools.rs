@@ -240,7 +240,7 @@ pub fn run(quick: bool) -> Part {
     }
     Part {
         markdown: format!(
-            "{INTRO}{}\n{}\nThe pool choice itself, natively (`picker::ModelRouter`, the only \
+            "{INTRO}{}\n{}\nThe pool choice itself, natively (`router::ModelRouter`, the only \
              per-request step that depends on the number of pools):\n\n{native}",
             markdown_table(&rows),
             summary(&rows)

@@ -27,7 +27,7 @@ const BETWEEN: &str =
      Parsing the request body (completions, one prompt string), natively:\n\n";
 
 const CONFIGURE: &str = "\nConfiguring one VM, natively: loading and validating the YAML \
-     configuration with N static endpoints (the shipped plugins), building the director \
+     configuration with N static endpoints (the shipped plugins), building each pool's rooms \
      (`vm::configure::configure`), and defining every stat (five per endpoint; here in an \
      in-memory name table, in Envoy a host call each). Envoy logs the same step per VM \
      (`configured with N endpoints in X ms`), which part 4 reports.\n\n";
