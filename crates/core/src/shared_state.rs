@@ -87,6 +87,8 @@ pub struct Coordinator {
     /// Per other VM: the last prefix batch replayed from it.
     prefix_seen: Vec<(u64, u64)>,
     members_key: String,
+    /// Where the scraping VM shares the pods' model lists (`models-data-source`).
+    models_key: String,
     members_seq: u64,
 }
 
@@ -114,6 +116,7 @@ impl Coordinator {
             prefix_seq: 0,
             prefix_seen: Vec::new(),
             members_key: keys.members(),
+            models_key: keys.models(),
             members_seq: 0,
             keys,
             lease_ms: interval_ms
@@ -135,6 +138,11 @@ impl Coordinator {
     }
 
     /// The pool's shared-data keys.
+    /// The key of the pool's shared model lists, built once.
+    pub fn models_key(&self) -> &str {
+        &self.models_key
+    }
+
     pub fn keys(&self) -> &SharedKeys {
         &self.keys
     }

@@ -106,9 +106,9 @@ impl TickDriver {
         let Some(coordinator) = &self.coordinator else {
             return false;
         };
-        let key = coordinator.keys().models();
+        let key = coordinator.models_key();
         slot.data
-            .apply_shared_models(store, &key, self.last_tick_ms, members_changed)
+            .apply_shared_models(store, key, self.last_tick_ms, members_changed)
     }
 
     /// Publishes this VM's in-flight counts and reads the other VMs' (flow control's fast
@@ -132,15 +132,10 @@ impl TickDriver {
         // Stamped on arrival, so the age other workers see is the real one.
         let now = host.now_ms().unwrap_or(self.last_tick_ms);
         let scraping = self.role() == Role::Scraper;
-        let models_key = self.coordinator.as_ref().map(|c| c.keys().models());
-        let (outcome, share) = slot.data.on_answer(
-            (host, host),
-            token,
-            answer,
-            now,
-            scraping,
-            models_key.as_deref(),
-        );
+        let models_key = self.coordinator.as_ref().map(Coordinator::models_key);
+        let (outcome, share) =
+            slot.data
+                .on_answer((host, host), token, answer, now, scraping, models_key);
         let ToShare { snapshot, members } = share;
         if snapshot {
             self.publish_snapshot(host, slot);

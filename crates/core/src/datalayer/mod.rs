@@ -84,7 +84,8 @@ impl DataLayer {
         }
     }
 
-    /// A data layer over `pool` as it is, for tests and benches that build pools by hand.
+    /// A data layer over `pool` as it is, for tests that build pools by hand.
+    #[cfg(test)]
     pub fn from_pool(pool: Pool, settings: PoolConfig) -> Self {
         DataLayer {
             static_count: pool.len(),
@@ -235,11 +236,6 @@ impl DataLayer {
         }
     }
 
-    /// The snapshot holds results not published yet.
-    pub fn unpublished(&self) -> bool {
-        self.scrapes.unpublished()
-    }
-
     pub fn mark_published(&mut self) {
         self.scrapes.mark_published();
     }
@@ -363,16 +359,19 @@ impl DataLayer {
 
     /// What endpoint `index` reported at its model list, as if its `/v1/models` had answered
     /// so now.
+    #[cfg(test)]
     pub fn models_answered(&mut self, index: usize, models: Vec<String>) -> ModelsChange {
         self.models.set_endpoint_models(&self.pool, index, models)
     }
 
     /// Every pod's reported model list, as another VM would apply it.
+    #[cfg(test)]
     pub fn apply_reported_models(&mut self, reported: &[(String, Vec<String>)]) -> ModelsChange {
         self.models.apply_reported(&self.pool, reported)
     }
 
     /// A scrape of endpoint `index` failed, as if a scrape had answered so now.
+    #[cfg(test)]
     pub fn scrape_failed(&mut self, index: usize) {
         self.scrapes.failed(&mut self.pool, &self.settings, index);
     }

@@ -111,11 +111,6 @@ impl Scrapes {
         self.unsent.drain(..)
     }
 
-    /// The snapshot holds results the other VMs have not seen.
-    pub fn unpublished(&self) -> bool {
-        self.unpublished
-    }
-
     pub fn mark_published(&mut self) {
         self.unpublished = false;
     }
