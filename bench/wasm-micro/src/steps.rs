@@ -179,6 +179,14 @@ impl HttpHost for BenchHost {
         None
     }
 
+    fn destination_port(&self) -> Option<u16> {
+        None
+    }
+
+    fn send_answer(&self, _status: u16, _body: &[u8]) -> Result<(), HostError> {
+        Ok(())
+    }
+
     fn send_error(&self, _error: &RequestError, _shape: ErrorShape) -> Result<(), HostError> {
         Ok(())
     }

@@ -305,8 +305,12 @@ pub struct Pool {
     /// Load signals include what was placed since each scrape (`pool.loadSignals: live`);
     /// false reads the scraped metrics only, as GIE's picker does.
     pub live_load: bool,
-    /// Envoy replicas placing requests on these pods (`pool.replicas`), this one included.
+    /// Envoy replicas placing requests on these pods (`pool.replicas`, or the live peers),
+    /// this one included.
     pub replicas: f64,
+    /// The replicas share their in-flight counts (`pool.peers`): the load view counts them as
+    /// they are instead of multiplying this replica's by [`Pool::replicas`].
+    pub peers_share_load: bool,
     /// Address -> index, so lookups by address (snapshots, membership lists) stay linear in
     /// the pool rather than quadratic. Endpoints are only ever appended, by `set_members`.
     /// The engine a pod without the engine-type label is read as; vLLM when `None`.
@@ -335,6 +339,7 @@ impl Pool {
             endpoints,
             live_load: true,
             replicas: 1.0,
+            peers_share_load: false,
             default_engine: None,
             by_address,
             now_ms: 0,
@@ -362,6 +367,13 @@ impl Pool {
     pub fn with_replicas(mut self, replicas: u32) -> Self {
         self.replicas = f64::from(replicas.max(1));
         self
+    }
+
+    /// The replicas that share their in-flight counts with this one (`pool.peers`), this one
+    /// included: what they placed is counted as it is, no longer extrapolated from ours.
+    pub fn set_peer_replicas(&mut self, replicas: u32) {
+        self.replicas = f64::from(replicas.max(1));
+        self.peers_share_load = true;
     }
 
     pub fn now_ms(&self) -> u64 {
@@ -408,7 +420,11 @@ impl Pool {
     pub fn load_view(&self) -> LoadView {
         LoadView {
             live: self.live_load,
-            replicas: self.replicas,
+            replicas: if self.peers_share_load {
+                1.0
+            } else {
+                self.replicas
+            },
         }
     }
 

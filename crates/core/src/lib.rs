@@ -24,6 +24,7 @@ pub mod learned;
 pub mod limits;
 pub mod metrics;
 pub mod pace;
+pub mod peers;
 pub mod prometheus;
 pub mod protocol;
 pub mod request;

@@ -167,6 +167,21 @@ pub const REPLICAS: CountBounds = CountBounds {
     why: "each replica scrapes once per replicas x refreshMetricsInterval, which must stay within the staleness threshold",
 };
 
+/// `pool.peers.addresses`.
+pub const PEERS: CountBounds = CountBounds {
+    min: 0,
+    max: 256,
+    unit: "peers",
+    why: "every replica calls every peer each sync interval",
+};
+
+/// `pool.peers.syncInterval`.
+pub const PEER_SYNC_INTERVAL: DurationBounds = DurationBounds {
+    min: ms(10),
+    max: MINUTE,
+    why: "faster burns every replica's CPU on calls; slower leaves the replicas apart for longer",
+};
+
 /// `pool.discovery.targetPorts`.
 pub const TARGET_PORTS: CountBounds = CountBounds {
     min: 1,

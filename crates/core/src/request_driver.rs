@@ -7,7 +7,9 @@ use crate::flow_control::{Arrival, DEFAULT_FAIRNESS_ID};
 use crate::request::{ApiKind, RequestHeaders};
 use crate::router::{Decided, PoolRouter, PoolSlot};
 
+use crate::config::peers::PEER_SECRET_HEADER;
 use crate::host::{HeaderPairs, HostError, HttpHost, SharedData};
+use crate::peers::serve;
 use crate::protocol::{
     parse_subset_hint, DESTINATION_HEADER, FAIRNESS_ID_HEADER, FALLBACKS_HEADER, FALLBACK_HEADER,
     LLMD_FAIRNESS_ID_HEADER, LLMD_OBJECTIVE_HEADER, MODEL_REWRITE_HEADER, OBJECTIVE_HEADER,
@@ -49,6 +51,8 @@ pub struct RequestDriver {
     headers: RequestHeaders,
     pub request_id: String,
     pub outcome: Outcome,
+    /// A request for the peer path, answered here: `Some(true)` when it was refused.
+    pub peer_reply: Option<bool>,
     /// Set once the request ended, so a late callback cannot give its slot back twice.
     ended: bool,
     /// Bytes of body buffered so far.
@@ -69,6 +73,7 @@ impl Default for RequestDriver {
             headers: RequestHeaders::default(),
             request_id: String::new(),
             outcome: Outcome::Pending,
+            peer_reply: None,
             ended: false,
             body_size: 0,
             pool: 0,
@@ -135,10 +140,14 @@ impl RequestDriver {
         // Every header in one host call: the reads below and the removals the decision can
         // skip are answered from it.
         let pairs = host.request_headers();
-        self.api = match &pairs {
-            Some(pairs) => ApiKind::from_path(pairs.get(":path").unwrap_or_default()),
-            None => ApiKind::from_path(&host.request_header(":path").unwrap_or_default()),
+        let path = match &pairs {
+            Some(pairs) => std::borrow::Cow::Borrowed(pairs.get(":path").unwrap_or_default()),
+            None => std::borrow::Cow::Owned(host.request_header(":path").unwrap_or_default()),
         };
+        if let Some(next) = self.answer_peer(host, router, &path, pairs.as_ref()) {
+            return next;
+        }
+        self.api = ApiKind::from_path(&path);
         self.client_sent = pairs.as_ref().map(ClientSent::of).unwrap_or_default();
         self.read_protocol_headers(host, router, pairs.as_ref());
         if end_of_stream || !self.api.is_inference() {
@@ -146,6 +155,47 @@ impl RequestDriver {
             return self.finish(host, router, None);
         }
         Next::Pause
+    }
+
+    /// A request for a pool's peer path (`pool.peers`) is answered here, never routed: with
+    /// the replica's state on the peer port to a caller with the secret, refused otherwise.
+    fn answer_peer(
+        &mut self,
+        host: &impl HttpHost,
+        router: &PoolRouter,
+        path: &[u8],
+        pairs: Option<&HeaderPairs>,
+    ) -> Option<Next> {
+        let path = std::str::from_utf8(path).ok()?;
+        let (config, key) = router.slots().iter().find_map(|slot| {
+            let config = slot.data.settings().peers.as_ref()?;
+            serve::asks_for(config, path).then_some((config, slot.peer_state_key.as_deref()?))
+        })?;
+        let secret = match pairs {
+            Some(pairs) => pairs.get(PEER_SECRET_HEADER).map(<[u8]>::to_vec),
+            None => host.request_header(PEER_SECRET_HEADER),
+        };
+        let secret = secret.and_then(|s| String::from_utf8(s).ok());
+        let port = host.destination_port();
+        let reply = serve::reply(
+            config,
+            host.shared_data(),
+            key,
+            path,
+            port,
+            secret.as_deref(),
+        );
+        if reply.refused {
+            log::warn!(
+                "inference-picker: refused a request for the peer path on port {port:?} (status {})",
+                reply.status
+            );
+        }
+        if let Err(error) = host.send_answer(reply.status, &reply.body) {
+            log::error!("inference-picker: answering a peer: {error}");
+        }
+        self.peer_reply = Some(reply.refused);
+        Some(Next::Pause)
     }
 
     /// The host's context id of the request's stream.

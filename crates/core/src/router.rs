@@ -69,6 +69,8 @@ pub struct PoolSlot {
     pub data: DataLayer,
     pub director: Director,
     pub queue: Option<Queue>,
+    /// Where this replica's state for its peers is stored (`pool.peers`; set by the VM).
+    pub peer_state_key: Option<String>,
 }
 
 impl PoolSlot {
@@ -83,6 +85,7 @@ impl PoolSlot {
             data,
             director: Director::new(config),
             queue,
+            peer_state_key: None,
         }
     }
 

@@ -77,6 +77,16 @@ impl SharedKeys {
         format!("{}/flow/{vm:x}", self.namespace)
     }
 
+    /// This replica's id among its peers.
+    pub fn replica_origin(&self) -> String {
+        format!("{}/replica/origin", self.namespace)
+    }
+
+    /// This replica's state, as its peers are served it.
+    pub fn replica_state(&self) -> String {
+        format!("{}/replica/state", self.namespace)
+    }
+
     /// Flow control's Envoy-wide ledger.
     pub fn flow_ledger(&self) -> String {
         format!("{}/flow-ledger", self.namespace)

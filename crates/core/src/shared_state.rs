@@ -7,6 +7,7 @@
 
 use crate::datalayer::{DataLayer, Members};
 use crate::endpoint::Pool;
+use crate::hash::hash_bytes;
 use crate::host::{HostError, SharedData};
 use crate::learned::Learned;
 use crate::metrics::EndpointMetrics;
@@ -62,6 +63,10 @@ struct Membership {
 /// Batches a VM keeps published, so a reader that missed a few ticks still catches up.
 const KEPT_BATCHES: usize = 4;
 
+/// The pseudo-VM under whose keys the lease holder hands the other VMs what the Envoy's peers
+/// (other replicas) taught it: their in-flight counts and placements (see [`crate::peers`]).
+pub const PEERS_RELAY: u64 = u64::MAX;
+
 pub struct Coordinator {
     vm_id: u64,
     keys: SharedKeys,
@@ -90,6 +95,11 @@ pub struct Coordinator {
     /// Where the scraping VM shares the pods' model lists (`models-data-source`).
     models_key: String,
     members_seq: u64,
+    /// This Envoy's in-flight counts (every VM's own), as of the last exchange.
+    envoy_in_flight: Vec<(u32, u64)>,
+    /// The relay's latest placement batches and their sequence (see [`PEERS_RELAY`]).
+    relay_batches: VecDeque<Vec<u8>>,
+    relay_seq: Option<u64>,
 }
 
 /// A lease lasts this many scrape intervals, and at least [`MIN_LEASE_MS`]: its holder renews
@@ -118,6 +128,9 @@ impl Coordinator {
             members_key: keys.members(),
             models_key: keys.models(),
             members_seq: 0,
+            envoy_in_flight: Vec::new(),
+            relay_batches: VecDeque::new(),
+            relay_seq: None,
             keys,
             lease_ms: interval_ms
                 .saturating_mul(LEASE_INTERVALS)
@@ -264,20 +277,119 @@ impl Coordinator {
         let mut sums = vec![(0u32, 0u64); own.counts.len()];
         let fresh_after = now_ms.saturating_sub(self.load_fresh_ms);
         for &vm in &self.others {
-            let key = self.keys.load(vm);
-            let Some(load) = read::<Load>(store, &key)? else {
-                continue;
-            };
-            if load.stamp_ms < fresh_after {
-                continue;
+            if let Some(load) = read::<Load>(store, &self.keys.load(vm))? {
+                if load.stamp_ms >= fresh_after {
+                    add_counts(&mut sums, &load.counts);
+                }
             }
-            for (sum, &(requests, tokens)) in sums.iter_mut().zip(&load.counts) {
-                sum.0 = sum.0.saturating_add(requests);
-                sum.1 = sum.1.saturating_add(tokens);
+        }
+        // The Envoy's own total (what its peers are told) before the peers' counts join it.
+        self.envoy_in_flight.clone_from(&sums);
+        add_counts(&mut self.envoy_in_flight, &own.counts);
+        if let Some(load) = read::<Load>(store, &self.keys.load(PEERS_RELAY))? {
+            if load.stamp_ms >= fresh_after {
+                add_counts(&mut sums, &load.counts);
             }
         }
         learned.merge_in_flight(&sums);
         Ok(())
+    }
+
+    /// Every VM's own in-flight counts of this Envoy, summed at the last exchange.
+    pub fn envoy_in_flight(&self) -> &[(u32, u64)] {
+        &self.envoy_in_flight
+    }
+
+    /// This replica's id among its peers: the one stored in shared data, or a new one stored
+    /// now (the VMs converge on whichever value stands). `None` when shared data fails.
+    pub fn replica_origin(&self, store: &impl SharedData, now_ms: u64) -> Option<u64> {
+        let key = self.keys.replica_origin();
+        let stored = |store: &dyn SharedData| {
+            store
+                .get(&key)
+                .ok()
+                .flatten()
+                .and_then(|(bytes, _)| bytes.try_into().ok().map(u64::from_le_bytes))
+                .filter(|&origin| origin != 0)
+        };
+        if let Some(origin) = stored(store) {
+            return Some(origin);
+        }
+        let candidate = hash_bytes(self.vm_id, &now_ms.to_le_bytes()) | 1;
+        store.set(&key, &candidate.to_le_bytes(), Some(0)).ok()?;
+        stored(store)
+    }
+
+    /// The sequence of the replica state last stored (by whichever VM held the lease).
+    pub fn stored_replica_seq(&self, store: &impl SharedData) -> u64 {
+        let Ok(Some((bytes, _))) = store.get(&self.keys.replica_state()) else {
+            return 0;
+        };
+        crate::peers::wire::split(&bytes)
+            .and_then(|(json, _)| serde_json::from_slice::<SeqOnly>(json).ok())
+            .map_or(0, |s| s.seq)
+    }
+
+    /// Stores the replica's state for peers to read (see [`crate::peers::serve`]).
+    pub fn store_replica_state(
+        &self,
+        store: &impl SharedData,
+        bytes: &[u8],
+    ) -> Result<(), HostError> {
+        store
+            .set(&self.keys.replica_state(), bytes, None)
+            .map(|_| ())
+    }
+
+    /// The peers' in-flight counts, summed per endpoint, for every VM of this Envoy.
+    pub fn relay_in_flight(
+        &mut self,
+        store: &impl SharedData,
+        counts: Vec<(u32, u64)>,
+        now_ms: u64,
+    ) -> Result<(), HostError> {
+        let load = Load {
+            stamp_ms: now_ms,
+            counts,
+        };
+        publish(store, &self.keys.load(PEERS_RELAY), &load)
+    }
+
+    /// Placements peers made, for the other VMs of this Envoy (this one merged them already).
+    pub fn relay_placements(
+        &mut self,
+        store: &impl SharedData,
+        placements: &[LearnedPrefix],
+    ) -> Result<(), HostError> {
+        if placements.is_empty() {
+            return Ok(());
+        }
+        let key = self.keys.prefix(PEERS_RELAY);
+        let last = match self.relay_seq {
+            Some(seq) => seq,
+            // A lease that moved: go on from the relay's last batch, or readers skip ours.
+            None => match store.get(&key)? {
+                Some((bytes, _)) => decode_batches(&bytes, u64::MAX, &mut Vec::new()),
+                None => 0,
+            },
+        };
+        let seq = last + 1;
+        self.relay_seq = Some(seq);
+        self.relay_batches.push_back(encode_batch(seq, placements));
+        while self.relay_batches.len() > KEPT_BATCHES {
+            self.relay_batches.pop_front();
+        }
+        let published: Vec<u8> = self.relay_batches.iter().flatten().copied().collect();
+        store.set(&key, &published, None)?;
+        self.note_seen(PEERS_RELAY, seq);
+        Ok(())
+    }
+
+    fn note_seen(&mut self, vm: u64, seq: u64) {
+        match self.prefix_seen.iter_mut().find(|(v, _)| *v == vm) {
+            Some(entry) => entry.1 = entry.1.max(seq),
+            None => self.prefix_seen.push((vm, seq)),
+        }
     }
 
     /// The VM that runs discovery publishes the pool's members after a change.
@@ -313,7 +425,7 @@ impl Coordinator {
         &mut self,
         store: &impl SharedData,
         own: &[LearnedPrefix],
-    ) -> Result<Vec<LearnedPrefix>, HostError> {
+    ) -> Result<Exchanged, HostError> {
         if !own.is_empty() {
             self.prefix_seq += 1;
             self.prefix_batches
@@ -329,10 +441,10 @@ impl Coordinator {
             }
             store.set(&self.prefix_key, &published, None)?;
         }
-        let mut remote = Vec::new();
-        for &vm in &self.others {
-            let key = self.keys.prefix(vm);
-            let Some((bytes, _)) = store.get(&key)? else {
+        let mut exchanged = Exchanged::default();
+        let others = std::mem::take(&mut self.others);
+        for &vm in others.iter().chain(std::iter::once(&PEERS_RELAY)) {
+            let Some((bytes, _)) = store.get(&self.keys.prefix(vm))? else {
                 continue;
             };
             let seen = self
@@ -340,13 +452,16 @@ impl Coordinator {
                 .iter()
                 .find(|(v, _)| *v == vm)
                 .map_or(0, |(_, seq)| *seq);
-            let newest = decode_batches(&bytes, seen, &mut remote);
-            match self.prefix_seen.iter_mut().find(|(v, _)| *v == vm) {
-                Some(entry) => entry.1 = newest,
-                None => self.prefix_seen.push((vm, newest)),
-            }
+            let into = if vm == PEERS_RELAY {
+                &mut exchanged.from_peers
+            } else {
+                &mut exchanged.from_vms
+            };
+            let newest = decode_batches(&bytes, seen, into);
+            self.note_seen(vm, newest);
         }
-        Ok(remote)
+        self.others = others;
+        Ok(exchanged)
     }
 
     /// Makes sure this VM is in the shared list of VMs and refreshes the list of the others.
@@ -372,6 +487,26 @@ impl Coordinator {
     }
 }
 
+/// Placements other VMs of this Envoy made, and those its peers made (relayed by the lease
+/// holder), new since the last exchange.
+#[derive(Debug, Default, PartialEq)]
+pub struct Exchanged {
+    pub from_vms: Vec<LearnedPrefix>,
+    pub from_peers: Vec<LearnedPrefix>,
+}
+
+#[derive(Deserialize)]
+struct SeqOnly {
+    seq: u64,
+}
+
+fn add_counts(sums: &mut [(u32, u64)], counts: &[(u32, u64)]) {
+    for (sum, &(requests, tokens)) in sums.iter_mut().zip(counts) {
+        sum.0 = sum.0.saturating_add(requests);
+        sum.1 = sum.1.saturating_add(tokens);
+    }
+}
+
 /// A value a VM published, or `None` if absent or unreadable (another version's format).
 fn read<T: serde::de::DeserializeOwned>(
     store: &impl SharedData,
@@ -391,7 +526,7 @@ fn publish<T: Serialize>(store: &impl SharedData, key: &str, value: &T) -> Resul
 /// One tick's prefix picks, little-endian: `seq: u64, entries: u32`, then per entry
 /// `endpoint: u32, hashes: u32, hash: u64...`. Binary rather than JSON: a busy tick carries
 /// hundreds of thousands of hashes, and readers copy and decode the whole value every tick.
-fn encode_batch(seq: u64, learned: &[LearnedPrefix]) -> Vec<u8> {
+pub(crate) fn encode_batch(seq: u64, learned: &[LearnedPrefix]) -> Vec<u8> {
     let hashes: usize = learned.iter().map(|l| l.hashes.len()).sum();
     let mut bytes = Vec::with_capacity(12 + learned.len() * 8 + hashes * 8);
     bytes.extend_from_slice(&seq.to_le_bytes());
@@ -412,7 +547,7 @@ fn saturating_u32(value: usize) -> u32 {
 
 /// Appends the entries of batches newer than `seen` to `out`; returns the newest seq read.
 /// A truncated or malformed value ends the reading where it breaks.
-fn decode_batches(mut bytes: &[u8], seen: u64, out: &mut Vec<LearnedPrefix>) -> u64 {
+pub(crate) fn decode_batches(mut bytes: &[u8], seen: u64, out: &mut Vec<LearnedPrefix>) -> u64 {
     let mut newest = seen;
     while let Some((seq, entries)) = take_u64(&mut bytes).zip(take_u32(&mut bytes)) {
         for _ in 0..entries {
@@ -435,6 +570,29 @@ fn decode_batches(mut bytes: &[u8], seen: u64, out: &mut Vec<LearnedPrefix>) -> 
         newest = newest.max(seq);
     }
     newest
+}
+
+/// The batches after the last one numbered `since` or lower (batches are in sequence order);
+/// a malformed value yields what follows the last whole batch read.
+pub(crate) fn skip_batches_until(batches: &[u8], since: u64) -> &[u8] {
+    let mut rest = batches;
+    loop {
+        let start = rest;
+        let Some((seq, entries)) = take_u64(&mut rest).zip(take_u32(&mut rest)) else {
+            return start;
+        };
+        if seq > since {
+            return start;
+        }
+        for _ in 0..entries {
+            let Some(count) = take_u32(&mut rest).and_then(|_| take_u32(&mut rest)) else {
+                return &[];
+            };
+            if take_bytes(&mut rest, count as usize * 8).is_none() {
+                return &[];
+            }
+        }
+    }
 }
 
 fn take_bytes<'a>(bytes: &mut &'a [u8], n: usize) -> Option<&'a [u8]> {
@@ -580,13 +738,17 @@ mod tests {
         assert!(a
             .exchange_prefixes(&store, std::slice::from_ref(&learned))
             .unwrap()
+            .from_vms
             .is_empty());
         assert_eq!(
-            b.exchange_prefixes(&store, &[]).unwrap(),
-            std::slice::from_ref(&learned)
+            b.exchange_prefixes(&store, &[]).unwrap().from_vms,
+            vec![learned.clone()]
         );
         assert!(
-            b.exchange_prefixes(&store, &[]).unwrap().is_empty(),
+            b.exchange_prefixes(&store, &[])
+                .unwrap()
+                .from_vms
+                .is_empty(),
             "replayed once"
         );
         // A value cut short yields what was whole before the cut, and no panic.

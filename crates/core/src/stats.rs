@@ -6,6 +6,7 @@ use crate::datalayer::{CalloutOutcome, Scraped};
 use crate::endpoint::Health;
 use crate::error_response::{Dropped, RequestError};
 use crate::host::{HostCall, MetricKind, Metrics};
+use crate::peers::PeerCounts;
 use crate::router::{PoolSlot, STATS_PREFIX};
 use crate::shared_state::Role;
 use crate::tick_driver::TickOutcome;
@@ -19,6 +20,17 @@ pub const COVER_BATCH: usize = 1024;
 
 /// Outcomes of a request as the `decisions` counter tags them.
 const OUTCOMES: [&str; 5] = ["routed", "400", "413", "429", "503"];
+
+struct PeerStats {
+    synced: Option<u32>,
+    failed: Option<u32>,
+    refused: Option<u32>,
+    bytes: Option<u32>,
+    callers_refused: Option<u32>,
+    live: Option<u32>,
+    /// The counts last added to Envoy's counters.
+    reported: Cell<PeerCounts>,
+}
 
 struct EndpointStats {
     picks: u32,
@@ -48,6 +60,8 @@ pub struct Stats<H: Metrics> {
     gauges_set_ms: Cell<u64>,
     /// Flow control's stats, when its gate is on.
     flow: Option<FlowStats>,
+    /// The peer replicas' stats, with `pool.peers`.
+    peers: Option<PeerStats>,
     /// `host_calls.<kind>` counters, defined on the first report.
     host_calls: RefCell<Option<Vec<Option<u32>>>>,
     /// Per-request counts (decisions, picks, shed) not yet added to Envoy's counters: one host
@@ -132,6 +146,18 @@ impl<H: Metrics> Stats<H> {
             pending: RefCell::new(hashbrown::HashMap::new()),
             decisions_seen: Cell::new(0),
             plugin_counters: RefCell::new(Vec::new()),
+            peers: slot.data.settings().peers.as_ref().map(|_| PeerStats {
+                synced: define(MetricKind::Counter, &format!("{prefix}.peers.synced")),
+                failed: define(MetricKind::Counter, &format!("{prefix}.peers.failed")),
+                refused: define(MetricKind::Counter, &format!("{prefix}.peers.refused")),
+                bytes: define(MetricKind::Counter, &format!("{prefix}.peers.bytes")),
+                callers_refused: define(
+                    MetricKind::Counter,
+                    &format!("{prefix}.peers.callers_refused"),
+                ),
+                live: define(MetricKind::Gauge, &format!("{prefix}.peers.live")),
+                reported: Cell::new(PeerCounts::default()),
+            }),
             flow: slot
                 .queue
                 .as_ref()
@@ -193,6 +219,9 @@ impl<H: Metrics> Stats<H> {
         if outcome.role != Role::Scraper {
             return;
         }
+        if let (Some(stats), Some((counts, live))) = (&self.peers, outcome.peers) {
+            self.peer_counts(stats, counts, live);
+        }
         self.pool_gauges(slot, slot.data.last_round_ms());
         // Two host calls per endpoint: at most once a second, however short the interval.
         if outcome.now_ms.saturating_sub(self.gauges_set_ms.get()) >= GAUGE_PERIOD_MS {
@@ -211,6 +240,7 @@ impl<H: Metrics> Stats<H> {
             CalloutOutcome::Discovered { changed: true } => self.cover(slot),
             CalloutOutcome::Discovered { changed: false }
             | CalloutOutcome::Models { .. }
+            | CalloutOutcome::Peer
             | CalloutOutcome::Unknown => {}
         }
     }
@@ -433,6 +463,33 @@ impl<H: Metrics> Stats<H> {
             |e| e.scrape_failure
         };
         self.bump(self.endpoint(index, which));
+    }
+
+    /// What this VM's peer sync counted since it last reported.
+    fn peer_counts(&self, stats: &PeerStats, counts: PeerCounts, live: usize) {
+        let last = stats.reported.replace(counts);
+        for (id, now, before) in [
+            (stats.synced, counts.synced, last.synced),
+            (stats.failed, counts.failed, last.failed),
+            (stats.refused, counts.refused, last.refused),
+            (stats.bytes, counts.bytes, last.bytes),
+        ] {
+            if let (Some(id), Some(delta)) = (id, now.checked_sub(before).filter(|&d| d > 0)) {
+                let _ = self
+                    .host
+                    .increment(id, i64::try_from(delta).unwrap_or(i64::MAX));
+            }
+        }
+        if let Some(id) = stats.live {
+            let _ = self
+                .host
+                .record(id, u64::try_from(live).unwrap_or(u64::MAX));
+        }
+    }
+
+    /// A caller refused at the peer path (the clients' port, or no or a wrong secret).
+    pub fn peer_caller_refused(&self) {
+        self.bump(self.peers.as_ref().and_then(|p| p.callers_refused));
     }
 
     /// A scrape the host refused to send: a failed scrape of that endpoint.

@@ -7,6 +7,7 @@ use crate::datalayer::{CalloutOutcome, ToShare};
 use crate::endpoint::{Health, HealthTransition};
 use crate::host::{CalloutAnswer, Clock, HostError, HttpCallouts, SharedData};
 use crate::learned::Learned;
+use crate::peers::Peers;
 use crate::router::PoolSlot;
 use crate::shared_state::{Coordinator, Role};
 
@@ -30,6 +31,8 @@ pub struct TickOutcome {
     pub members_changed: bool,
     /// The pool's models (from `models-data-source`) changed: the router re-reads them.
     pub models_changed: bool,
+    /// This VM speaks for the replica to its peers: its counts so far, and the live peers.
+    pub peers: Option<(crate::peers::PeerCounts, usize)>,
 }
 
 /// Health transitions logged one line each in a tick; more make one summary line.
@@ -38,15 +41,29 @@ const DETAILED_TRANSITIONS: usize = 3;
 pub struct TickDriver {
     /// `None`: this VM is alone (or shared data failed) and does everything itself.
     coordinator: Option<Coordinator>,
+    /// The other Envoy replicas, when `pool.peers` names them: this VM speaks for the
+    /// replica to them while it holds the scrape lease.
+    peers: Option<Peers>,
     last_tick_ms: u64,
 }
 
 impl TickDriver {
-    pub fn new(coordinator: Option<Coordinator>) -> Self {
+    pub fn new(coordinator: Option<Coordinator>, peers: Option<Peers>) -> Self {
         TickDriver {
             coordinator,
+            peers,
             last_tick_ms: 0,
         }
+    }
+
+    pub fn peers(&self) -> Option<&Peers> {
+        self.peers.as_ref()
+    }
+
+    /// How much of the body of call `token`'s answer is read, when it is a call to a peer.
+    pub fn peer_body_cap(&self, token: u32) -> Option<usize> {
+        let peers = self.peers.as_ref().filter(|p| p.owns(token))?;
+        Some(peers.config().max_state_bytes)
     }
 
     pub fn role(&self) -> Role {
@@ -87,12 +104,18 @@ impl TickDriver {
             slot.data.hand_over();
             models_changed = self.read_models(host, slot, members_changed);
         }
+        let peers = self
+            .peers
+            .as_ref()
+            .filter(|_| role == Role::Scraper)
+            .map(|peers| (peers.counts(), peers.live(now)));
         TickOutcome {
             role,
             now_ms: now,
             report,
             members_changed,
             models_changed,
+            peers,
         }
     }
 
@@ -131,6 +154,12 @@ impl TickDriver {
     ) -> CalloutOutcome {
         // Stamped on arrival, so the age other workers see is the real one.
         let now = host.now_ms().unwrap_or(self.last_tick_ms);
+        if let Some(peers) = self.peers.as_mut().filter(|p| p.owns(token)) {
+            peers.on_answer(slot, token, answer, now);
+            // What the peer scraped reaches this Envoy's other VMs with the snapshot.
+            self.publish_snapshot(host, slot);
+            return CalloutOutcome::Peer;
+        }
         let scraping = self.role() == Role::Scraper;
         let models_key = self.coordinator.as_ref().map(Coordinator::models_key);
         let (outcome, share) =
@@ -152,7 +181,11 @@ impl TickDriver {
 
     /// Elects the scraper, then shares the pool, the snapshot, in-flight counts and prefix
     /// picks between the VMs. Returns the role and whether another VM changed the members.
-    fn coordinate(&mut self, store: &impl SharedData, slot: &mut PoolSlot) -> (Role, bool) {
+    fn coordinate(
+        &mut self,
+        store: &(impl SharedData + HttpCallouts),
+        slot: &mut PoolSlot,
+    ) -> (Role, bool) {
         let now = self.last_tick_ms;
         let Some(coordinator) = self.coordinator.as_mut() else {
             return (Role::Scraper, false);
@@ -161,6 +194,9 @@ impl TickDriver {
             Ok((role, changed)) => {
                 if changed {
                     log::debug!("inference-picker: this VM is now the {role:?}");
+                    if let Some(peers) = self.peers.as_mut() {
+                        peers.lease_changed();
+                    }
                 }
                 role
             }
@@ -181,7 +217,8 @@ impl TickDriver {
                 false
             }
         };
-        if let Err(error) = share_state(coordinator, store, slot, role, now) {
+        let peers = self.peers.as_mut().filter(|_| role == Role::Scraper);
+        if let Err(error) = share_state(coordinator, store, slot, role, peers, now) {
             log::warn!("inference-picker: sharing state: {error}");
         }
         (role, members_changed)
@@ -205,12 +242,13 @@ impl TickDriver {
 }
 
 /// Followers take in the scraper's snapshot; every VM exchanges in-flight counts and prefix
-/// picks.
+/// picks; the scraper then speaks for the Envoy to its peers, when it has any.
 fn share_state(
     coordinator: &mut Coordinator,
-    store: &impl SharedData,
+    store: &(impl SharedData + HttpCallouts),
     slot: &mut PoolSlot,
     role: Role,
+    peers: Option<&mut Peers>,
     now: u64,
 ) -> Result<(), HostError> {
     if role == Role::Follower {
@@ -219,8 +257,16 @@ fn share_state(
     coordinator.exchange_load(store, slot, now)?;
     let mut own = Vec::new();
     slot.take_placements(&mut own);
-    for placement in coordinator.exchange_prefixes(store, &own)? {
-        slot.merge_placement(&placement);
+    let exchanged = coordinator.exchange_prefixes(store, &own)?;
+    for placement in exchanged.from_vms.iter().chain(&exchanged.from_peers) {
+        slot.merge_placement(placement);
+    }
+    if let Some(peers) = peers {
+        // The Envoy's placements: this VM's and its other VMs'.
+        own.extend(exchanged.from_vms);
+        peers.on_tick(store, coordinator, slot, &own, now);
+        // The peers' counts it just relayed count here now, not a tick later.
+        coordinator.exchange_load(store, slot, now)?;
     }
     Ok(())
 }

@@ -149,6 +149,8 @@ pub mod body {
 pub const METADATA_DYNAMIC: u32 = 0;
 /// `envoy_dynamic_module_type_attribute_id` of `upstream.address` ("ip:port").
 pub const ATTRIBUTE_UPSTREAM_ADDRESS: u32 = 41;
+/// `envoy_dynamic_module_type_attribute_id` of `destination.port` (the listener's port).
+pub const ATTRIBUTE_DESTINATION_PORT: u32 = 27;
 /// `envoy_dynamic_module_type_http_callout_init_result`: only success sends a callout.
 pub const CALLOUT_INIT_SUCCESS: u32 = 0;
 /// `envoy_dynamic_module_type_http_callout_result`.
@@ -215,6 +217,7 @@ callbacks! {
     http_get_metadata_list_size: fn(Ptr, u32, ModuleBuffer, ModuleBuffer, *mut usize) -> bool;
     http_get_metadata_list_string: fn(Ptr, u32, ModuleBuffer, ModuleBuffer, usize, *mut EnvoyBuffer) -> bool;
     http_filter_get_attribute_string: fn(Ptr, u32, *mut EnvoyBuffer) -> bool;
+    http_filter_get_attribute_int: fn(Ptr, u32, *mut u64) -> bool;
     http_filter_continue_decoding: fn(Ptr);
     http_clear_route_cache: fn(Ptr);
     http_filter_scheduler_new: fn(Ptr) -> Ptr;

@@ -4,7 +4,9 @@
 //! it resumes.
 
 use crate::abi::{body, envoy, header_map, EnvoyBuffer, EnvoyHeader, EnvoyPtr, ModuleBuffer};
-use crate::abi::{ModuleHeader, ATTRIBUTE_UPSTREAM_ADDRESS, METADATA_DYNAMIC};
+use crate::abi::{
+    ModuleHeader, ATTRIBUTE_DESTINATION_PORT, ATTRIBUTE_UPSTREAM_ADDRESS, METADATA_DYNAMIC,
+};
 use crate::support::{count, failed, first_bytes, lock, shared, wall_clock_ns};
 use inference_picker_core::error_response::{ErrorShape, RequestError};
 use inference_picker_core::host::{HeaderPairs, HostCall, HostError, HttpHost, SharedData};
@@ -469,6 +471,38 @@ impl HttpHost for NativeStream {
             }
             Some(addresses)
         }
+    }
+
+    fn destination_port(&self) -> Option<u16> {
+        count(HostCall::Property);
+        let filter = self.filter("http_filter_get_attribute_int").ok()?;
+        let envoy = envoy()?;
+        let mut port = 0u64;
+        // SAFETY: this stream's own hook is running; Envoy writes one integer.
+        let found = unsafe {
+            (envoy.http_filter_get_attribute_int)(filter.0, ATTRIBUTE_DESTINATION_PORT, &mut port)
+        };
+        found.then(|| u16::try_from(port).ok()).flatten()
+    }
+
+    /// Only ever from the request-headers hook of the stream itself (a peer's call).
+    fn send_answer(&self, status: u16, body: &[u8]) -> Result<(), HostError> {
+        count(HostCall::LocalReply);
+        let filter = self.filter("http_send_response")?;
+        let envoy = envoy().ok_or(failed("http_send_response"))?;
+        let mut headers = vec![ModuleHeader::of("content-type", "application/octet-stream")];
+        // SAFETY: this stream's own hook is running; Envoy copies the reply.
+        unsafe {
+            (envoy.http_send_response)(
+                filter.0,
+                u32::from(status),
+                headers.as_mut_ptr(),
+                headers.len(),
+                ModuleBuffer::of(body),
+                ModuleBuffer::of(b"inference_picker_peer"),
+            );
+        }
+        Ok(())
     }
 
     fn send_error(&self, error: &RequestError, shape: ErrorShape) -> Result<(), HostError> {

@@ -380,6 +380,33 @@ impl HttpHost for EnvoyStream {
         &EnvoyHost
     }
 
+    fn destination_port(&self) -> Option<u16> {
+        address(self.0).ok()?;
+        let bytes = property(&["destination", "port"]).ok().flatten()?;
+        let raw: [u8; 8] = bytes.get(..8)?.try_into().ok()?;
+        u16::try_from(i64::from_le_bytes(raw)).ok()
+    }
+
+    fn send_answer(&self, status: u16, body: &[u8]) -> Result<(), HostError> {
+        address(self.0)?;
+        count(HostCall::LocalReply);
+        let headers = encode_header_map(&[("content-type", "application/octet-stream")]);
+        let details = "inference_picker_peer";
+        let status = unsafe {
+            proxy_send_local_response(
+                u32::from(status),
+                details.as_ptr(),
+                details.len(),
+                body.as_ptr(),
+                body.len(),
+                headers.as_ptr(),
+                headers.len(),
+                -1,
+            )
+        };
+        check("proxy_send_local_response", status)
+    }
+
     fn send_error(&self, error: &RequestError, shape: ErrorShape) -> Result<(), HostError> {
         address(self.0)?;
         count(HostCall::LocalReply);

@@ -7,6 +7,7 @@ mod defaults;
 mod effective;
 mod error;
 pub mod flow_control;
+pub mod peers;
 mod pool;
 mod pools;
 mod prefix_indexes;

@@ -79,6 +79,8 @@ pub struct PoolConfig {
     /// gateways than with one; between its own scrapes each replica carries the picture with
     /// the live load signals of what it placed.
     pub replicas: u32,
+    /// The other Envoy replicas and how this one shares what it learns with them.
+    pub peers: Option<super::peers::PeersConfig>,
 }
 
 /// `pool.loadSignals`: scraped metrics alone go stale the moment the picker routes a request,
@@ -113,13 +115,17 @@ impl Default for PoolConfig {
             load_signals: LoadSignals::Live,
             emit_endpoint_scores: false,
             replicas: 1,
+            peers: None,
         }
     }
 }
 
 impl PoolConfig {
     /// Checks every field and canonicalises endpoint addresses in place.
-    pub(super) fn validate(&self) -> Result<(), ConfigError> {
+    pub(super) fn validate(&mut self) -> Result<(), ConfigError> {
+        if let Some(peers) = &mut self.peers {
+            peers.validate()?;
+        }
         if let Some(discovery) = &self.discovery {
             discovery
                 .validate()

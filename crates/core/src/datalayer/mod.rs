@@ -10,7 +10,7 @@ mod models;
 mod scrapes;
 
 pub use models::{ModelLists, ModelsChange, MAX_MODELS_BYTES};
-pub use scrapes::{Scraped, MAX_PROBE_BACKOFF_MS};
+pub use scrapes::{describe_status, Scraped, MAX_PROBE_BACKOFF_MS};
 
 use crate::config::{FilterConfig, LoadSignals, PoolConfig};
 use crate::discovery::Discovered;
@@ -34,6 +34,8 @@ pub enum CalloutOutcome {
     Discovered { changed: bool },
     /// A pod's model list; `changed` when the pool's models changed.
     Models { changed: bool },
+    /// A peer replica's state (see [`crate::peers`]).
+    Peer,
     /// Not a call of ours (e.g. one sent before a reconfiguration).
     Unknown,
 }
@@ -163,6 +165,13 @@ impl DataLayer {
         self.models
             .send_when_due(host, &self.pool, &self.settings, now_ms);
         mid_round || self.scrapes.round_done(&self.settings, now_ms)
+    }
+
+    /// Which pods this replica scrapes (the others' metrics come from its peers), and how
+    /// many replicas share the pods, this one included (see [`crate::peers`]).
+    pub fn set_scrape_share(&mut self, share: &[bool], replicas: u32) {
+        self.scrapes.set_share(share);
+        self.pool.set_peer_replicas(replicas);
     }
 
     /// Another VM holds the lease: the scrapes this one had not sent are its to send.

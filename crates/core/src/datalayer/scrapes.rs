@@ -80,6 +80,8 @@ pub struct Scrapes {
     /// only after a good scrape.
     oversized: HashSet<usize>,
     oversize_warnings: usize,
+    /// Per endpoint: this replica scrapes it (see [`Scrapes::set_share`]); empty: all.
+    share: Vec<bool>,
 }
 
 impl Scrapes {
@@ -133,6 +135,13 @@ impl Scrapes {
         carry_on && self.unpublished
     }
 
+    /// The pods this replica scrapes (index order; one not listed is scraped): the rest are
+    /// its peers' to scrape.
+    pub fn set_share(&mut self, share: &[bool]) {
+        self.share.clear();
+        self.share.extend_from_slice(share);
+    }
+
     /// Another VM took the lease: it scrapes what this one had not sent yet.
     pub fn hand_over(&mut self) {
         for index in self.queue.drain(..) {
@@ -162,7 +171,8 @@ impl Scrapes {
                 continue;
             };
             let due = endpoint.next_probe_ms.max(endpoint.next_scrape_ms) <= now_ms;
-            if !*pending && !endpoint.removed && due {
+            let ours = self.share.get(index).copied().unwrap_or(true);
+            if !*pending && !endpoint.removed && due && ours {
                 *pending = true;
                 endpoint.next_scrape_ms = next_ms;
                 self.queue.push_back(index);

@@ -21,6 +21,8 @@ pub struct FakeHost {
     pub upstream: RefCell<Option<String>>,
     /// What `subset_hint` answers.
     pub subset_hint: RefCell<Option<Vec<u8>>>,
+    /// What `destination_port` answers.
+    pub destination_port: std::cell::Cell<Option<u16>>,
     pub now_ms: Cell<u64>,
     pub shared: FakeShared,
 }
@@ -75,6 +77,13 @@ impl HttpHost for FakeHost {
     }
     fn subset_hint(&self) -> Option<Vec<u8>> {
         self.subset_hint.borrow().clone()
+    }
+    fn destination_port(&self) -> Option<u16> {
+        self.destination_port.get()
+    }
+    fn send_answer(&self, status: u16, body: &[u8]) -> Result<(), HostError> {
+        *self.reply.borrow_mut() = Some((status, body.to_vec()));
+        Ok(())
     }
     fn response_header(&self, name: &str) -> Option<Vec<u8>> {
         self.response_headers
@@ -514,6 +523,12 @@ impl HttpHost for FakeStream {
     }
     fn subset_hint(&self) -> Option<Vec<u8>> {
         self.with(None, HttpHost::subset_hint)
+    }
+    fn destination_port(&self) -> Option<u16> {
+        self.with(None, HttpHost::destination_port)
+    }
+    fn send_answer(&self, status: u16, body: &[u8]) -> Result<(), HostError> {
+        self.with(Err(STREAM_GONE), |s| s.send_answer(status, body))
     }
     fn send_error(
         &self,

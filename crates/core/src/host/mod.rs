@@ -35,6 +35,11 @@ pub trait HttpHost {
     /// The raw value of the proxy's subset hint (filter metadata `envoy.lb_subset_hint`,
     /// key `x-gateway-destination-endpoint-subset`), `None` when the proxy set none.
     fn subset_hint(&self) -> Option<Vec<u8>>;
+    /// The port the request arrived on (Envoy's `destination.port`): the peer path is served
+    /// on the peer port only. `None` when unreadable.
+    fn destination_port(&self) -> Option<u16>;
+    /// Answers the request here with `status` and a binary `body` (a peer's state).
+    fn send_answer(&self, status: u16, body: &[u8]) -> Result<(), HostError>;
     /// Answers the request with the error's status and JSON body in `shape` (plus llm-d's
     /// `x-llm-d-request-dropped-reason` on shed and no-endpoint answers).
     fn send_error(

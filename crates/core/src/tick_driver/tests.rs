@@ -22,14 +22,13 @@ struct Vm {
 
 impl Vm {
     fn new(config: &str, id: u64, shared: &Rc<FakeShared>, clock: &Rc<FakeClock>) -> Self {
+        let config = load(config, id).unwrap();
+        let peers = config.pool.peers.clone().map(crate::peers::Peers::new);
+        let coordinator = Coordinator::new(SharedKeys::under("test"), id, INTERVAL_MS);
         Vm {
             host: FakeVm::in_process(Rc::clone(shared), Rc::clone(clock)),
-            flow: TickDriver::new(Some(Coordinator::new(
-                SharedKeys::under("test"),
-                id,
-                INTERVAL_MS,
-            ))),
-            slot: PoolSlot::new("test".into(), load(config, id).unwrap()),
+            flow: TickDriver::new(Some(coordinator), peers),
+            slot: PoolSlot::new("test".into(), config),
         }
     }
 

@@ -3,6 +3,7 @@
 
 use crate::config;
 use crate::duration::duration_ms;
+use crate::peers::Peers;
 use crate::router::{stats_prefix, PoolRouter, PoolSlot};
 use crate::shared_keys::SharedKeys;
 use crate::shared_state::Coordinator;
@@ -41,12 +42,16 @@ pub fn configure(text: &[u8], vm_seed: u64) -> Result<Configured, String> {
         let keys = SharedKeys::for_config(text.as_bytes(), many.then_some(pool.name.as_str()));
         let coordinator = Coordinator::new(keys.clone(), vm_seed, interval_ms);
         let models = pool.router_models();
+        let peers = pool.config.pool.peers.clone().map(Peers::new);
         ticks.push(PoolTicks {
-            driver: TickDriver::new(Some(coordinator)),
+            driver: TickDriver::new(Some(coordinator), peers),
             stats_prefix: stats_prefix(many.then_some(pool.name.as_str())),
             interval_ms,
         });
         let mut slot = PoolSlot::new(pool.name, pool.config);
+        if slot.data.settings().peers.is_some() {
+            slot.peer_state_key = Some(keys.replica_state());
+        }
         if let Some(queue) = &mut slot.queue {
             queue.control_mut().attach(keys, vm_seed);
         }

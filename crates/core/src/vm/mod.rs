@@ -172,21 +172,22 @@ impl<H: VmHost> WorkerVm<H> {
         self.pace_ticks(now_ms);
     }
 
-    /// The pool whose data layer sent call `token`.
+    /// The pool that sent call `token` (its data layer, or its tick driver to a peer).
     fn pool_of_call(&self, token: u32) -> Option<usize> {
-        (0..self.router.len()).find(|&index| {
-            self.router
-                .slot(index)
-                .is_some_and(|slot| slot.data.owns(token))
-        })
+        (0..self.router.len()).find(|&index| self.callout_cap_in(index, token).is_some())
+    }
+
+    /// The body cap of call `token` if pool `index` sent it.
+    fn callout_cap_in(&self, index: usize, token: u32) -> Option<usize> {
+        let peers = self.pools.get(index)?.ticks.driver.peer_body_cap(token);
+        peers.or_else(|| self.router.slot(index)?.data.body_cap(token))
     }
 
     /// How many bytes of call `token`'s body the VM reads: the edge reads the answer
     /// ([`CalloutAnswer::read`]) with this cap before handing it over, so an oversized page is
     /// never copied. `None` when the call is not this VM's (its answer is ignored).
     pub fn callout_body_cap(&self, token: u32) -> Option<usize> {
-        let slot = self.router.slot(self.pool_of_call(token)?)?;
-        slot.data.body_cap(token)
+        self.callout_cap_in(self.pool_of_call(token)?, token)
     }
 
     /// A callout's answer, as the edge read it. A scrape that shows room lets held requests go
@@ -214,9 +215,15 @@ impl<H: VmHost> WorkerVm<H> {
     }
 
     pub fn on_request_headers(&mut self, request: &mut RequestDriver, end_of_stream: bool) -> Next {
-        self.request_step(request, end_of_stream, |request, stream, router| {
+        let next = self.request_step(request, end_of_stream, |request, stream, router| {
             request.on_headers(stream, router, end_of_stream)
-        })
+        });
+        if request.peer_reply == Some(true) {
+            if let Some(stats) = self.stats.first() {
+                stats.peer_caller_refused();
+            }
+        }
+        next
     }
 
     pub fn on_request_body(

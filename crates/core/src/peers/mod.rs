@@ -1,0 +1,440 @@
+//! Replicas that act as one. Each Envoy replica in front of the same pods publishes what it
+//! learned (the requests it has in flight per pod, the prefix placements it made, the scrapes
+//! of its share of the pods) and, every sync interval, asks each peer for its own through
+//! Envoy's callouts. Nothing runs on a request's path and nothing is central: a peer that dies
+//! or is cut off just stops counting, and each side routes alone as a single Envoy would.
+//!
+//! Within one Envoy, the VM that holds the scrape lease speaks for the replica; it hands what
+//! peers taught it to the other VMs through the same shared data as their own exchanges
+//! (`Coordinator::relay_*`). Any VM answers a peer, from the state the lease holder stored.
+//!
+//! What a peer sends is hostile input ([`wire::read`]): a bad answer is refused whole and
+//! counted; a good one is believed only within bounds: its in-flight counts sit beside this
+//! replica's own, its scrapes only count for the pods the rendezvous gives it, and an older
+//! reading never replaces a newer one.
+
+pub mod serve;
+pub mod wire;
+
+use crate::config::peers::{PeersConfig, PEER_SECRET_HEADER};
+use crate::datalayer::describe_status;
+use crate::duration::duration_ms;
+use crate::hash::hash_bytes;
+use crate::host::{CalloutAnswer, HttpCallouts, SharedData};
+use crate::learned::{InFlight, Learned};
+use crate::router::PoolSlot;
+use crate::scheduling::LearnedPrefix;
+use crate::shared_state::{encode_batch, Coordinator};
+use std::collections::VecDeque;
+use wire::{ReplicaState, SharedScrape};
+
+/// Block hashes of this replica's placements kept for peers (about 8 bytes each), so a peer
+/// that joins learns the recent ones from the first answer.
+const KEPT_HASHES: usize = 1 << 16;
+/// A peer counts as live for this many sync intervals after its last good answer.
+const LIVE_INTERVALS: u64 = 3;
+
+/// Peer-sync counts, for the stats.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PeerCounts {
+    /// Answers read and merged.
+    pub synced: u64,
+    /// Calls that failed (no answer, a status other than 200, the host refused to send).
+    pub failed: u64,
+    /// Answers refused as malformed, oversized or implausible.
+    pub refused: u64,
+    /// Bytes of answers read.
+    pub bytes: u64,
+}
+
+#[derive(Debug, Clone)]
+struct Peer {
+    address: String,
+    /// The origin that last answered at this address.
+    origin: Option<u64>,
+    /// This replica's own address (its answer carried our origin): never called again.
+    is_self: bool,
+    last_seq: u64,
+    /// The newest placement batch read from the origin.
+    since: u64,
+    live_until_ms: u64,
+    /// Its in-flight counts, by this pool's index.
+    in_flight: Vec<InFlight>,
+    calling: bool,
+}
+
+impl Peer {
+    fn new(address: String) -> Self {
+        Peer {
+            address,
+            origin: None,
+            is_self: false,
+            last_seq: 0,
+            since: 0,
+            live_until_ms: 0,
+            in_flight: Vec::new(),
+            calling: false,
+        }
+    }
+
+    fn live(&self, now_ms: u64) -> bool {
+        !self.is_self && self.origin.is_some() && now_ms < self.live_until_ms
+    }
+}
+
+pub struct Peers {
+    config: PeersConfig,
+    interval_ms: u64,
+    /// This replica's id, agreed by its VMs through shared data; 0 until then.
+    origin: u64,
+    peers: Vec<Peer>,
+    /// Calls in flight: token -> peer.
+    calls: Vec<(u32, usize)>,
+    next_sync_ms: u64,
+    seq: u64,
+    /// This replica's recent placement batches, encoded, with their hash counts.
+    batches: VecDeque<(Vec<u8>, usize)>,
+    batch_seq: u64,
+    /// Placements peers taught since the last tick, for the other VMs.
+    learned: Vec<LearnedPrefix>,
+    counts: PeerCounts,
+    /// The pods this replica scrapes (by index), as of the last tick.
+    share: Vec<bool>,
+}
+
+impl Peers {
+    pub fn new(config: PeersConfig) -> Self {
+        let interval_ms = duration_ms(config.sync_interval).max(1);
+        let peers = config.addresses.iter().cloned().map(Peer::new).collect();
+        Peers {
+            config,
+            interval_ms,
+            origin: 0,
+            peers,
+            calls: Vec::new(),
+            next_sync_ms: 0,
+            seq: 0,
+            batches: VecDeque::new(),
+            batch_seq: 0,
+            learned: Vec::new(),
+            counts: PeerCounts::default(),
+            share: Vec::new(),
+        }
+    }
+
+    pub fn config(&self) -> &PeersConfig {
+        &self.config
+    }
+
+    pub fn counts(&self) -> PeerCounts {
+        self.counts
+    }
+
+    /// Peers that answered lately.
+    pub fn live(&self, now_ms: u64) -> usize {
+        self.peers.iter().filter(|p| p.live(now_ms)).count()
+    }
+
+    /// This VM took or lost the scrape lease: the replica's id is read again when it next
+    /// speaks for the replica (another VM may have stored it).
+    pub fn lease_changed(&mut self) {
+        self.origin = 0;
+    }
+
+    pub fn owns(&self, token: u32) -> bool {
+        self.calls.iter().any(|&(t, _)| t == token)
+    }
+
+    /// The lease holder's tick: agree on the replica's id, store its state for peers to read,
+    /// hand the peers' in-flight counts and placements to the other VMs, share the scrapes
+    /// out, and call the peers when due. `placements` are this Envoy's since the last tick
+    /// (this VM's and the other VMs').
+    pub fn on_tick(
+        &mut self,
+        host: &(impl SharedData + HttpCallouts),
+        coordinator: &mut Coordinator,
+        slot: &mut PoolSlot,
+        placements: &[LearnedPrefix],
+        now_ms: u64,
+    ) {
+        if self.origin == 0 {
+            self.origin = coordinator.replica_origin(host, now_ms).unwrap_or(0);
+            if self.origin == 0 {
+                return;
+            }
+            // A lease that moved: continue the replica's sequence rather than restart it.
+            self.seq = coordinator.stored_replica_seq(host);
+        }
+        self.keep_batch(placements);
+        self.share_scrapes(slot, now_ms);
+        let stored = self.publish(host, coordinator, slot, now_ms);
+        if let Err(error) = stored {
+            log::warn!("inference-picker: storing this replica's state for its peers: {error}");
+        }
+        if now_ms >= self.next_sync_ms {
+            self.next_sync_ms = now_ms.saturating_add(self.interval_ms);
+            self.call_peers(host);
+        }
+    }
+
+    fn keep_batch(&mut self, placements: &[LearnedPrefix]) {
+        if placements.is_empty() {
+            return;
+        }
+        self.batch_seq += 1;
+        let hashes = placements.iter().map(|p| p.hashes.len()).sum();
+        self.batches
+            .push_back((encode_batch(self.batch_seq, placements), hashes));
+        let mut kept: usize = self.batches.iter().map(|(_, n)| n).sum();
+        while kept > KEPT_HASHES && self.batches.len() > 1 {
+            if let Some((_, n)) = self.batches.pop_front() {
+                kept -= n;
+            }
+        }
+    }
+
+    /// Which pods this replica scrapes: each pod goes to the replica the rendezvous over the
+    /// live replicas (this one included) picks, so the fleet scrapes each pod once per
+    /// interval, and a dead peer's pods come back within [`LIVE_INTERVALS`] sync intervals.
+    fn share_scrapes(&mut self, slot: &mut PoolSlot, now_ms: u64) {
+        let mut origins: Vec<u64> = self
+            .peers
+            .iter()
+            .filter(|p| p.live(now_ms))
+            .filter_map(|p| p.origin)
+            .collect();
+        origins.push(self.origin);
+        origins.sort_unstable();
+        origins.dedup();
+        let pool = slot.data.pool();
+        self.share = pool
+            .endpoints
+            .iter()
+            .map(|e| owner(&origins, &e.address) == self.origin)
+            .collect();
+        let fleet = u32::try_from(origins.len()).unwrap_or(u32::MAX);
+        slot.data.set_scrape_share(&self.share, fleet);
+    }
+
+    fn publish(
+        &mut self,
+        store: &(impl SharedData + HttpCallouts),
+        coordinator: &mut Coordinator,
+        slot: &mut PoolSlot,
+        now_ms: u64,
+    ) -> Result<(), crate::host::HostError> {
+        self.seq += 1;
+        let pool = slot.data.pool();
+        let scrapes = pool
+            .endpoints
+            .iter()
+            .enumerate()
+            .filter(|(index, _)| self.share.get(*index).copied().unwrap_or(false))
+            .filter_map(|(index, e)| {
+                let age_ms = match e.last_scrape_ok_ms {
+                    Some(at) => now_ms.saturating_sub(at),
+                    None if e.last_scrape_failed => 0,
+                    None => return None,
+                };
+                (age_ms <= wire::MAX_SCRAPE_AGE_MS).then(|| SharedScrape {
+                    pod: u32::try_from(index).unwrap_or(u32::MAX),
+                    age_ms,
+                    failed: e.last_scrape_failed,
+                    metrics: e.metrics.clone(),
+                })
+            })
+            .collect();
+        let state = ReplicaState {
+            origin: self.origin,
+            seq: self.seq,
+            pods: pool.endpoints.iter().map(|e| e.address.clone()).collect(),
+            in_flight: coordinator.envoy_in_flight().to_vec(),
+            scrapes,
+        };
+        let mut batches = Vec::new();
+        for (batch, _) in &self.batches {
+            batches.extend_from_slice(batch);
+        }
+        coordinator.store_replica_state(store, &wire::frame(&state, &batches))?;
+        let mut sums = vec![(0u32, 0u64); pool.len()];
+        for peer in self.peers.iter().filter(|p| p.live(now_ms)) {
+            for (sum, &(requests, tokens)) in sums.iter_mut().zip(&peer.in_flight) {
+                sum.0 = sum.0.saturating_add(requests);
+                sum.1 = sum.1.saturating_add(tokens);
+            }
+        }
+        coordinator.relay_in_flight(store, sums, now_ms)?;
+        let learned = std::mem::take(&mut self.learned);
+        coordinator.relay_placements(store, &learned)
+    }
+
+    fn call_peers(&mut self, host: &impl HttpCallouts) {
+        let timeout = u32::try_from(duration_ms(self.config.timeout)).unwrap_or(u32::MAX);
+        for index in 0..self.peers.len() {
+            let Some(peer) = self.peers.get_mut(index) else {
+                continue;
+            };
+            if peer.is_self || peer.calling {
+                continue;
+            }
+            let path = match peer.origin {
+                Some(origin) => format!(
+                    "{}?origin={origin:x}&since={}",
+                    self.config.path, peer.since
+                ),
+                None => self.config.path.clone(),
+            };
+            let headers = [
+                (":method", "GET"),
+                (":path", path.as_str()),
+                (":authority", peer.address.as_str()),
+                (crate::protocol::DESTINATION_HEADER, peer.address.as_str()),
+                (PEER_SECRET_HEADER, self.config.secret.as_str()),
+            ];
+            match host.dispatch(&self.config.cluster, &headers, timeout) {
+                Ok(token) => {
+                    peer.calling = true;
+                    self.calls.push((token, index));
+                }
+                Err(error) => {
+                    self.counts.failed += 1;
+                    peer.live_until_ms = 0;
+                    log::debug!("inference-picker: calling peer {}: {error}", peer.address);
+                }
+            }
+        }
+    }
+
+    /// A peer's answer: merged into the pool when good, counted either way.
+    pub fn on_answer(
+        &mut self,
+        slot: &mut PoolSlot,
+        token: u32,
+        answer: &CalloutAnswer,
+        now_ms: u64,
+    ) {
+        let Some(position) = self.calls.iter().position(|&(t, _)| t == token) else {
+            return;
+        };
+        let (_, index) = self.calls.swap_remove(position);
+        let own_origin = self.origin;
+        let Some(peer) = self.peers.get_mut(index) else {
+            return;
+        };
+        peer.calling = false;
+        let body = match (&answer.status, &answer.body) {
+            (Some(status), Ok(body)) if status.as_slice() == b"200" && !body.is_empty() => body,
+            (Some(status), _) if status.as_slice() == b"200" => {
+                // A 200 whose body was not read: over `maxStateBytes`.
+                self.counts.refused += 1;
+                peer.live_until_ms = 0;
+                log::warn!(
+                    "inference-picker: peer {} answered {} bytes, over pool.peers.maxStateBytes; refused",
+                    peer.address, answer.body_size
+                );
+                return;
+            }
+            _ => {
+                self.counts.failed += 1;
+                peer.live_until_ms = 0;
+                log::debug!(
+                    "inference-picker: peer {}: {}",
+                    peer.address,
+                    describe_status(answer.status.as_deref())
+                );
+                return;
+            }
+        };
+        self.counts.bytes += body.len() as u64;
+        let since = if peer.origin.is_some() { peer.since } else { 0 };
+        let parsed = match wire::read(body, since) {
+            Ok(parsed) => parsed,
+            Err(refused) => {
+                self.counts.refused += 1;
+                peer.live_until_ms = 0;
+                log::warn!(
+                    "inference-picker: refused peer {}'s state: {}",
+                    peer.address,
+                    refused.0
+                );
+                return;
+            }
+        };
+        if parsed.state.origin == own_origin {
+            peer.is_self = true;
+            return;
+        }
+        if peer.origin != Some(parsed.state.origin) {
+            // A new replica at this address (or a restart): start over with it.
+            peer.origin = Some(parsed.state.origin);
+            peer.last_seq = 0;
+            peer.since = 0;
+        } else if parsed.state.seq <= peer.last_seq {
+            // Late or repeated: what it says is already known or superseded.
+            return;
+        }
+        peer.last_seq = parsed.state.seq;
+        peer.since = parsed.newest_batch.max(peer.since);
+        peer.live_until_ms = now_ms.saturating_add(self.interval_ms * LIVE_INTERVALS);
+        self.counts.synced += 1;
+        let origin = parsed.state.origin;
+        let local = local_indices(slot, &parsed.state.pods);
+        peer.in_flight = vec![(0, 0); slot.data.pool().len()];
+        for (&at, &counts) in local.iter().zip(&parsed.state.in_flight) {
+            if let Some(slot_counts) = at.and_then(|i| peer.in_flight.get_mut(i)) {
+                *slot_counts = counts;
+            }
+        }
+        let live: Vec<u64> = self
+            .peers
+            .iter()
+            .filter(|p| p.live(now_ms))
+            .filter_map(|p| p.origin)
+            .chain(std::iter::once(own_origin))
+            .collect();
+        for scrape in &parsed.state.scrapes {
+            let Some(index) = local.get(scrape.pod as usize).copied().flatten() else {
+                continue;
+            };
+            let Some(address) = slot.data.address(index).map(str::to_owned) else {
+                continue;
+            };
+            // Only the pods the rendezvous gives that peer: it cannot overwrite the others.
+            if owner(&live, &address) != origin {
+                continue;
+            }
+            let ok_ms = (!scrape.failed).then(|| now_ms.saturating_sub(scrape.age_ms));
+            slot.data
+                .apply_shared_scrape(&address, ok_ms, scrape.failed, &scrape.metrics);
+        }
+        for placement in parsed.placements {
+            let Some(index) = local.get(placement.endpoint).copied().flatten() else {
+                continue;
+            };
+            let placement = LearnedPrefix {
+                endpoint: index,
+                hashes: placement.hashes,
+            };
+            slot.merge_placement(&placement);
+            self.learned.push(placement);
+        }
+    }
+}
+
+/// The replica (by origin) that scrapes `address`: the highest hash of the two.
+fn owner(origins: &[u64], address: &str) -> u64 {
+    origins
+        .iter()
+        .copied()
+        .max_by_key(|&origin| hash_bytes(origin, address.as_bytes()))
+        .unwrap_or(0)
+}
+
+/// Each of a peer's pods at this pool's index; `None` for pods this replica does not have.
+fn local_indices(slot: &PoolSlot, pods: &[String]) -> Vec<Option<usize>> {
+    let pool = slot.data.pool();
+    pods.iter().map(|address| pool.index_of(address)).collect()
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,362 @@
+//! Replicas, each its own process (shared data, callouts), wired to each other by hand: what one
+//! calls, the other's `serve::reply` answers.
+
+use super::*;
+use crate::config::load;
+use crate::harness::test;
+use crate::host::fake::{FakeClock, FakeShared, FakeVm};
+use crate::shared_keys::SharedKeys;
+use crate::tick_driver::TickDriver;
+use std::rc::Rc;
+
+const SECRET: &str = "replicas-share-this-secret";
+const PODS: usize = 8;
+
+fn config(peers: &[&str]) -> String {
+    let endpoints: Vec<String> = (1..=PODS)
+        .map(|i| format!("{{address: '10.0.0.{i}:8000'}}"))
+        .collect();
+    let peers: Vec<String> = peers.iter().map(|p| format!("'{p}'")).collect();
+    format!(
+        "pool:\n  refreshMetricsInterval: 50ms\n  endpoints: [{}]\n  peers: {{port: 9100, secret: {SECRET}, syncInterval: 100ms, addresses: [{}]}}\n",
+        endpoints.join(", "),
+        peers.join(", ")
+    )
+}
+
+struct Replica {
+    address: String,
+    host: FakeVm,
+    driver: TickDriver,
+    slot: PoolSlot,
+}
+
+impl Replica {
+    fn new(address: &str, peers: &[&str], seed: u64, clock: &Rc<FakeClock>) -> Self {
+        let config = load(&config(peers), seed).unwrap();
+        let peers = config.pool.peers.clone().map(Peers::new);
+        let keys = SharedKeys::under("r");
+        let coordinator = Coordinator::new(keys.clone(), seed, 50);
+        let mut slot = PoolSlot::new("p".into(), config);
+        slot.peer_state_key = Some(keys.replica_state());
+        Replica {
+            address: address.into(),
+            host: FakeVm::in_process(Rc::<FakeShared>::default(), Rc::clone(clock)),
+            driver: TickDriver::new(Some(coordinator), peers),
+            slot,
+        }
+    }
+
+    fn tick(&mut self) {
+        self.driver.on_tick(&self.host, &mut self.slot);
+    }
+
+    /// This replica's answer to a peer's call at `path`, as its peer listener gives it.
+    fn serve(&self, path: &str, secret: &str) -> (u16, Vec<u8>) {
+        let config = self.slot.data.settings().peers.as_ref().unwrap();
+        let key = self.slot.peer_state_key.as_deref().unwrap();
+        let reply = serve::reply(
+            config,
+            &*self.host.shared,
+            key,
+            path,
+            Some(9100),
+            Some(secret),
+        );
+        (reply.status, reply.body)
+    }
+
+    /// Answers every scrape sent since the last call (an idle pod); the pods scraped.
+    fn answer_scrapes(&mut self) -> Vec<String> {
+        let scrapes: Vec<_> = {
+            let mut sent = self.host.callouts.sent.borrow_mut();
+            let (scrapes, peers) = sent
+                .drain(..)
+                .partition(|c| c.cluster != "inference_picker_peers");
+            *sent = peers;
+            scrapes
+        };
+        let mut pods = Vec::new();
+        for call in scrapes {
+            let cap = self.slot.data.body_cap(call.token).unwrap_or(0);
+            let page = "vllm:num_requests_waiting 0\nvllm:num_requests_running 0\n";
+            let answer = self
+                .host
+                .callouts
+                .answer(call.token, Some("200"), page, cap);
+            self.driver
+                .on_callout_response(&self.host, &mut self.slot, call.token, &answer);
+            pods.extend(call.authority().map(str::to_owned));
+        }
+        pods
+    }
+
+    fn peer_calls(&self) -> Vec<(u32, String, String)> {
+        let sent = self.host.callouts.sent.borrow();
+        sent.iter()
+            .filter(|c| c.cluster == "inference_picker_peers")
+            .map(|c| {
+                let header = |name: &str| {
+                    c.headers
+                        .iter()
+                        .find(|(n, _)| n == name)
+                        .map(|(_, v)| v.clone())
+                        .unwrap_or_default()
+                };
+                (c.token, header(":authority"), header(":path"))
+            })
+            .collect()
+    }
+
+    fn deliver(&mut self, token: u32, status: u16, body: Vec<u8>) {
+        let answer = CalloutAnswer {
+            status: Some(status.to_string().into_bytes()),
+            body_size: body.len(),
+            body: Ok(body),
+        };
+        self.driver
+            .on_callout_response(&self.host, &mut self.slot, token, &answer);
+    }
+
+    fn in_flight(&self, index: usize) -> u32 {
+        self.slot.data.pool().get(index).unwrap().total_in_flight()
+    }
+}
+
+/// Every replica answers every call the others (and itself) sent.
+fn sync(replicas: &mut [Replica]) {
+    let calls: Vec<(usize, u32, String, String)> = replicas
+        .iter()
+        .enumerate()
+        .flat_map(|(from, r)| {
+            let calls = r.peer_calls();
+            r.host
+                .callouts
+                .sent
+                .borrow_mut()
+                .retain(|c| c.cluster != "inference_picker_peers");
+            calls.into_iter().map(move |(t, a, p)| (from, t, a, p))
+        })
+        .collect();
+    for (from, token, address, path) in calls {
+        let to = replicas.iter().position(|r| r.address == address);
+        let (status, body) = match to {
+            Some(to) => replicas[to].serve(&path, SECRET),
+            None => (503, Vec::new()),
+        };
+        replicas[from].deliver(token, status, body);
+    }
+}
+
+fn fleet(n: usize, clock: &Rc<FakeClock>) -> Vec<Replica> {
+    let addresses: Vec<String> = (1..=n).map(|i| format!("10.1.0.{i}:9100")).collect();
+    let listed: Vec<&str> = addresses.iter().map(String::as_str).collect();
+    addresses
+        .iter()
+        .enumerate()
+        .map(|(i, a)| Replica::new(a, &listed, 100 + i as u64, clock))
+        .collect()
+}
+
+/// Ticks every replica, answers its scrapes and syncs them, `rounds` sync intervals; the pods
+/// each replica scraped.
+fn run(replicas: &mut [Replica], clock: &FakeClock, rounds: usize) -> Vec<Vec<String>> {
+    let mut scraped = vec![Vec::new(); replicas.len()];
+    for _ in 0..rounds {
+        for (replica, scraped) in replicas.iter_mut().zip(&mut scraped) {
+            replica.tick();
+            scraped.extend(replica.answer_scrapes());
+        }
+        sync(replicas);
+        clock.advance(100);
+    }
+    scraped
+}
+
+#[test]
+fn replicas_split_the_scrapes_and_each_pod_is_scraped_once() {
+    let clock = Rc::new(FakeClock(std::cell::Cell::new(1_000)));
+    let mut replicas = fleet(3, &clock);
+    run(&mut replicas, &clock, 3);
+    for replica in &replicas {
+        assert_eq!(replica.driver.peers().unwrap().live(clock.0.get()), 2);
+    }
+    // Once every replica knows the others, ten intervals: each pod ten times, by one replica.
+    let scraped = run(&mut replicas, &clock, 10);
+    let mut owners: std::collections::BTreeMap<&str, Vec<usize>> = Default::default();
+    for (replica, pods) in scraped.iter().enumerate() {
+        for pod in pods {
+            owners.entry(pod.as_str()).or_default().push(replica);
+        }
+    }
+    assert_eq!(owners.len(), PODS, "{owners:?}");
+    for (pod, by) in &owners {
+        assert!(by.iter().all(|&r| r == by[0]), "{pod} scraped by {by:?}");
+        assert!(
+            (9..=11).contains(&by.len()),
+            "{pod} scraped {} times",
+            by.len()
+        );
+    }
+    let shares: Vec<usize> = scraped.iter().map(|pods| pods.len()).collect();
+    assert!(
+        shares.iter().all(|&n| n < PODS * 10),
+        "the scrapes are split: {shares:?}"
+    );
+    // Every replica sees every pod fresh, its own share and the others'.
+    for replica in &replicas {
+        let fresh = replica
+            .slot
+            .data
+            .pool()
+            .endpoints
+            .iter()
+            .filter(|e| e.last_scrape_ok_ms.is_some())
+            .count();
+        assert_eq!(fresh, PODS, "{}", replica.address);
+    }
+}
+
+#[test]
+fn in_flight_counts_and_placements_reach_every_replica() {
+    let clock = Rc::new(FakeClock(std::cell::Cell::new(1_000)));
+    let mut replicas = fleet(3, &clock);
+    run(&mut replicas, &clock, 2);
+    replicas[0].slot.data.add_in_flight(4, 100);
+    replicas[0].slot.data.add_in_flight(4, 100);
+    replicas[1].slot.data.add_in_flight(4, 10);
+    let placement = LearnedPrefix {
+        endpoint: 6,
+        hashes: vec![11, 22, 33],
+    };
+    // Another worker VM of replica 2 placed it and shares it with its lease holder.
+    let keys = SharedKeys::under("r");
+    let mut worker = Coordinator::new(keys.clone(), 77, 50);
+    let mut worker_slot = PoolSlot::new("p".into(), load(&config(&["10.1.0.3:9100"]), 77).unwrap());
+    let store = &*replicas[2].host.shared;
+    worker
+        .exchange_load(store, &mut worker_slot, clock.0.get())
+        .unwrap();
+    worker
+        .exchange_prefixes(store, std::slice::from_ref(&placement))
+        .unwrap();
+    // One tick publishes, one sync carries it, the next tick hands it to every VM.
+    run(&mut replicas, &clock, 2);
+    for replica in &replicas {
+        assert_eq!(replica.in_flight(4), 3, "{}", replica.address);
+    }
+    for replica in &replicas[..2] {
+        let relayed = replica
+            .host
+            .shared
+            .get(&keys.prefix(crate::shared_state::PEERS_RELAY));
+        let mut placements = Vec::new();
+        let bytes = relayed.unwrap().expect("a relay batch").0;
+        crate::shared_state::decode_batches(&bytes, 0, &mut placements);
+        assert_eq!(placements, vec![placement.clone()], "{}", replica.address);
+    }
+}
+
+#[test]
+fn a_dead_peer_stops_counting_and_its_pods_are_taken_over() {
+    let clock = Rc::new(FakeClock(std::cell::Cell::new(1_000)));
+    let mut replicas = fleet(2, &clock);
+    run(&mut replicas, &clock, 2);
+    replicas[1].slot.data.add_in_flight(0, 10);
+    run(&mut replicas, &clock, 2);
+    assert_eq!(replicas[0].in_flight(0), 1);
+    let share_before = replicas[0]
+        .driver
+        .peers()
+        .unwrap()
+        .share
+        .iter()
+        .filter(|&&s| s)
+        .count();
+    assert!(share_before < PODS);
+    // Replica 1 dies: its calls go unanswered (Envoy answers 503, no healthy upstream).
+    let mut alone = vec![replicas.remove(0)];
+    for _ in 0..3 {
+        alone[0].tick();
+        sync(&mut alone);
+        clock.advance(100);
+    }
+    alone[0].tick();
+    let peers = alone[0].driver.peers().unwrap();
+    assert_eq!(peers.live(clock.0.get()), 0);
+    assert_eq!(
+        peers.share.iter().filter(|&&s| s).count(),
+        PODS,
+        "every pod is scraped again"
+    );
+    assert_eq!(alone[0].in_flight(0), 0, "the dead peer's requests expired");
+    assert!(peers.counts().failed >= 1);
+}
+
+#[test]
+fn forged_and_oversized_answers_are_refused_and_counted() {
+    let clock = Rc::new(FakeClock(std::cell::Cell::new(1_000)));
+    let mut replicas = fleet(2, &clock);
+    run(&mut replicas, &clock, 1);
+    replicas[0].tick();
+    clock.advance(100);
+    replicas[0].tick();
+    let calls = replicas[0].peer_calls();
+    let (token, _, _) = calls
+        .iter()
+        .find(|(_, a, _)| a == "10.1.0.2:9100")
+        .unwrap()
+        .clone();
+    let forged = wire::frame(
+        &wire::ReplicaState {
+            origin: 9,
+            seq: 1,
+            pods: vec!["10.0.0.1:8000".into()],
+            in_flight: vec![(u32::MAX, 0)],
+            scrapes: vec![],
+        },
+        &[],
+    );
+    replicas[0].deliver(token, 200, forged);
+    assert_eq!(replicas[0].in_flight(0), 0, "nothing of it was believed");
+    let peers = replicas[0].driver.peers().unwrap();
+    assert_eq!(peers.counts().refused, 1);
+    // A body over maxStateBytes is never read: the edge hands over an empty body.
+    clock.advance(100);
+    replicas[0].tick();
+    let calls = replicas[0].peer_calls();
+    let (token, _, _) = calls
+        .iter()
+        .rev()
+        .find(|(_, a, _)| a == "10.1.0.2:9100")
+        .unwrap()
+        .clone();
+    let answer = CalloutAnswer {
+        status: Some(b"200".to_vec()),
+        body_size: 50 << 20,
+        body: Ok(Vec::new()),
+    };
+    let first = &mut replicas[0];
+    first
+        .driver
+        .on_callout_response(&first.host, &mut first.slot, token, &answer);
+    assert_eq!(replicas[0].driver.peers().unwrap().counts().refused, 2);
+}
+
+#[test]
+fn a_restarted_peer_is_a_new_origin_and_a_late_state_changes_nothing() {
+    let clock = Rc::new(FakeClock(std::cell::Cell::new(1_000)));
+    let mut replicas = fleet(2, &clock);
+    run(&mut replicas, &clock, 2);
+    // Replica 1 restarts: a new process, a new origin, at the same address.
+    let listed = ["10.1.0.1:9100", "10.1.0.2:9100"];
+    replicas[1] = Replica::new("10.1.0.2:9100", &listed, 999, &clock);
+    replicas[1].slot.data.add_in_flight(2, 5);
+    run(&mut replicas, &clock, 3);
+    assert_eq!(
+        replicas[0].in_flight(2),
+        1,
+        "the new origin's counts are taken"
+    );
+    assert_eq!(replicas[0].driver.peers().unwrap().live(clock.0.get()), 1);
+}

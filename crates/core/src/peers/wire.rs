@@ -1,0 +1,290 @@
+//! What one replica serves its peers, and how an answer is read: as hostile input, bounded and
+//! validated before anything of it reaches the pool.
+//!
+//! A state is `MAGIC`, a little-endian `u32` length, a JSON [`ReplicaState`], then this
+//! replica's placement batches in the binary form VMs share (`shared_state::encode_batch`),
+//! each endpoint an index into the state's `pods`. Every value is per origin and state-based:
+//! in-flight counts replace the origin's last ones, batches carry their sequence number and
+//! are replayed once, scrapes carry their age rather than a wall-clock stamp (no correctness
+//! depends on the replicas' clocks agreeing).
+
+use crate::metrics::EndpointMetrics;
+use crate::scheduling::LearnedPrefix;
+use crate::shared_state::{decode_batches, skip_batches_until};
+use serde::{Deserialize, Serialize};
+
+pub const MAGIC: &[u8; 4] = b"IPR1";
+/// A peer's counts above this per pod are not believed: no pod runs that many requests.
+pub const MAX_IN_FLIGHT_PER_POD: u32 = 100_000;
+/// Pods one state may name.
+pub const MAX_PODS: usize = 65_536;
+/// Block hashes one answer may carry; the rest of the batches is not read.
+pub const MAX_HASHES: usize = 1 << 20;
+/// A scrape older than this is not worth passing on.
+pub const MAX_SCRAPE_AGE_MS: u64 = 60_000;
+
+/// One pod's latest scrape, as the replica that scrapes it saw it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct SharedScrape {
+    /// Index into [`ReplicaState::pods`].
+    pub pod: u32,
+    /// How long before the state was served the metrics were taken.
+    pub age_ms: u64,
+    pub failed: bool,
+    pub metrics: EndpointMetrics,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct ReplicaState {
+    /// The replica's id, random per Envoy process: a restarted replica is a new origin.
+    pub origin: u64,
+    /// Grows with every state the origin publishes; an older or repeated one is ignored.
+    pub seq: u64,
+    /// The pods the state names, by address.
+    pub pods: Vec<String>,
+    /// `(requests, tokens)` the replica has in flight per pod (every worker of it).
+    pub in_flight: Vec<(u32, u64)>,
+    /// The pods this replica scrapes.
+    pub scrapes: Vec<SharedScrape>,
+}
+
+/// Why an answer was refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refused(pub String);
+
+/// A peer's answer, validated: its state and the placements newer than what was asked for.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PeerAnswer {
+    pub state: ReplicaState,
+    /// Endpoints are indices into `state.pods`.
+    pub placements: Vec<LearnedPrefix>,
+    /// The newest batch sequence in the answer (what to ask after next time).
+    pub newest_batch: u64,
+}
+
+/// The value a replica keeps in shared data: the framed state and every batch it keeps.
+pub fn frame(state: &ReplicaState, batches: &[u8]) -> Vec<u8> {
+    let json = serde_json::to_vec(state).unwrap_or_default();
+    let mut bytes = Vec::with_capacity(8 + json.len() + batches.len());
+    bytes.extend_from_slice(MAGIC);
+    bytes.extend_from_slice(&u32::try_from(json.len()).unwrap_or(u32::MAX).to_le_bytes());
+    bytes.extend_from_slice(&json);
+    bytes.extend_from_slice(batches);
+    bytes
+}
+
+/// The framed value's header and its batches, or `None` when it is not one of ours.
+pub fn split(bytes: &[u8]) -> Option<(&[u8], &[u8])> {
+    let rest = bytes.strip_prefix(MAGIC.as_slice())?;
+    let (len, rest) = rest.split_first_chunk::<4>()?;
+    let len = usize::try_from(u32::from_le_bytes(*len)).ok()?;
+    if rest.len() < len {
+        return None;
+    }
+    let (json, batches) = rest.split_at(len);
+    Some((json, batches))
+}
+
+/// What a peer is served: the header whole, the batches only from after `since` (all of them
+/// for a peer that asks about another origin, e.g. after this replica restarted).
+pub fn serve(stored: &[u8], origin: Option<u64>, since: u64) -> Option<Vec<u8>> {
+    let (json, batches) = split(stored)?;
+    let header = stored.len() - batches.len();
+    let mine = origin.is_some_and(|asked| {
+        serde_json::from_slice::<OriginOnly>(json).is_ok_and(|s| s.origin == asked)
+    });
+    let newer = if mine {
+        skip_batches_until(batches, since)
+    } else {
+        batches
+    };
+    let mut out = Vec::with_capacity(header + newer.len());
+    out.extend_from_slice(stored.get(..header)?);
+    out.extend_from_slice(newer);
+    Some(out)
+}
+
+#[derive(Deserialize)]
+struct OriginOnly {
+    origin: u64,
+}
+
+/// Reads a peer's answer; anything malformed, oversized or implausible refuses it whole.
+pub fn read(bytes: &[u8], since: u64) -> Result<PeerAnswer, Refused> {
+    let refuse = |why: &str| Err(Refused(why.to_owned()));
+    let Some((json, batches)) = split(bytes) else {
+        return refuse("not a replica state (bad frame)");
+    };
+    let value: serde_json::Value =
+        serde_json::from_slice(json).map_err(|e| Refused(format!("state is not JSON: {e}")))?;
+    if !numbers_plausible(&value) {
+        return refuse("a negative number in the state");
+    }
+    let state: ReplicaState =
+        serde_json::from_value(value).map_err(|e| Refused(format!("state: {e}")))?;
+    if state.origin == 0 {
+        return refuse("origin 0");
+    }
+    if state.pods.len() > MAX_PODS {
+        return refuse("too many pods");
+    }
+    if state.in_flight.len() != state.pods.len() {
+        return refuse("in-flight counts do not match the pods");
+    }
+    if state
+        .in_flight
+        .iter()
+        .any(|&(n, _)| n > MAX_IN_FLIGHT_PER_POD)
+    {
+        return refuse("an implausible in-flight count");
+    }
+    if state.scrapes.len() > state.pods.len()
+        || state
+            .scrapes
+            .iter()
+            .any(|s| s.pod as usize >= state.pods.len())
+    {
+        return refuse("a scrape of a pod the state does not name");
+    }
+    let mut placements = Vec::new();
+    let newest_batch = decode_batches(batches, since, &mut placements);
+    let hashes: usize = placements.iter().map(|p| p.hashes.len()).sum();
+    if hashes > MAX_HASHES || placements.iter().any(|p| p.endpoint >= state.pods.len()) {
+        return refuse("placements beyond the bounds");
+    }
+    Ok(PeerAnswer {
+        state,
+        placements,
+        newest_batch,
+    })
+}
+
+/// Every number finite (JSON has no others) and not negative.
+fn numbers_plausible(value: &serde_json::Value) -> bool {
+    match value {
+        serde_json::Value::Number(n) => n.as_f64().is_some_and(|v| v >= 0.0),
+        serde_json::Value::Array(items) => items.iter().all(numbers_plausible),
+        serde_json::Value::Object(map) => map.values().all(numbers_plausible),
+        _ => true,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::shared_state::encode_batch;
+
+    fn state() -> ReplicaState {
+        ReplicaState {
+            origin: 7,
+            seq: 3,
+            pods: vec!["10.0.0.1:8000".into(), "10.0.0.2:8000".into()],
+            in_flight: vec![(2, 200), (0, 0)],
+            scrapes: vec![SharedScrape {
+                pod: 1,
+                age_ms: 20,
+                failed: false,
+                metrics: EndpointMetrics::idle(),
+            }],
+        }
+    }
+
+    fn batches() -> Vec<u8> {
+        let one = LearnedPrefix {
+            endpoint: 0,
+            hashes: vec![1, 2, 3],
+        };
+        let two = LearnedPrefix {
+            endpoint: 1,
+            hashes: vec![4],
+        };
+        let mut bytes = encode_batch(1, std::slice::from_ref(&one));
+        bytes.extend(encode_batch(2, std::slice::from_ref(&two)));
+        bytes
+    }
+
+    #[test]
+    fn a_state_round_trips_and_is_served_from_where_the_peer_left_off() {
+        let stored = frame(&state(), &batches());
+        let answer = read(&serve(&stored, None, 0).unwrap(), 0).unwrap();
+        assert_eq!(answer.state, state());
+        assert_eq!(answer.placements.len(), 2);
+        assert_eq!(answer.newest_batch, 2);
+        let since = serve(&stored, Some(7), 1).unwrap();
+        let answer = read(&since, 1).unwrap();
+        assert_eq!(
+            answer.placements,
+            vec![LearnedPrefix {
+                endpoint: 1,
+                hashes: vec![4]
+            }]
+        );
+        assert!(since.len() < stored.len(), "batch 1 was not sent again");
+        // A peer asking about another origin (this replica restarted) gets everything.
+        assert_eq!(serve(&stored, Some(8), 1).unwrap(), stored);
+    }
+
+    #[test]
+    fn hostile_answers_are_refused_whole() {
+        let good = state();
+        let cases: Vec<(ReplicaState, &str)> = vec![
+            (
+                ReplicaState {
+                    origin: 0,
+                    ..good.clone()
+                },
+                "origin 0",
+            ),
+            (
+                ReplicaState {
+                    in_flight: vec![(1, 1)],
+                    ..good.clone()
+                },
+                "do not match",
+            ),
+            (
+                ReplicaState {
+                    in_flight: vec![(MAX_IN_FLIGHT_PER_POD + 1, 0), (0, 0)],
+                    ..good.clone()
+                },
+                "implausible",
+            ),
+            (
+                ReplicaState {
+                    scrapes: vec![SharedScrape {
+                        pod: 9,
+                        ..good.scrapes[0].clone()
+                    }],
+                    ..good.clone()
+                },
+                "does not name",
+            ),
+        ];
+        for (state, why) in cases {
+            let error = read(&frame(&state, &[]), 0).unwrap_err();
+            assert!(error.0.contains(why), "{error:?} for {why}");
+        }
+        assert!(read(b"garbage", 0).unwrap_err().0.contains("bad frame"));
+        let mut negative = frame(&good, &[]);
+        let text = String::from_utf8_lossy(&negative).replace("\"ageMs\":20", "\"ageMs\":-20");
+        negative = text.into_bytes();
+        assert!(read(&negative, 0).is_err());
+        // A length past the end, a batch naming a pod the state does not.
+        let mut short = frame(&good, &[]);
+        short.truncate(short.len() - 1);
+        assert!(read(&short, 0).unwrap_err().0.contains("bad frame"));
+        let stray = encode_batch(
+            1,
+            &[LearnedPrefix {
+                endpoint: 5,
+                hashes: vec![1],
+            }],
+        );
+        assert!(read(&frame(&good, &stray), 0)
+            .unwrap_err()
+            .0
+            .contains("bounds"));
+    }
+}
