@@ -284,6 +284,30 @@ impl<T: BorrowMut<Value>> Listener<T> {
             path.display().to_string().into();
     }
 
+    /// The listener's peer address (`additional_addresses`, `pool.peers.port`) on `port`;
+    /// none without one.
+    pub fn set_peer_port(&mut self, port: Option<u16>) {
+        let listener = self.value_mut();
+        let Some(map) = listener.as_mapping_mut() else {
+            return;
+        };
+        match port {
+            Some(port) => {
+                let address = format!(
+                    "{{address: {{socket_address: {{address: 127.0.0.1, port_value: {port}}}}}}}"
+                );
+                let address: Value = serde_yaml::from_str(&address).expect("address");
+                map.insert(
+                    "additional_addresses".into(),
+                    Value::Sequence(vec![address]),
+                );
+            }
+            None => {
+                map.remove("additional_addresses");
+            }
+        }
+    }
+
     pub fn set_picker_config(&mut self, picker_config: &str) {
         self.wasm_config_mut()["configuration"]["value"] = picker_config.into();
     }

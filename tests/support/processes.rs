@@ -357,6 +357,37 @@ pub fn example_envoy(name: &str, sims: &[&Sim], concurrency: u32) -> Envoy {
     )
 }
 
+/// The shipped configs' peer port (`pool.peers.port`).
+pub const SHIPPED_PEER_PORT: u16 = 9100;
+
+/// A picker config whose peers use the shipped port gets a free one instead (its own address
+/// in the peer list follows), so that test Envoys do not share it; a fleet's own ports stay.
+/// The config and its peer port (none without `pool.peers`).
+fn place_peer_port(picker_config: &str) -> (String, Option<u16>) {
+    let Ok(mut value) = serde_yaml::from_str::<serde_yaml::Value>(picker_config) else {
+        return (picker_config.to_owned(), None);
+    };
+    let peers = &mut value["pool"]["peers"];
+    let Some(port) = peers["port"].as_u64().and_then(|p| u16::try_from(p).ok()) else {
+        return (picker_config.to_owned(), None);
+    };
+    if port != SHIPPED_PEER_PORT {
+        return (picker_config.to_owned(), Some(port));
+    }
+    let free = free_port();
+    peers["port"] = free.into();
+    let shipped = format!("127.0.0.1:{SHIPPED_PEER_PORT}");
+    if let Some(addresses) = peers["addresses"].as_sequence_mut() {
+        for address in addresses
+            .iter_mut()
+            .filter(|a| a.as_str() == Some(&shipped))
+        {
+            *address = format!("127.0.0.1:{free}").into();
+        }
+    }
+    (serde_yaml::to_string(&value).expect("yaml"), Some(free))
+}
+
 /// A real Envoy running `envoy/envoy.yaml` with its ports, paths and picker config replaced.
 pub struct Envoy {
     child: Child,
@@ -439,6 +470,9 @@ impl Envoy {
         listener.set_port(port);
         listener.set_access_log_path(&dir.0.join("access.log"));
         listener.set_wasm_file(&wasm_path());
+        let (picker_config, peer_port) = place_peer_port(picker_config);
+        let picker_config = picker_config.as_str();
+        listener.set_peer_port(peer_port);
         listener.set_picker_config(picker_config);
         config.set_pool_members(picker_config);
         adjust(&mut config);

@@ -52,6 +52,9 @@ struct Load {
     stamp_ms: u64,
     /// `(requests, tokens)` per pool index.
     counts: Vec<(u32, u64)>,
+    /// In the peers' relay: the live replicas, this one included (0 in a VM's own).
+    #[serde(default)]
+    replicas: u32,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -100,6 +103,8 @@ pub struct Coordinator {
     /// The relay's latest placement batches and their sequence (see [`PEERS_RELAY`]).
     relay_batches: VecDeque<Vec<u8>>,
     relay_seq: Option<u64>,
+    /// See [`Coordinator::peer_replicas`].
+    peer_replicas: Option<u32>,
 }
 
 /// A lease lasts this many scrape intervals, and at least [`MIN_LEASE_MS`]: its holder renews
@@ -131,6 +136,7 @@ impl Coordinator {
             envoy_in_flight: Vec::new(),
             relay_batches: VecDeque::new(),
             relay_seq: None,
+            peer_replicas: None,
             keys,
             lease_ms: interval_ms
                 .saturating_mul(LEASE_INTERVALS)
@@ -272,6 +278,7 @@ impl Coordinator {
         let own = Load {
             stamp_ms: now_ms,
             counts,
+            replicas: 0,
         };
         publish(store, &self.load_key, &own)?;
         let mut sums = vec![(0u32, 0u64); own.counts.len()];
@@ -286,13 +293,21 @@ impl Coordinator {
         // The Envoy's own total (what its peers are told) before the peers' counts join it.
         self.envoy_in_flight.clone_from(&sums);
         add_counts(&mut self.envoy_in_flight, &own.counts);
+        self.peer_replicas = None;
         if let Some(load) = read::<Load>(store, &self.keys.load(PEERS_RELAY))? {
             if load.stamp_ms >= fresh_after {
                 add_counts(&mut sums, &load.counts);
+                self.peer_replicas = Some(load.replicas);
             }
         }
         learned.merge_in_flight(&sums);
         Ok(())
+    }
+
+    /// The live replicas (this one included) as the VM that speaks to the peers counted them
+    /// at its last tick; `None` without a fresh count.
+    pub fn peer_replicas(&self) -> Option<u32> {
+        self.peer_replicas
     }
 
     /// Every VM's own in-flight counts of this Envoy, summed at the last exchange.
@@ -346,11 +361,13 @@ impl Coordinator {
         &mut self,
         store: &impl SharedData,
         counts: Vec<(u32, u64)>,
+        replicas: u32,
         now_ms: u64,
     ) -> Result<(), HostError> {
         let load = Load {
             stamp_ms: now_ms,
             counts,
+            replicas,
         };
         publish(store, &self.keys.load(PEERS_RELAY), &load)
     }

@@ -255,6 +255,9 @@ fn share_state(
         coordinator.apply_snapshot(store, &mut slot.data)?;
     }
     coordinator.exchange_load(store, slot, now)?;
+    if let (Role::Follower, Some(replicas)) = (role, coordinator.peer_replicas()) {
+        slot.data.set_peer_replicas(replicas);
+    }
     let mut own = Vec::new();
     slot.take_placements(&mut own);
     let exchanged = coordinator.exchange_prefixes(store, &own)?;

@@ -174,6 +174,12 @@ impl DataLayer {
         self.pool.set_peer_replicas(replicas);
     }
 
+    /// How many replicas share the pods (a VM that does not speak to the peers hears it from
+    /// the one that does).
+    pub fn set_peer_replicas(&mut self, replicas: u32) {
+        self.pool.set_peer_replicas(replicas);
+    }
+
     /// Another VM holds the lease: the scrapes this one had not sent are its to send.
     pub fn hand_over(&mut self) {
         self.scrapes.hand_over();

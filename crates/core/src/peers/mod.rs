@@ -100,6 +100,8 @@ pub struct Peers {
     counts: PeerCounts,
     /// The pods this replica scrapes (by index), as of the last tick.
     share: Vec<bool>,
+    /// The live replicas at the last tick, this one included.
+    fleet: u32,
 }
 
 impl Peers {
@@ -119,6 +121,7 @@ impl Peers {
             learned: Vec::new(),
             counts: PeerCounts::default(),
             share: Vec::new(),
+            fleet: 0,
         }
     }
 
@@ -213,6 +216,15 @@ impl Peers {
             .map(|e| owner(&origins, &e.address) == self.origin)
             .collect();
         let fleet = u32::try_from(origins.len()).unwrap_or(u32::MAX);
+        if fleet != self.fleet {
+            let owned = self.share.iter().filter(|&&ours| ours).count();
+            log::info!(
+                "inference-picker: {fleet} replicas route these pods together ({} live peers); this one scrapes {owned} of {} pods",
+                fleet - 1,
+                self.share.len()
+            );
+            self.fleet = fleet;
+        }
         slot.data.set_scrape_share(&self.share, fleet);
     }
 
@@ -263,7 +275,8 @@ impl Peers {
                 sum.1 = sum.1.saturating_add(tokens);
             }
         }
-        coordinator.relay_in_flight(store, sums, now_ms)?;
+        let replicas = u32::try_from(self.live(now_ms) + 1).unwrap_or(u32::MAX);
+        coordinator.relay_in_flight(store, sums, replicas, now_ms)?;
         let learned = std::mem::take(&mut self.learned);
         coordinator.relay_placements(store, &learned)
     }

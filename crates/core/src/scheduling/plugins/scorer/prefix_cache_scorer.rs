@@ -453,7 +453,12 @@ impl Scorer for PrefixCacheScorer {
 
     fn score(&mut self, ctx: &SchedulingContext<'_>, candidates: &[usize], scores: &mut [f64]) {
         self.home = self.locate_home(ctx, candidates);
-        if self.home.home().is_some() {
+        // Replicas that share their placements (`pool.peers`) all know where the prefix went:
+        // its home only places it first, and the learned hits lead from then on.
+        let placed = self
+            .matches(ctx)
+            .is_some_and(|m| m.matched_blocks.iter().any(|&b| b > 0));
+        if self.home.home().is_some() && !(ctx.pool.peers_share_load && placed) {
             // What this replica alone placed elsewhere (a spill, a pick before the home was
             // known) is unknown to the other replicas: a learned hit there would pull this
             // replica's requests away from where they all send them. What it learned raised
