@@ -25,6 +25,7 @@ pub mod limits;
 pub mod metrics;
 pub mod pace;
 pub mod peers;
+pub mod placement_batches;
 pub mod prometheus;
 pub mod protocol;
 pub mod request;

@@ -11,6 +11,7 @@ use crate::hash::hash_bytes;
 use crate::host::{HostError, SharedData};
 use crate::learned::Learned;
 use crate::metrics::EndpointMetrics;
+use crate::placement_batches::{decode_batches, encode_batch};
 use crate::scheduling::LearnedPrefix;
 use crate::shared_keys::SharedKeys;
 use serde::{Deserialize, Serialize};
@@ -335,16 +336,6 @@ impl Coordinator {
         stored(store)
     }
 
-    /// The sequence of the replica state last stored (by whichever VM held the lease).
-    pub fn stored_replica_seq(&self, store: &impl SharedData) -> u64 {
-        let Ok(Some((bytes, _))) = store.get(&self.keys.replica_state()) else {
-            return 0;
-        };
-        crate::peers::wire::split(&bytes)
-            .and_then(|(json, _)| serde_json::from_slice::<SeqOnly>(json).ok())
-            .map_or(0, |s| s.seq)
-    }
-
     /// Stores the replica's state for peers to read (see [`crate::peers::serve`]).
     pub fn store_replica_state(
         &self,
@@ -512,11 +503,6 @@ pub struct Exchanged {
     pub from_peers: Vec<LearnedPrefix>,
 }
 
-#[derive(Deserialize)]
-struct SeqOnly {
-    seq: u64,
-}
-
 fn add_counts(sums: &mut [(u32, u64)], counts: &[(u32, u64)]) {
     for (sum, &(requests, tokens)) in sums.iter_mut().zip(counts) {
         sum.0 = sum.0.saturating_add(requests);
@@ -538,101 +524,6 @@ fn read<T: serde::de::DeserializeOwned>(
 fn publish<T: Serialize>(store: &impl SharedData, key: &str, value: &T) -> Result<(), HostError> {
     let bytes = serde_json::to_vec(value).unwrap_or_default();
     store.set(key, &bytes, None).map(|_| ())
-}
-
-/// One tick's prefix picks, little-endian: `seq: u64, entries: u32`, then per entry
-/// `endpoint: u32, hashes: u32, hash: u64...`. Binary rather than JSON: a busy tick carries
-/// hundreds of thousands of hashes, and readers copy and decode the whole value every tick.
-pub(crate) fn encode_batch(seq: u64, learned: &[LearnedPrefix]) -> Vec<u8> {
-    let hashes: usize = learned.iter().map(|l| l.hashes.len()).sum();
-    let mut bytes = Vec::with_capacity(12 + learned.len() * 8 + hashes * 8);
-    bytes.extend_from_slice(&seq.to_le_bytes());
-    bytes.extend_from_slice(&saturating_u32(learned.len()).to_le_bytes());
-    for prefix in learned {
-        bytes.extend_from_slice(&saturating_u32(prefix.endpoint).to_le_bytes());
-        bytes.extend_from_slice(&saturating_u32(prefix.hashes.len()).to_le_bytes());
-        for hash in &prefix.hashes {
-            bytes.extend_from_slice(&hash.to_le_bytes());
-        }
-    }
-    bytes
-}
-
-fn saturating_u32(value: usize) -> u32 {
-    u32::try_from(value).unwrap_or(u32::MAX)
-}
-
-/// Appends the entries of batches newer than `seen` to `out`; returns the newest seq read.
-/// A truncated or malformed value ends the reading where it breaks.
-pub(crate) fn decode_batches(mut bytes: &[u8], seen: u64, out: &mut Vec<LearnedPrefix>) -> u64 {
-    let mut newest = seen;
-    while let Some((seq, entries)) = take_u64(&mut bytes).zip(take_u32(&mut bytes)) {
-        for _ in 0..entries {
-            let Some((endpoint, count)) = take_u32(&mut bytes).zip(take_u32(&mut bytes)) else {
-                return newest;
-            };
-            let Some(hashes) = take_bytes(&mut bytes, count as usize * 8) else {
-                return newest;
-            };
-            if seq > seen {
-                out.push(LearnedPrefix {
-                    endpoint: endpoint as usize,
-                    hashes: hashes
-                        .chunks_exact(8)
-                        .filter_map(|c| c.try_into().ok().map(u64::from_le_bytes))
-                        .collect(),
-                });
-            }
-        }
-        newest = newest.max(seq);
-    }
-    newest
-}
-
-/// The batches after the last one numbered `since` or lower (batches are in sequence order);
-/// a malformed value yields what follows the last whole batch read.
-pub(crate) fn skip_batches_until(batches: &[u8], since: u64) -> &[u8] {
-    let mut rest = batches;
-    loop {
-        let start = rest;
-        let Some((seq, entries)) = take_u64(&mut rest).zip(take_u32(&mut rest)) else {
-            return start;
-        };
-        if seq > since {
-            return start;
-        }
-        for _ in 0..entries {
-            let Some(count) = take_u32(&mut rest).and_then(|_| take_u32(&mut rest)) else {
-                return &[];
-            };
-            if take_bytes(&mut rest, count as usize * 8).is_none() {
-                return &[];
-            }
-        }
-    }
-}
-
-fn take_bytes<'a>(bytes: &mut &'a [u8], n: usize) -> Option<&'a [u8]> {
-    if bytes.len() < n {
-        return None;
-    }
-    let (head, tail) = bytes.split_at(n);
-    *bytes = tail;
-    Some(head)
-}
-
-fn take_u64(bytes: &mut &[u8]) -> Option<u64> {
-    take_bytes(bytes, 8)?
-        .try_into()
-        .ok()
-        .map(u64::from_le_bytes)
-}
-
-fn take_u32(bytes: &mut &[u8]) -> Option<u32> {
-    take_bytes(bytes, 4)?
-        .try_into()
-        .ok()
-        .map(u32::from_le_bytes)
 }
 
 #[cfg(test)]

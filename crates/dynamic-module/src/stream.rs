@@ -209,6 +209,31 @@ impl NativeStream {
         }
     }
 
+    /// Answers this (direct) stream here.
+    fn send_response(
+        &self,
+        status: u16,
+        mut headers: Vec<ModuleHeader>,
+        body: &[u8],
+        details: &[u8],
+    ) -> Result<(), HostError> {
+        count(HostCall::LocalReply);
+        let filter = self.filter("http_send_response")?;
+        let envoy = envoy().ok_or(failed("http_send_response"))?;
+        // SAFETY: this stream's own hook is running; Envoy copies the reply.
+        unsafe {
+            (envoy.http_send_response)(
+                filter.0,
+                u32::from(status),
+                headers.as_mut_ptr(),
+                headers.len(),
+                ModuleBuffer::of(body),
+                ModuleBuffer::of(details),
+            );
+        }
+        Ok(())
+    }
+
     /// Writes a request header (`ModuleBuffer::NULL`: removes it), then has Envoy choose the
     /// route again (a route may match on it, as the multi-pool config's does on the pool
     /// header).
@@ -487,48 +512,20 @@ impl HttpHost for NativeStream {
 
     /// Only ever from the request-headers hook of the stream itself (a peer's call).
     fn send_answer(&self, status: u16, body: &[u8]) -> Result<(), HostError> {
-        count(HostCall::LocalReply);
-        let filter = self.filter("http_send_response")?;
-        let envoy = envoy().ok_or(failed("http_send_response"))?;
-        let mut headers = vec![ModuleHeader::of("content-type", "application/octet-stream")];
-        // SAFETY: this stream's own hook is running; Envoy copies the reply.
-        unsafe {
-            (envoy.http_send_response)(
-                filter.0,
-                u32::from(status),
-                headers.as_mut_ptr(),
-                headers.len(),
-                ModuleBuffer::of(body),
-                ModuleBuffer::of(b"inference_picker_peer"),
-            );
-        }
-        Ok(())
+        let headers = vec![ModuleHeader::of("content-type", "application/octet-stream")];
+        self.send_response(status, headers, body, b"inference_picker_peer")
     }
 
     fn send_error(&self, error: &RequestError, shape: ErrorShape) -> Result<(), HostError> {
         if let Some(queued) = self.queue(|| Queued::SendError(error.clone(), shape)) {
             return queued;
         }
-        count(HostCall::LocalReply);
-        let filter = self.filter("http_send_response")?;
-        let envoy = envoy().ok_or(failed("http_send_response"))?;
         let mut headers = vec![ModuleHeader::of("content-type", "application/json")];
         if let Some(reason) = error.dropped_reason() {
             headers.push(ModuleHeader::of(DROPPED_REASON_HEADER, reason));
         }
         let body = error.to_json_for(shape);
-        // SAFETY: this stream's own hook is running; Envoy copies the reply.
-        unsafe {
-            (envoy.http_send_response)(
-                filter.0,
-                u32::from(error.status()),
-                headers.as_mut_ptr(),
-                headers.len(),
-                ModuleBuffer::of(&body),
-                ModuleBuffer::of(b"inference_picker"),
-            );
-        }
-        Ok(())
+        self.send_response(error.status(), headers, &body, b"inference_picker")
     }
 
     fn now_ms(&self) -> u64 {

@@ -389,47 +389,43 @@ impl HttpHost for EnvoyStream {
 
     fn send_answer(&self, status: u16, body: &[u8]) -> Result<(), HostError> {
         address(self.0)?;
-        count(HostCall::LocalReply);
         let headers = encode_header_map(&[("content-type", "application/octet-stream")]);
-        let details = "inference_picker_peer";
-        let status = unsafe {
-            proxy_send_local_response(
-                u32::from(status),
-                details.as_ptr(),
-                details.len(),
-                body.as_ptr(),
-                body.len(),
-                headers.as_ptr(),
-                headers.len(),
-                -1,
-            )
-        };
-        check("proxy_send_local_response", status)
+        local_reply(status, body, &headers, "inference_picker_peer")
     }
 
     fn send_error(&self, error: &RequestError, shape: ErrorShape) -> Result<(), HostError> {
         address(self.0)?;
-        count(HostCall::LocalReply);
         let content_type = ("content-type", "application/json");
         let headers = match error.dropped_reason() {
             Some(reason) => encode_header_map(&[content_type, (DROPPED_REASON_HEADER, reason)]),
             None => encode_header_map(&[content_type]),
         };
-        let (body, details) = (error.to_json_for(shape), "inference_picker");
-        let status = unsafe {
-            proxy_send_local_response(
-                u32::from(error.status()),
-                details.as_ptr(),
-                details.len(),
-                body.as_ptr(),
-                body.len(),
-                headers.as_ptr(),
-                headers.len(),
-                -1,
-            )
-        };
-        check("proxy_send_local_response", status)
+        local_reply(
+            error.status(),
+            &error.to_json_for(shape),
+            &headers,
+            "inference_picker",
+        )
     }
+}
+
+/// Answers the current request here, with `headers` as encoded for the host.
+fn local_reply(status: u16, body: &[u8], headers: &[u8], details: &str) -> Result<(), HostError> {
+    count(HostCall::LocalReply);
+    // SAFETY: every pointer is to a live buffer of the given length; the host copies them.
+    let status = unsafe {
+        proxy_send_local_response(
+            u32::from(status),
+            details.as_ptr(),
+            details.len(),
+            body.as_ptr(),
+            body.len(),
+            headers.as_ptr(),
+            headers.len(),
+            -1,
+        )
+    };
+    check("proxy_send_local_response", status)
 }
 
 fn check(call: &'static str, status: u32) -> Result<(), HostError> {

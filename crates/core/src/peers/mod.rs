@@ -22,9 +22,10 @@ use crate::duration::duration_ms;
 use crate::hash::hash_bytes;
 use crate::host::{CalloutAnswer, HttpCallouts, SharedData};
 use crate::learned::{InFlight, Learned};
+use crate::placement_batches::encode_batch;
 use crate::router::PoolSlot;
 use crate::scheduling::LearnedPrefix;
-use crate::shared_state::{encode_batch, Coordinator};
+use crate::shared_state::Coordinator;
 use std::collections::VecDeque;
 use wire::{ReplicaState, SharedScrape};
 
@@ -166,7 +167,7 @@ impl Peers {
                 return;
             }
             // A lease that moved: continue the replica's sequence rather than restart it.
-            self.seq = coordinator.stored_replica_seq(host);
+            self.seq = stored_seq(host, &coordinator.keys().replica_state());
         }
         self.keep_batch(placements);
         self.share_scrapes(slot, now_ms);
@@ -432,6 +433,20 @@ impl Peers {
             self.learned.push(placement);
         }
     }
+}
+
+/// The sequence of the replica state last stored (by whichever VM held the lease).
+fn stored_seq(store: &impl SharedData, key: &str) -> u64 {
+    #[derive(serde::Deserialize)]
+    struct SeqOnly {
+        seq: u64,
+    }
+    let Ok(Some((bytes, _))) = store.get(key) else {
+        return 0;
+    };
+    wire::split(&bytes)
+        .and_then(|(json, _)| serde_json::from_slice::<SeqOnly>(json).ok())
+        .map_or(0, |s| s.seq)
 }
 
 /// The replica (by origin) that scrapes `address`: the highest hash of the two.

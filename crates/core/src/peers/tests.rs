@@ -252,7 +252,7 @@ fn in_flight_counts_and_placements_reach_every_replica() {
             .get(&keys.prefix(crate::shared_state::PEERS_RELAY));
         let mut placements = Vec::new();
         let bytes = relayed.unwrap().expect("a relay batch").0;
-        crate::shared_state::decode_batches(&bytes, 0, &mut placements);
+        crate::placement_batches::decode_batches(&bytes, 0, &mut placements);
         assert_eq!(placements, vec![placement.clone()], "{}", replica.address);
     }
 }

@@ -9,8 +9,8 @@
 //! depends on the replicas' clocks agreeing).
 
 use crate::metrics::EndpointMetrics;
+use crate::placement_batches::{decode_batches, skip_batches_until};
 use crate::scheduling::LearnedPrefix;
-use crate::shared_state::{decode_batches, skip_batches_until};
 use serde::{Deserialize, Serialize};
 
 pub const MAGIC: &[u8; 4] = b"IPR1";
@@ -174,7 +174,7 @@ fn numbers_plausible(value: &serde_json::Value) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::shared_state::encode_batch;
+    use crate::placement_batches::encode_batch;
 
     fn state() -> ReplicaState {
         ReplicaState {
