@@ -62,8 +62,7 @@ impl TickDriver {
 
     /// How much of the body of call `token`'s answer is read, when it is a call to a peer.
     pub fn peer_body_cap(&self, token: u32) -> Option<usize> {
-        let peers = self.peers.as_ref().filter(|p| p.owns(token))?;
-        Some(peers.config().max_state_bytes)
+        self.peers.as_ref()?.body_cap(token)
     }
 
     pub fn role(&self) -> Role {

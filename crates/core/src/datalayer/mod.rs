@@ -5,7 +5,7 @@
 //! reading it). The director reads the pool to pick and counts what it placed; the tick
 //! hands in what the other VMs shared.
 
-mod discovery_calls;
+pub mod discovery_calls;
 mod models;
 mod scrapes;
 

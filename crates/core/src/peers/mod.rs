@@ -18,6 +18,7 @@ pub mod wire;
 
 use crate::config::peers::{PeersConfig, PEER_SECRET_HEADER};
 use crate::datalayer::describe_status;
+use crate::datalayer::discovery_calls::DiscoveryCalls;
 use crate::duration::duration_ms;
 use crate::hash::hash_bytes;
 use crate::host::{CalloutAnswer, HttpCallouts, SharedData};
@@ -103,6 +104,8 @@ pub struct Peers {
     share: Vec<bool>,
     /// The live replicas at the last tick, this one included.
     fleet: u32,
+    /// `pool.peers.discovery`'s calls: the gateway's own pods.
+    discovery: DiscoveryCalls,
 }
 
 impl Peers {
@@ -123,6 +126,7 @@ impl Peers {
             counts: PeerCounts::default(),
             share: Vec::new(),
             fleet: 0,
+            discovery: DiscoveryCalls::default(),
         }
     }
 
@@ -146,7 +150,17 @@ impl Peers {
     }
 
     pub fn owns(&self, token: u32) -> bool {
-        self.calls.iter().any(|&(t, _)| t == token)
+        self.discovery.owns(token) || self.calls.iter().any(|&(t, _)| t == token)
+    }
+
+    /// How much of the answer to call `token` is read: a peer's state up to
+    /// `maxStateBytes`, all of a discovery answer (as the pool's own discovery reads it).
+    pub fn body_cap(&self, token: u32) -> Option<usize> {
+        if self.discovery.owns(token) {
+            Some(usize::MAX)
+        } else {
+            self.owns(token).then_some(self.config.max_state_bytes)
+        }
     }
 
     /// The lease holder's tick: agree on the replica's id, store its state for peers to read,
@@ -175,9 +189,51 @@ impl Peers {
         if let Err(error) = stored {
             log::warn!("inference-picker: storing this replica's state for its peers: {error}");
         }
+        if let Some(discovery) = &self.config.discovery {
+            self.discovery.send_when_due(host, discovery, now_ms);
+        }
         if now_ms >= self.next_sync_ms {
             self.next_sync_ms = now_ms.saturating_add(self.interval_ms);
             self.call_peers(host);
+        }
+    }
+
+    /// The gateway's pods as discovery lists them: new ones become peers, ones no longer
+    /// listed are dropped (the configured addresses stay).
+    fn on_discovered(&mut self, answer: &CalloutAnswer) {
+        let Some(discovery) = &self.config.discovery else {
+            return;
+        };
+        let Some(found) = self.discovery.on_answer(answer, discovery) else {
+            return;
+        };
+        let listed: Vec<String> = found.into_iter().map(|(address, _)| address).collect();
+        let configured = &self.config.addresses;
+        let before = self.peers.len();
+        self.peers
+            .retain(|p| configured.contains(&p.address) || listed.contains(&p.address));
+        let removed = before - self.peers.len();
+        let mut added = 0;
+        for address in listed {
+            if self.peers.len() < crate::limits::PEERS.max as usize
+                && !self.peers.iter().any(|p| p.address == address)
+            {
+                self.peers.push(Peer::new(address));
+                added += 1;
+            }
+        }
+        // Calls in flight name peers by index: forget them rather than credit the wrong one.
+        if removed > 0 {
+            self.calls.clear();
+            for peer in &mut self.peers {
+                peer.calling = false;
+            }
+        }
+        if added + removed > 0 {
+            log::info!(
+                "inference-picker: peer discovery: {added} added, {removed} removed, {} peers",
+                self.peers.len()
+            );
         }
     }
 
@@ -327,6 +383,10 @@ impl Peers {
         answer: &CalloutAnswer,
         now_ms: u64,
     ) {
+        if self.discovery.owns(token) {
+            self.on_discovered(answer);
+            return;
+        }
         let Some(position) = self.calls.iter().position(|&(t, _)| t == token) else {
             return;
         };

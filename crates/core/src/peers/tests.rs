@@ -7,6 +7,7 @@ use crate::harness::test;
 use crate::host::fake::{FakeClock, FakeShared, FakeVm};
 use crate::shared_keys::SharedKeys;
 use crate::tick_driver::TickDriver;
+use std::collections::BTreeSet;
 use std::rc::Rc;
 
 const SECRET: &str = "replicas-share-this-secret";
@@ -359,4 +360,64 @@ fn a_restarted_peer_is_a_new_origin_and_a_late_state_changes_nothing() {
         "the new origin's counts are taken"
     );
     assert_eq!(replicas[0].driver.peers().unwrap().live(clock.0.get()), 1);
+}
+
+#[test]
+fn peers_found_through_discovery_are_called_and_dropped_when_gone() {
+    let clock = Rc::new(FakeClock(std::cell::Cell::new(1_000)));
+    let text = config(&[]).replace(
+        "addresses: []",
+        "discovery: {cluster: k8s, selector: {matchLabels: {app: gateway}}, targetPorts: [9100]}",
+    );
+    let config = load(&text, 5).unwrap();
+    let peers = config.pool.peers.clone().map(Peers::new);
+    let keys = SharedKeys::under("r");
+    let mut slot = PoolSlot::new("p".into(), config);
+    slot.peer_state_key = Some(keys.replica_state());
+    let mut replica = Replica {
+        address: "10.1.0.1:9100".into(),
+        host: FakeVm::in_process(Rc::<FakeShared>::default(), Rc::clone(&clock)),
+        driver: TickDriver::new(Some(Coordinator::new(keys, 5, 50)), peers),
+        slot,
+    };
+    replica.tick();
+    let list = |ips: &[&str]| {
+        let pods: Vec<String> = ips
+            .iter()
+            .map(|ip| format!(r#"{{"metadata":{{"name":"{ip}"}},"status":{{"phase":"Running","podIP":"{ip}","conditions":[{{"type":"Ready","status":"True"}}]}}}}"#))
+            .collect();
+        format!(r#"{{"items":[{}]}}"#, pods.join(",")).into_bytes()
+    };
+    let discovery = |replica: &Replica| {
+        let sent = replica.host.callouts.sent.borrow();
+        sent.iter().find(|c| c.cluster == "k8s").map(|c| c.token)
+    };
+    let token = discovery(&replica).expect("a discovery call");
+    replica.host.callouts.sent.borrow_mut().clear();
+    replica.deliver(token, 200, list(&["10.1.0.1", "10.1.0.2", "10.1.0.3"]));
+    clock.advance(100);
+    replica.tick();
+    let called: BTreeSet<String> = replica
+        .peer_calls()
+        .into_iter()
+        .map(|(_, a, _)| a)
+        .collect();
+    let expected = ["10.1.0.1:9100", "10.1.0.2:9100", "10.1.0.3:9100"];
+    assert_eq!(called, expected.iter().map(|a| a.to_string()).collect());
+    // A replica scaled away is no longer called.
+    clock.advance(10_000);
+    replica.host.callouts.sent.borrow_mut().clear();
+    replica.tick();
+    let token = discovery(&replica).expect("discovery again");
+    replica.deliver(token, 200, list(&["10.1.0.1", "10.1.0.3"]));
+    clock.advance(100);
+    replica.host.callouts.sent.borrow_mut().clear();
+    replica.tick();
+    let called: BTreeSet<String> = replica
+        .peer_calls()
+        .into_iter()
+        .map(|(_, a, _)| a)
+        .collect();
+    assert!(!called.contains("10.1.0.2:9100"), "{called:?}");
+    assert!(called.contains("10.1.0.3:9100"), "{called:?}");
 }
