@@ -9,7 +9,7 @@ use crate::load::{all_of, open_loop_balanced, sorted, Percentiles};
 use crate::procfs::cpu_seconds;
 use crate::quality::{prefix_hit_rate, ttft_cells, ERRORS, HIT_RATE, TTFT_P50, TTFT_P90, TTFT_P99};
 use crate::report::{csv_table, goal, markdown_table, Cell, Chart, Column, Part, Row};
-use crate::support::{shipped_picker_config, stop, with_endpoints, Envoy, Sim};
+use crate::support::{free_port, shipped_picker_config, stop, with_endpoints, Envoy, Sim};
 use crate::workloads::{best_hit_rate, multi_turn_sessions, shared_prefix_groups, QUALITY_SIM};
 use inference_picker_core::hash::hash_bytes;
 use inference_picker_core::scheduling::rng::Rng;
@@ -167,14 +167,27 @@ impl Row for FleetRow {
     }
 }
 
-/// The shipped configuration for these pods, with `pool.replicas` or a swept interval.
-fn picker_config(sims: &[&Sim], setup: &Setup) -> String {
+/// The shipped configuration for these pods as replica `own` of a fleet with these peer
+/// ports deploys it (`pool.peers` listing the fleet), or with a swept interval and no peers.
+fn picker_config(sims: &[&Sim], setup: &Setup, own: u16, fleet: &[u16]) -> String {
     let mut config: Value =
         serde_yaml::from_str(&with_endpoints(&shipped_picker_config(), sims)).expect("config");
     let pool = &mut config["pool"];
     match setup.scrape_interval_ms {
-        Some(ms) => pool["refreshMetricsInterval"] = format!("{ms}ms").into(),
-        None => pool["replicas"] = (setup.replicas as u64).into(),
+        Some(ms) => {
+            pool["refreshMetricsInterval"] = format!("{ms}ms").into();
+            if let Some(map) = pool.as_mapping_mut() {
+                map.remove("peers");
+            }
+        }
+        None => {
+            pool["peers"]["port"] = u64::from(own).into();
+            let addresses: Vec<Value> = fleet
+                .iter()
+                .map(|port| format!("127.0.0.1:{port}").into())
+                .collect();
+            pool["peers"]["addresses"] = Value::Sequence(addresses);
+        }
     }
     if setup.scrape_interval_ms.is_some() && setup.replicas > 1 {
         // `pool.replicas` stays 1 so that the interval is each replica's own; the prefix
@@ -194,9 +207,10 @@ fn run_fleet(workload: &Workload, setup: Setup) -> FleetRow {
         .map(|i| Sim::start(&format!("pod-{i}"), &QUALITY_SIM))
         .collect();
     let refs: Vec<&Sim> = sims.iter().collect();
-    let config = picker_config(&refs, &setup);
-    let fleet: Vec<Envoy> = (0..setup.replicas)
-        .map(|_| Envoy::start(&config, 1))
+    let ports: Vec<u16> = (0..setup.replicas).map(|_| free_port()).collect();
+    let fleet: Vec<Envoy> = ports
+        .iter()
+        .map(|&own| Envoy::start(&picker_config(&refs, &setup, own, &ports), 1))
         .collect();
     for sim in &refs {
         sim.wait_for_scrapes(2);
@@ -223,6 +237,22 @@ fn run_fleet(workload: &Workload, setup: Setup) -> FleetRow {
         &[],
     );
     let (cpu_used, scraped) = (cpu() - cpu_before, scrapes() - scrapes_before);
+    let peer_stat = |what: &str| -> f64 {
+        fleet
+            .iter()
+            .map(|e| {
+                e.stat(&format!("wasmcustom.inference_picker.peers.{what}"))
+                    .unwrap_or(0.0)
+            })
+            .sum()
+    };
+    println!(
+        "    peers: synced {} failed {} refused {} bytes {}",
+        peer_stat("synced"),
+        peer_stat("failed"),
+        peer_stat("refused"),
+        peer_stat("bytes")
+    );
     drop(hog);
     let mut picks: BTreeMap<&str, usize> = BTreeMap::new();
     let mut group_pods: BTreeMap<usize, BTreeSet<&str>> = BTreeMap::new();

@@ -54,29 +54,6 @@ pub fn decode_batches(mut bytes: &[u8], seen: u64, out: &mut Vec<LearnedPrefix>)
     newest
 }
 
-/// The batches after the last one numbered `since` or lower (batches are in sequence order);
-/// a malformed value yields what follows the last whole batch read.
-pub fn skip_batches_until(batches: &[u8], since: u64) -> &[u8] {
-    let mut rest = batches;
-    loop {
-        let start = rest;
-        let Some((seq, entries)) = take_u64(&mut rest).zip(take_u32(&mut rest)) else {
-            return start;
-        };
-        if seq > since {
-            return start;
-        }
-        for _ in 0..entries {
-            let Some(count) = take_u32(&mut rest).and_then(|_| take_u32(&mut rest)) else {
-                return &[];
-            };
-            if take_bytes(&mut rest, count as usize * 8).is_none() {
-                return &[];
-            }
-        }
-    }
-}
-
 fn take_bytes<'a>(bytes: &mut &'a [u8], n: usize) -> Option<&'a [u8]> {
     if bytes.len() < n {
         return None;

@@ -169,7 +169,7 @@ impl RequestDriver {
         let path = std::str::from_utf8(path).ok()?;
         let (config, key) = router.slots().iter().find_map(|slot| {
             let config = slot.data.settings().peers.as_ref()?;
-            serve::asks_for(config, path).then_some((config, slot.peer_state_key.as_deref()?))
+            serve::asks_for(config, path).then_some((config, slot.peer_keys.as_ref()?))
         })?;
         let secret = match pairs {
             Some(pairs) => pairs.get(PEER_SECRET_HEADER).map(<[u8]>::to_vec),

@@ -70,7 +70,7 @@ pub struct PoolSlot {
     pub director: Director,
     pub queue: Option<Queue>,
     /// Where this replica's state for its peers is stored (`pool.peers`; set by the VM).
-    pub peer_state_key: Option<String>,
+    pub peer_keys: Option<crate::shared_keys::SharedKeys>,
 }
 
 impl PoolSlot {
@@ -85,7 +85,7 @@ impl PoolSlot {
             data,
             director: Director::new(config),
             queue,
-            peer_state_key: None,
+            peer_keys: None,
         }
     }
 

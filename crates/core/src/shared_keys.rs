@@ -87,6 +87,11 @@ impl SharedKeys {
         format!("{}/replica/state", self.namespace)
     }
 
+    /// One of this replica's placement batches kept for its peers (`slot` of a ring).
+    pub fn replica_batch(&self, slot: u64) -> String {
+        format!("{}/replica/batch/{slot}", self.namespace)
+    }
+
     /// Flow control's Envoy-wide ledger.
     pub fn flow_ledger(&self) -> String {
         format!("{}/flow-ledger", self.namespace)

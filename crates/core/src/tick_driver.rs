@@ -44,6 +44,8 @@ pub struct TickDriver {
     /// The other Envoy replicas, when `pool.peers` names them: this VM speaks for the
     /// replica to them while it holds the scrape lease.
     peers: Option<Peers>,
+    /// A peer's answer brought scrapes the other VMs have not been handed yet.
+    peer_scrapes_unpublished: bool,
     last_tick_ms: u64,
 }
 
@@ -52,6 +54,7 @@ impl TickDriver {
         TickDriver {
             coordinator,
             peers,
+            peer_scrapes_unpublished: false,
             last_tick_ms: 0,
         }
     }
@@ -96,7 +99,8 @@ impl TickDriver {
         if role == Role::Scraper {
             // Every VM sees the same transitions; only the scraper logs them.
             log_health(&report);
-            if slot.data.call_out(host, now) {
+            let from_peers = std::mem::take(&mut self.peer_scrapes_unpublished);
+            if slot.data.call_out(host, now) || from_peers {
                 self.publish_snapshot(host, slot);
             }
         } else {
@@ -154,9 +158,9 @@ impl TickDriver {
         // Stamped on arrival, so the age other workers see is the real one.
         let now = host.now_ms().unwrap_or(self.last_tick_ms);
         if let Some(peers) = self.peers.as_mut().filter(|p| p.owns(token)) {
-            peers.on_answer(slot, token, answer, now);
-            // What the peer scraped reaches this Envoy's other VMs with the snapshot.
-            self.publish_snapshot(host, slot);
+            // What the peer scraped reaches this Envoy's other VMs with the next tick's
+            // snapshot: one a tick, not one per peer's answer.
+            self.peer_scrapes_unpublished |= peers.on_answer(slot, token, answer, now);
             return CalloutOutcome::Peer;
         }
         let scraping = self.role() == Role::Scraper;

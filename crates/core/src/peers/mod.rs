@@ -27,12 +27,12 @@ use crate::placement_batches::encode_batch;
 use crate::router::PoolSlot;
 use crate::scheduling::LearnedPrefix;
 use crate::shared_state::Coordinator;
-use std::collections::VecDeque;
-use wire::{ReplicaState, SharedScrape};
+use wire::{PeerAnswer, ReplicaState, SharedScrape};
 
-/// Block hashes of this replica's placements kept for peers (about 8 bytes each), so a peer
-/// that joins learns the recent ones from the first answer.
-const KEPT_HASHES: usize = 1 << 16;
+/// Placement batches (about one a tick while requests arrive) this replica keeps for its peers,
+/// each under a key of its own, so a peer that joins learns the recent ones from its first
+/// answer and a peer that is up to date is served only the new ones.
+pub const KEPT_BATCHES: u64 = 256;
 /// A peer counts as live for this many sync intervals after its last good answer.
 const LIVE_INTERVALS: u64 = 3;
 
@@ -94,8 +94,7 @@ pub struct Peers {
     calls: Vec<(u32, usize)>,
     next_sync_ms: u64,
     seq: u64,
-    /// This replica's recent placement batches, encoded, with their hash counts.
-    batches: VecDeque<(Vec<u8>, usize)>,
+    /// The newest placement batch stored (see [`KEPT_BATCHES`]).
     batch_seq: u64,
     /// Placements peers taught since the last tick, for the other VMs.
     learned: Vec<LearnedPrefix>,
@@ -120,7 +119,6 @@ impl Peers {
             calls: Vec::new(),
             next_sync_ms: 0,
             seq: 0,
-            batches: VecDeque::new(),
             batch_seq: 0,
             learned: Vec::new(),
             counts: PeerCounts::default(),
@@ -180,12 +178,13 @@ impl Peers {
             if self.origin == 0 {
                 return;
             }
-            // A lease that moved: continue the replica's sequence rather than restart it.
-            self.seq = stored_seq(host, &coordinator.keys().replica_state());
+            // A lease that moved: continue the replica's sequences rather than restart them.
+            (self.seq, self.batch_seq) = stored_seqs(host, &coordinator.keys().replica_state());
         }
-        self.keep_batch(placements);
         self.share_scrapes(slot, now_ms);
-        let stored = self.publish(host, coordinator, slot, now_ms);
+        let stored = self
+            .keep_batch(host, coordinator, placements)
+            .and_then(|()| self.publish(host, coordinator, slot, now_ms));
         if let Err(error) = stored {
             log::warn!("inference-picker: storing this replica's state for its peers: {error}");
         }
@@ -237,20 +236,23 @@ impl Peers {
         }
     }
 
-    fn keep_batch(&mut self, placements: &[LearnedPrefix]) {
+    /// Stores this tick's placements as the next batch, over the oldest kept one.
+    fn keep_batch(
+        &mut self,
+        store: &impl SharedData,
+        coordinator: &Coordinator,
+        placements: &[LearnedPrefix],
+    ) -> Result<(), crate::host::HostError> {
         if placements.is_empty() {
-            return;
+            return Ok(());
         }
         self.batch_seq += 1;
-        let hashes = placements.iter().map(|p| p.hashes.len()).sum();
-        self.batches
-            .push_back((encode_batch(self.batch_seq, placements), hashes));
-        let mut kept: usize = self.batches.iter().map(|(_, n)| n).sum();
-        while kept > KEPT_HASHES && self.batches.len() > 1 {
-            if let Some((_, n)) = self.batches.pop_front() {
-                kept -= n;
-            }
-        }
+        let key = coordinator
+            .keys()
+            .replica_batch(self.batch_seq % KEPT_BATCHES);
+        store
+            .set(&key, &encode_batch(self.batch_seq, placements), None)
+            .map(|_| ())
     }
 
     /// Which pods this replica scrapes: each pod goes to the replica the rendezvous over the
@@ -316,15 +318,12 @@ impl Peers {
         let state = ReplicaState {
             origin: self.origin,
             seq: self.seq,
+            newest_batch: self.batch_seq,
             pods: pool.endpoints.iter().map(|e| e.address.clone()).collect(),
             in_flight: coordinator.envoy_in_flight().to_vec(),
             scrapes,
         };
-        let mut batches = Vec::new();
-        for (batch, _) in &self.batches {
-            batches.extend_from_slice(batch);
-        }
-        coordinator.store_replica_state(store, &wire::frame(&state, &batches))?;
+        coordinator.store_replica_state(store, &wire::frame(&state, &[]))?;
         let mut sums = vec![(0u32, 0u64); pool.len()];
         for peer in self.peers.iter().filter(|p| p.live(now_ms)) {
             for (sum, &(requests, tokens)) in sums.iter_mut().zip(&peer.in_flight) {
@@ -375,48 +374,77 @@ impl Peers {
         }
     }
 
-    /// A peer's answer: merged into the pool when good, counted either way.
+    /// A peer's answer: merged into the pool when good, counted either way. Returns whether
+    /// it brought scrapes.
     pub fn on_answer(
         &mut self,
         slot: &mut PoolSlot,
         token: u32,
         answer: &CalloutAnswer,
         now_ms: u64,
-    ) {
+    ) -> bool {
         if self.discovery.owns(token) {
             self.on_discovered(answer);
-            return;
+            return false;
         }
         let Some(position) = self.calls.iter().position(|&(t, _)| t == token) else {
-            return;
+            return false;
         };
         let (_, index) = self.calls.swap_remove(position);
-        let own_origin = self.origin;
-        let Some(peer) = self.peers.get_mut(index) else {
-            return;
+        let Some(parsed) = self.accept(index, answer, now_ms) else {
+            return false;
         };
+        let origin = parsed.state.origin;
+        let local = local_indices(slot, &parsed.state.pods);
+        if let Some(peer) = self.peers.get_mut(index) {
+            peer.in_flight = vec![(0, 0); slot.data.pool().len()];
+            for (&at, &counts) in local.iter().zip(&parsed.state.in_flight) {
+                if let Some(own) = at.and_then(|i| peer.in_flight.get_mut(i)) {
+                    *own = counts;
+                }
+            }
+        }
+        let scraped = self.merge_scrapes(slot, &parsed.state, &local, origin, now_ms);
+        for placement in parsed.placements {
+            let Some(index) = local.get(placement.endpoint).copied().flatten() else {
+                continue;
+            };
+            let placement = LearnedPrefix {
+                endpoint: index,
+                hashes: placement.hashes,
+            };
+            slot.merge_placement(&placement);
+            self.learned.push(placement);
+        }
+        scraped
+    }
+
+    /// Peer `index`'s answer, read and validated: `None` (counted and logged) when the call
+    /// failed or the answer is refused, late, repeated or this replica's own.
+    fn accept(&mut self, index: usize, answer: &CalloutAnswer, now_ms: u64) -> Option<PeerAnswer> {
+        let own_origin = self.origin;
+        let live_for = self.interval_ms * LIVE_INTERVALS;
+        let peer = self.peers.get_mut(index)?;
         peer.calling = false;
-        let body = match (&answer.status, &answer.body) {
-            (Some(status), Ok(body)) if status.as_slice() == b"200" && !body.is_empty() => body,
-            (Some(status), _) if status.as_slice() == b"200" => {
+        let ok = answer.status.as_deref() == Some(b"200".as_slice());
+        let body = match &answer.body {
+            Ok(body) if ok && !body.is_empty() => body,
+            _ if ok => {
                 // A 200 whose body was not read: over `maxStateBytes`.
                 self.counts.refused += 1;
                 peer.live_until_ms = 0;
                 log::warn!(
-                    "inference-picker: peer {} answered {} bytes, over pool.peers.maxStateBytes; refused",
+                    "inference-picker: refused peer {}'s state: {} bytes, over pool.peers.maxStateBytes",
                     peer.address, answer.body_size
                 );
-                return;
+                return None;
             }
             _ => {
                 self.counts.failed += 1;
                 peer.live_until_ms = 0;
-                log::debug!(
-                    "inference-picker: peer {}: {}",
-                    peer.address,
-                    describe_status(answer.status.as_deref())
-                );
-                return;
+                let status = describe_status(answer.status.as_deref());
+                log::debug!("inference-picker: peer {}: {status}", peer.address);
+                return None;
             }
         };
         self.counts.bytes += body.len() as u64;
@@ -431,12 +459,12 @@ impl Peers {
                     peer.address,
                     refused.0
                 );
-                return;
+                return None;
             }
         };
         if parsed.state.origin == own_origin {
             peer.is_self = true;
-            return;
+            return None;
         }
         if peer.origin != Some(parsed.state.origin) {
             // A new replica at this address (or a restart): start over with it.
@@ -445,68 +473,60 @@ impl Peers {
             peer.since = 0;
         } else if parsed.state.seq <= peer.last_seq {
             // Late or repeated: what it says is already known or superseded.
-            return;
+            return None;
         }
         peer.last_seq = parsed.state.seq;
         peer.since = parsed.newest_batch.max(peer.since);
-        peer.live_until_ms = now_ms.saturating_add(self.interval_ms * LIVE_INTERVALS);
+        peer.live_until_ms = now_ms.saturating_add(live_for);
         self.counts.synced += 1;
-        let origin = parsed.state.origin;
-        let local = local_indices(slot, &parsed.state.pods);
-        peer.in_flight = vec![(0, 0); slot.data.pool().len()];
-        for (&at, &counts) in local.iter().zip(&parsed.state.in_flight) {
-            if let Some(slot_counts) = at.and_then(|i| peer.in_flight.get_mut(i)) {
-                *slot_counts = counts;
-            }
-        }
+        Some(parsed)
+    }
+
+    /// The scrapes in a peer's state of the pods the rendezvous gives it: it cannot overwrite
+    /// the others, and an older reading never replaces a newer one. Returns whether any was.
+    fn merge_scrapes(
+        &self,
+        slot: &mut PoolSlot,
+        state: &ReplicaState,
+        local: &[Option<usize>],
+        origin: u64,
+        now_ms: u64,
+    ) -> bool {
         let live: Vec<u64> = self
             .peers
             .iter()
             .filter(|p| p.live(now_ms))
             .filter_map(|p| p.origin)
-            .chain(std::iter::once(own_origin))
+            .chain(std::iter::once(self.origin))
             .collect();
-        for scrape in &parsed.state.scrapes {
+        let mut merged = false;
+        for scrape in &state.scrapes {
             let Some(index) = local.get(scrape.pod as usize).copied().flatten() else {
                 continue;
             };
             let Some(address) = slot.data.address(index).map(str::to_owned) else {
                 continue;
             };
-            // Only the pods the rendezvous gives that peer: it cannot overwrite the others.
             if owner(&live, &address) != origin {
                 continue;
             }
             let ok_ms = (!scrape.failed).then(|| now_ms.saturating_sub(scrape.age_ms));
             slot.data
                 .apply_shared_scrape(&address, ok_ms, scrape.failed, &scrape.metrics);
+            merged = true;
         }
-        for placement in parsed.placements {
-            let Some(index) = local.get(placement.endpoint).copied().flatten() else {
-                continue;
-            };
-            let placement = LearnedPrefix {
-                endpoint: index,
-                hashes: placement.hashes,
-            };
-            slot.merge_placement(&placement);
-            self.learned.push(placement);
-        }
+        merged
     }
 }
 
-/// The sequence of the replica state last stored (by whichever VM held the lease).
-fn stored_seq(store: &impl SharedData, key: &str) -> u64 {
-    #[derive(serde::Deserialize)]
-    struct SeqOnly {
-        seq: u64,
-    }
+/// The state's and the newest batch's sequences last stored (by whichever VM held the lease).
+fn stored_seqs(store: &impl SharedData, key: &str) -> (u64, u64) {
     let Ok(Some((bytes, _))) = store.get(key) else {
-        return 0;
+        return (0, 0);
     };
     wire::split(&bytes)
-        .and_then(|(json, _)| serde_json::from_slice::<SeqOnly>(json).ok())
-        .map_or(0, |s| s.seq)
+        .and_then(|(json, _)| serde_json::from_slice::<wire::Sequences>(json).ok())
+        .map_or((0, 0), |s| (s.seq, s.newest_batch))
 }
 
 /// The replica (by origin) that scrapes `address`: the highest hash of the two.

@@ -3,8 +3,10 @@
 //! a client that asks there gets a 404 as for any unknown path.
 
 use super::wire;
+use super::KEPT_BATCHES;
 use crate::config::peers::PeersConfig;
 use crate::host::SharedData;
+use crate::shared_keys::SharedKeys;
 
 /// What to answer a request for the peer path.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -31,11 +33,12 @@ pub fn asks_for(config: &PeersConfig, path: &str) -> bool {
     bare == config.path
 }
 
-/// The reply to a request for the peer path that arrived on `port` with `secret`.
+/// The reply to a request for the peer path that arrived on `port` with `secret`: the state
+/// the lease holder stored under `keys`, with the placement batches the caller has not seen.
 pub fn reply(
     config: &PeersConfig,
     store: &dyn SharedData,
-    state_key: &str,
+    keys: &SharedKeys,
     path: &str,
     port: Option<u16>,
     secret: Option<&str>,
@@ -47,8 +50,7 @@ pub fn reply(
         return PeerReply::refuse(403, "peer secret missing or wrong");
     }
     let (origin, since) = query(path);
-    let stored = store.get(state_key).ok().flatten();
-    match stored.and_then(|(bytes, _)| wire::serve(&bytes, origin, since)) {
+    match stored_reply(store, keys, origin, since) {
         Some(body) => PeerReply {
             status: 200,
             body,
@@ -60,6 +62,35 @@ pub fn reply(
             refused: false,
         },
     }
+}
+
+/// The stored state followed by the kept batches after `since` (all kept ones for a caller
+/// that asks about another origin, e.g. after this replica restarted).
+fn stored_reply(
+    store: &dyn SharedData,
+    keys: &SharedKeys,
+    origin: Option<u64>,
+    since: u64,
+) -> Option<Vec<u8>> {
+    let (mut body, _) = store.get(&keys.replica_state()).ok().flatten()?;
+    let (json, _) = wire::split(&body)?;
+    let stored: wire::Sequences = serde_json::from_slice(json).ok()?;
+    let since = if origin == Some(stored.origin) {
+        since
+    } else {
+        0
+    };
+    let oldest = stored.newest_batch.saturating_sub(KEPT_BATCHES - 1).max(1);
+    for seq in since.saturating_add(1).max(oldest)..=stored.newest_batch {
+        let Ok(Some((batch, _))) = store.get(&keys.replica_batch(seq % KEPT_BATCHES)) else {
+            continue;
+        };
+        // A slot already overwritten by a newer batch, or not written yet: skipped.
+        if batch.get(..8) == Some(seq.to_le_bytes().as_slice()) {
+            body.extend_from_slice(&batch);
+        }
+    }
+    Some(body)
 }
 
 /// `origin` (hex) and `since` from the query; anything unreadable asks for everything.
@@ -100,33 +131,72 @@ mod tests {
     #[test]
     fn only_the_peer_port_with_the_secret_is_served() {
         let store = FakeShared::default();
+        let keys = SharedKeys::under("k");
         let state = wire::ReplicaState {
             origin: 5,
             seq: 1,
+            newest_batch: 2,
+            pods: vec!["10.0.0.1:8000".into()],
+            in_flight: vec![(0, 0)],
             ..wire::ReplicaState::default()
         };
-        store.set("k", &wire::frame(&state, &[]), None).unwrap();
+        store
+            .set(&keys.replica_state(), &wire::frame(&state, &[]), None)
+            .unwrap();
+        let placement = |hash| crate::scheduling::LearnedPrefix {
+            endpoint: 0,
+            hashes: vec![hash],
+        };
+        for seq in 1..=2 {
+            let batch = crate::placement_batches::encode_batch(seq, &[placement(seq)]);
+            store
+                .set(&keys.replica_batch(seq % KEPT_BATCHES), &batch, None)
+                .unwrap();
+        }
         let secret = Some("a-long-enough-secret");
-        let path = "/inference-picker/peers?origin=5&since=0";
+        let path = "/inference-picker/peers?origin=5&since=1";
         assert!(asks_for(&config(), path));
         assert!(!asks_for(&config(), "/inference-picker/peers/x"));
-        let client_port = reply(&config(), &store, "k", path, Some(8080), secret);
+        let client_port = reply(&config(), &store, &keys, path, Some(8080), secret);
         assert_eq!((client_port.status, client_port.refused), (404, true));
         let wrong = reply(
             &config(),
             &store,
-            "k",
+            &keys,
             path,
             Some(9100),
             Some("a-long-enough-secreT"),
         );
         assert_eq!((wrong.status, wrong.refused), (403, true));
-        let none = reply(&config(), &store, "k", path, Some(9100), None);
+        let none = reply(&config(), &store, &keys, path, Some(9100), None);
         assert_eq!(none.status, 403);
-        let ok = reply(&config(), &store, "k", path, Some(9100), secret);
+        let ok = reply(&config(), &store, &keys, path, Some(9100), secret);
         assert_eq!(ok.status, 200);
-        assert_eq!(wire::read(&ok.body, 0).unwrap().state, state);
-        let empty = reply(&config(), &store, "absent", path, Some(9100), secret);
+        let answer = wire::read(&ok.body, 1).unwrap();
+        assert_eq!(answer.state, state);
+        assert_eq!(
+            answer.placements,
+            vec![placement(2)],
+            "only what follows since"
+        );
+        // Another origin (this replica restarted since the caller last asked): every batch.
+        let fresh = reply(
+            &config(),
+            &store,
+            &keys,
+            "/inference-picker/peers?origin=9&since=1",
+            Some(9100),
+            secret,
+        );
+        assert_eq!(wire::read(&fresh.body, 0).unwrap().placements.len(), 2);
+        let empty = reply(
+            &config(),
+            &store,
+            &SharedKeys::under("other"),
+            path,
+            Some(9100),
+            secret,
+        );
         assert_eq!((empty.status, empty.refused), (503, false));
     }
 }

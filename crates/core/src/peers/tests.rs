@@ -39,7 +39,7 @@ impl Replica {
         let keys = SharedKeys::under("r");
         let coordinator = Coordinator::new(keys.clone(), seed, 50);
         let mut slot = PoolSlot::new("p".into(), config);
-        slot.peer_state_key = Some(keys.replica_state());
+        slot.peer_keys = Some(keys.clone());
         Replica {
             address: address.into(),
             host: FakeVm::in_process(Rc::<FakeShared>::default(), Rc::clone(clock)),
@@ -55,11 +55,11 @@ impl Replica {
     /// This replica's answer to a peer's call at `path`, as its peer listener gives it.
     fn serve(&self, path: &str, secret: &str) -> (u16, Vec<u8>) {
         let config = self.slot.data.settings().peers.as_ref().unwrap();
-        let key = self.slot.peer_state_key.as_deref().unwrap();
+        let keys = self.slot.peer_keys.as_ref().unwrap();
         let reply = serve::reply(
             config,
             &*self.host.shared,
-            key,
+            keys,
             path,
             Some(9100),
             Some(secret),
@@ -312,6 +312,7 @@ fn forged_and_oversized_answers_are_refused_and_counted() {
         &wire::ReplicaState {
             origin: 9,
             seq: 1,
+            newest_batch: 0,
             pods: vec!["10.0.0.1:8000".into()],
             in_flight: vec![(u32::MAX, 0)],
             scrapes: vec![],
@@ -373,7 +374,7 @@ fn peers_found_through_discovery_are_called_and_dropped_when_gone() {
     let peers = config.pool.peers.clone().map(Peers::new);
     let keys = SharedKeys::under("r");
     let mut slot = PoolSlot::new("p".into(), config);
-    slot.peer_state_key = Some(keys.replica_state());
+    slot.peer_keys = Some(keys.clone());
     let mut replica = Replica {
         address: "10.1.0.1:9100".into(),
         host: FakeVm::in_process(Rc::<FakeShared>::default(), Rc::clone(&clock)),

@@ -9,7 +9,7 @@
 //! depends on the replicas' clocks agreeing).
 
 use crate::metrics::EndpointMetrics;
-use crate::placement_batches::{decode_batches, skip_batches_until};
+use crate::placement_batches::decode_batches;
 use crate::scheduling::LearnedPrefix;
 use serde::{Deserialize, Serialize};
 
@@ -42,6 +42,9 @@ pub struct ReplicaState {
     pub origin: u64,
     /// Grows with every state the origin publishes; an older or repeated one is ignored.
     pub seq: u64,
+    /// The newest placement batch the origin keeps.
+    #[serde(default)]
+    pub newest_batch: u64,
     /// The pods the state names, by address.
     pub pods: Vec<String>,
     /// `(requests, tokens)` the replica has in flight per pod (every worker of it).
@@ -87,28 +90,14 @@ pub fn split(bytes: &[u8]) -> Option<(&[u8], &[u8])> {
     Some((json, batches))
 }
 
-/// What a peer is served: the header whole, the batches only from after `since` (all of them
-/// for a peer that asks about another origin, e.g. after this replica restarted).
-pub fn serve(stored: &[u8], origin: Option<u64>, since: u64) -> Option<Vec<u8>> {
-    let (json, batches) = split(stored)?;
-    let header = stored.len() - batches.len();
-    let mine = origin.is_some_and(|asked| {
-        serde_json::from_slice::<OriginOnly>(json).is_ok_and(|s| s.origin == asked)
-    });
-    let newer = if mine {
-        skip_batches_until(batches, since)
-    } else {
-        batches
-    };
-    let mut out = Vec::with_capacity(header + newer.len());
-    out.extend_from_slice(stored.get(..header)?);
-    out.extend_from_slice(newer);
-    Some(out)
-}
-
+/// The sequences a stored state carries, read without the rest of it.
 #[derive(Deserialize)]
-struct OriginOnly {
-    origin: u64,
+#[serde(rename_all = "camelCase")]
+pub struct Sequences {
+    pub origin: u64,
+    pub seq: u64,
+    #[serde(default)]
+    pub newest_batch: u64,
 }
 
 /// Reads a peer's answer; anything malformed, oversized or implausible refuses it whole.
@@ -180,6 +169,7 @@ mod tests {
         ReplicaState {
             origin: 7,
             seq: 3,
+            newest_batch: 2,
             pods: vec!["10.0.0.1:8000".into(), "10.0.0.2:8000".into()],
             in_flight: vec![(2, 200), (0, 0)],
             scrapes: vec![SharedScrape {
@@ -206,14 +196,13 @@ mod tests {
     }
 
     #[test]
-    fn a_state_round_trips_and_is_served_from_where_the_peer_left_off() {
-        let stored = frame(&state(), &batches());
-        let answer = read(&serve(&stored, None, 0).unwrap(), 0).unwrap();
+    fn a_state_round_trips_with_only_the_batches_after_since() {
+        let bytes = frame(&state(), &batches());
+        let answer = read(&bytes, 0).unwrap();
         assert_eq!(answer.state, state());
         assert_eq!(answer.placements.len(), 2);
         assert_eq!(answer.newest_batch, 2);
-        let since = serve(&stored, Some(7), 1).unwrap();
-        let answer = read(&since, 1).unwrap();
+        let answer = read(&bytes, 1).unwrap();
         assert_eq!(
             answer.placements,
             vec![LearnedPrefix {
@@ -221,9 +210,6 @@ mod tests {
                 hashes: vec![4]
             }]
         );
-        assert!(since.len() < stored.len(), "batch 1 was not sent again");
-        // A peer asking about another origin (this replica restarted) gets everything.
-        assert_eq!(serve(&stored, Some(8), 1).unwrap(), stored);
     }
 
     #[test]

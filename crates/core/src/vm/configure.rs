@@ -50,7 +50,7 @@ pub fn configure(text: &[u8], vm_seed: u64) -> Result<Configured, String> {
         });
         let mut slot = PoolSlot::new(pool.name, pool.config);
         if slot.data.settings().peers.is_some() {
-            slot.peer_state_key = Some(keys.replica_state());
+            slot.peer_keys = Some(keys.clone());
         }
         if let Some(queue) = &mut slot.queue {
             queue.control_mut().attach(keys, vm_seed);
