@@ -125,6 +125,12 @@ impl PoolConfig {
     pub(super) fn validate(&mut self) -> Result<(), ConfigError> {
         if let Some(peers) = &mut self.peers {
             peers.validate()?;
+            if self.replicas > 1 {
+                return Err(ConfigError::invalid(
+                    "pool.replicas",
+                    "leave it at 1 with pool.peers: replicas that share what they learn count each other live",
+                ));
+            }
         }
         if let Some(discovery) = &self.discovery {
             discovery

@@ -536,3 +536,33 @@ fn a_pool_that_learns_its_models_is_no_catch_all() {
     let source = set.pools[1].config.models_source.as_ref().unwrap();
     assert_eq!(source.path, "/v1/models");
 }
+
+#[test]
+fn peers_need_a_port_a_secret_and_someone_to_call() {
+    let base = "pool:\n  endpoints: [{address: '10.0.0.1:8000'}]\n";
+    let ok = format!(
+        "{base}  peers: {{port: 9100, secret: sixteen-chars-ok, addresses: ['10.1.0.1:9100']}}\n"
+    );
+    let config = load(&ok, 1).unwrap();
+    let peers = config.pool.peers.unwrap();
+    assert_eq!(peers.sync_interval, std::time::Duration::from_millis(100));
+    assert_eq!(peers.cluster, "inference_picker_peers");
+    for (peers, why) in [
+        ("{secret: sixteen-chars-ok, addresses: ['10.1.0.1:9100']}", "pool.peers.port"),
+        ("{port: 9100, secret: short, addresses: ['10.1.0.1:9100']}", "at least 16 characters"),
+        ("{port: 9100, secret: sixteen-chars-ok}", "list the replicas' peer addresses"),
+        ("{port: 9100, secret: sixteen-chars-ok, addresses: ['nowhere']}", "pool.peers.addresses"),
+        ("{port: 9100, secret: sixteen-chars-ok, addresses: ['10.1.0.1:9100'], syncInterval: 1ms}", "below the minimum"),
+        ("{port: 9100, secret: sixteen-chars-ok, addresses: ['10.1.0.1:9100'], unknown: 1}", "unknown field"),
+    ] {
+        let text = format!("{base}  peers: {peers}\n");
+        let error = load(&text, 1).err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(error.contains(why), "{peers}: {error}");
+    }
+    let both = format!("{ok}  replicas: 4\n");
+    let error = load(&both, 1)
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
+    assert!(error.contains("leave it at 1 with pool.peers"), "{error}");
+}
