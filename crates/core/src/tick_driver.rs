@@ -271,8 +271,10 @@ fn share_state(
         // The Envoy's placements: this VM's and its other VMs'.
         own.extend(exchanged.from_vms);
         peers.on_tick(store, coordinator, slot, &own, now);
-        // The peers' counts it just relayed count here now, not a tick later.
-        coordinator.exchange_load(store, slot, now)?;
+        if peers.live(now) > 0 {
+            // The peers' counts it just relayed count here now, not a tick later.
+            coordinator.exchange_load(store, slot, now)?;
+        }
     }
     Ok(())
 }
