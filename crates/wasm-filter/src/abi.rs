@@ -383,8 +383,7 @@ impl HttpHost for EnvoyStream {
     fn destination_port(&self) -> Option<u16> {
         address(self.0).ok()?;
         let bytes = property(&["destination", "port"]).ok().flatten()?;
-        let raw: [u8; 8] = bytes.get(..8)?.try_into().ok()?;
-        u16::try_from(i64::from_le_bytes(raw)).ok()
+        u16::try_from(i64::from_le_bytes(bytes.get(..8)?.try_into().ok()?)).ok()
     }
 
     fn send_answer(&self, status: u16, body: &[u8]) -> Result<(), HostError> {
@@ -400,12 +399,8 @@ impl HttpHost for EnvoyStream {
             Some(reason) => encode_header_map(&[content_type, (DROPPED_REASON_HEADER, reason)]),
             None => encode_header_map(&[content_type]),
         };
-        local_reply(
-            error.status(),
-            &error.to_json_for(shape),
-            &headers,
-            "inference_picker",
-        )
+        let body = error.to_json_for(shape);
+        local_reply(error.status(), &body, &headers, "inference_picker")
     }
 }
 
