@@ -182,16 +182,25 @@ impl Peers {
             (self.seq, self.batch_seq) = stored_seqs(host, &coordinator.keys().replica_state());
         }
         self.share_scrapes(slot, now_ms);
+        let sync_due = now_ms >= self.next_sync_ms;
+        // Alone, the state only waits for a peer to come: once per sync interval will do.
+        let alone = self.fleet <= 1;
         let stored = self
             .keep_batch(host, coordinator, placements)
-            .and_then(|()| self.publish(host, coordinator, slot, now_ms));
+            .and_then(|()| {
+                if sync_due || !alone {
+                    self.publish(host, coordinator, slot, now_ms)
+                } else {
+                    Ok(())
+                }
+            });
         if let Err(error) = stored {
             log::warn!("inference-picker: storing this replica's state for its peers: {error}");
         }
         if let Some(discovery) = &self.config.discovery {
             self.discovery.send_when_due(host, discovery, now_ms);
         }
-        if now_ms >= self.next_sync_ms {
+        if sync_due {
             self.next_sync_ms = now_ms.saturating_add(self.interval_ms);
             self.call_peers(host);
         }
@@ -300,7 +309,8 @@ impl Peers {
             .endpoints
             .iter()
             .enumerate()
-            .filter(|(index, _)| self.share.get(*index).copied().unwrap_or(false))
+            // Alone, no one takes them: a peer that joins is sent them once it is live.
+            .filter(|(index, _)| self.fleet > 1 && self.share.get(*index).copied().unwrap_or(false))
             .filter_map(|(index, e)| {
                 let age_ms = match e.last_scrape_ok_ms {
                     Some(at) => now_ms.saturating_sub(at),
