@@ -422,3 +422,42 @@ fn peers_found_through_discovery_are_called_and_dropped_when_gone() {
     assert!(!called.contains("10.1.0.2:9100"), "{called:?}");
     assert!(called.contains("10.1.0.3:9100"), "{called:?}");
 }
+
+#[test]
+fn replicas_whose_clocks_disagree_by_an_hour_still_share_fresh_scrapes() {
+    let (slow, fast) = (
+        Rc::new(FakeClock(std::cell::Cell::new(1_000))),
+        Rc::new(FakeClock(std::cell::Cell::new(3_601_000))),
+    );
+    let listed = ["10.1.0.1:9100", "10.1.0.2:9100"];
+    let mut replicas = vec![
+        Replica::new(listed[0], &listed, 1, &slow),
+        Replica::new(listed[1], &listed, 2, &fast),
+    ];
+    for _ in 0..6 {
+        for replica in replicas.iter_mut() {
+            replica.tick();
+            replica.answer_scrapes();
+        }
+        sync(&mut replicas);
+        slow.advance(100);
+        fast.advance(100);
+    }
+    for replica in &replicas {
+        let peers = replica.driver.peers().unwrap();
+        assert_eq!(
+            peers.live(replica.host.clock.0.get()),
+            1,
+            "{}",
+            replica.address
+        );
+        // Each sees every pod fresh: its own share, and the other's by age, not by stamp.
+        let pool = replica.slot.data.pool();
+        let fresh = pool
+            .endpoints
+            .iter()
+            .filter(|e| e.health == crate::endpoint::Health::Fresh)
+            .count();
+        assert_eq!(fresh, PODS, "{}", replica.address);
+    }
+}
