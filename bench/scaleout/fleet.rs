@@ -44,6 +44,9 @@ pub(super) fn run_row(setup: &Setup, workload: &Workload) -> FleetRow {
     let measured = measure(&mut fleet, &refs, setup, workload, &peer_ports);
     let scraped = scrapes() - scrapes_before;
     drop(hog);
+    if let Some(at) = measured.changed_at {
+        print_hit_rates_after(&measured.timeline, at);
+    }
     fleet_row(setup, workload, &refs, &measured, scraped)
 }
 
@@ -479,9 +482,6 @@ fn fleet_row(
     let (pods_per_group, busiest_over_mean) = spread(workload, load, sims.len());
     // Zero where no replica syncs (no peers, or SGLang's router alone).
     let per_replica_second = |total: f64| total / used.replica_seconds.max(1e-9);
-    if let Some(at) = measured.changed_at {
-        print_hit_rates_after(&measured.timeline, at);
-    }
     FleetRow {
         setup: *setup,
         ttft: Percentiles::of(&sorted(load.ok.iter().map(|e| ms(e.first_byte)).collect())),
