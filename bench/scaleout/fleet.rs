@@ -313,7 +313,7 @@ fn measure(
     };
     let (half_sent, joined) = (&half_sent, &joined);
     let join = || start_peer(sims, setup.replicas - 1, peer_ports);
-    let (load, change, lasts, timeline) = std::thread::scope(|scope| {
+    let (load, (spans, changed_at), timeline) = std::thread::scope(|scope| {
         let sampler = scope.spawn(|| sample_hits(sims, started, &done));
         let change = scope.spawn(move || match (setup.fault, leaving) {
             (Fault::PeerKilled, Some((envoy, first))) => {
@@ -330,20 +330,37 @@ fn measure(
             &[],
         );
         done.store(true, Ordering::SeqCst);
-        // Settled long before the load ended; read everyone's usage before the sampler's last
-        // reading, while the load's end is fresh.
+        // The change settled long before the load ended: every process's usage is read now,
+        // not after the sampler's last reading.
         let change = change.join().expect("the fleet change");
-        let lasts: Vec<Usage> = fleet.replicas.iter().map(Usage::of_replica).collect();
-        (load, change, lasts, sampler.join().expect("the sampler"))
+        let spans = spans_until_now(fleet, firsts, central_first, change);
+        (load, spans, sampler.join().expect("the sampler"))
     });
+    Measured {
+        load,
+        used: Used::of(&spans),
+        timeline,
+        changed_at,
+    }
+}
+
+/// Every process's span in the measurement, those still running ending now; and when the
+/// fleet changed, if it did.
+fn spans_until_now(
+    fleet: &Fleet,
+    firsts: Vec<Usage>,
+    central_first: Option<Usage>,
+    change: Option<Change>,
+) -> (Vec<Span>, Option<f64>) {
+    let replica = |first, last| Span {
+        first,
+        last,
+        replica: true,
+    };
     let mut spans: Vec<Span> = firsts
         .into_iter()
-        .zip(lasts)
-        .map(|(first, last)| Span {
-            first,
-            last,
-            replica: true,
-        })
+        .zip(&fleet.replicas)
+        .map(|(first, envoy)| replica(first, Usage::of_replica(envoy)))
         .collect();
     if let (Some(first), Some(central)) = (central_first, &fleet.central) {
         spans.push(Span {
@@ -358,20 +375,11 @@ fn measure(
             at
         }
         Change::Joined { envoy, first, at } => {
-            spans.push(Span {
-                first,
-                last: Usage::of_replica(&envoy),
-                replica: true,
-            });
+            spans.push(replica(first, Usage::of_replica(&envoy)));
             at
         }
     });
-    Measured {
-        load,
-        used: Used::of(&spans),
-        timeline,
-        changed_at,
-    }
+    (spans, changed_at)
 }
 
 /// Once the request at half of the schedule is sent (the client sends the leaving replica
