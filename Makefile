@@ -167,7 +167,7 @@ vllm-scrape-cost:
 soak: build sim envoy
 	$(CARGO) run --release --example soak
 
-## peers: the peer LLM routers the routing-quality part compares (SGLang's and the vLLM project's,
+## peers: the peer LLM routers the routing-quality and scale-out parts compare (SGLang's and the vLLM project's,
 ## both Rust routers shipped as PyPI wheels), pinned, in the git-ignored .venv-peers (once)
 PEERS_VENV := .venv-peers
 SGLANG_ROUTER_VERSION := 0.3.2
@@ -206,7 +206,7 @@ bench-quality: build sim envoy peers
 bench-memory: build sim envoy
 	$(CARGO) run --release --example bench -- memory
 
-bench-scaleout: build sim envoy
+bench-scaleout: build sim envoy extproc peers
 	$(CARGO) run --release --example bench -- scaleout
 
 ## bench-overload: 1.5x the pods' capacity, two tenants, two priorities: flow control vs none vs LEAST_REQUEST

@@ -224,7 +224,7 @@ pub fn run(quick: bool) -> Part {
     let plain = plain_envoy(&refs, "ROUND_ROBIN");
     let filter = Envoy::start_on(Edge::Wasm, SHIPPED, &picker_config, 2, |_| {});
     let ext_proc = ExtProcPicker::start(&picker_config);
-    let ext_proc_gateway = ext_proc_envoy(&refs, &ext_proc);
+    let ext_proc_gateway = ext_proc_envoy(&refs, &ext_proc, 2);
     let module = Envoy::start_on(Edge::Module, SHIPPED, &picker_config, 2, |_| {});
     for sim in &refs {
         sim.wait_for_scrapes(6);

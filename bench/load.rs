@@ -81,14 +81,27 @@ pub fn open_loop_balanced(
     balance: &(dyn Fn(usize) -> usize + Sync),
     headers: &[(&str, &str)],
 ) -> OpenLoop {
+    let route = |n: usize| addresses[balance(n) % addresses.len()].clone();
+    open_loop_routed(requests, rate, seed, &route, headers)
+}
+
+/// [`open_loop_with`], request `n` sent to the address `route(n)` names when it is sent: a
+/// fleet that loses or gains a gateway mid-run.
+pub fn open_loop_routed(
+    requests: &[String],
+    rate: f64,
+    seed: u64,
+    route: &(dyn Fn(usize) -> String + Sync),
+    headers: &[(&str, &str)],
+) -> OpenLoop {
     let started = Instant::now();
     let sent = open_loop_each(requests.len(), rate, seed, &|n,
                                                             client: &mut Option<
         KeepAlive,
     >| {
-        let address = &addresses[balance(n) % addresses.len()];
+        let address = route(n);
         client
-            .get_or_insert_with(|| KeepAlive::new(address))
+            .get_or_insert_with(|| KeepAlive::new(&address))
             .post_with("/v1/chat/completions", headers, &requests[n])
     });
     let elapsed = started.elapsed().as_secs_f64();

@@ -16,7 +16,9 @@
 //!   large pools of 1,024/4,096/16,384 endpoints (configuration time, scrape rounds against
 //!   the interval, freshness, errors, memory, the admin port's `/stats`).
 //! - `schedule` also times loading a configuration of 1,024 to 100,000 endpoints natively.
-//! - `scaleout`: 1 to 8 Envoy replicas, nothing shared, in front of the same pods.
+//! - `scaleout`: 1 to 8 Envoy replicas sharing what they learn (`pool.peers`) in front of the
+//!   same pods, beside the same Envoys calling one central ext_proc picker, SGLang's router and
+//!   replicas that never talk; a peer killed and a replica joining mid-run.
 //! - `overload`: 1.5x the pods' capacity from two tenants at two priorities, through the
 //!   picker with and without flow control and Envoy's LEAST_REQUEST.
 //! - `pools`: one filter serving 1 vs 100 pools: latency and Envoy CPU per request.

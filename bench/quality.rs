@@ -323,17 +323,24 @@ fn run_seeded(
 
 /// Prompt tokens the pods served from their prefix caches over all they were asked for.
 pub fn prefix_hit_rate(sims: &[&Sim]) -> f64 {
+    let (hits, queries) = prefix_counts(sims);
+    if queries > 0.0 {
+        hits / queries
+    } else {
+        0.0
+    }
+}
+
+/// The pods' prefix-cache counters so far, summed: (prompt tokens served from cache, prompt
+/// tokens asked for).
+pub fn prefix_counts(sims: &[&Sim]) -> (f64, f64) {
     let (mut hits, mut queries) = (0.0, 0.0);
     for sim in sims {
         let stats = sim.stats();
         hits += stats["prefix_hits"].as_f64().unwrap_or(0.0);
         queries += stats["prefix_queries"].as_f64().unwrap_or(0.0);
     }
-    if queries > 0.0 {
-        hits / queries
-    } else {
-        0.0
-    }
+    (hits, queries)
 }
 
 /// Columns shared with the scale-out table.

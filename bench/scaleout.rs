@@ -1,20 +1,25 @@
 //! Part 5, scale-out: 1, 2, 4 and 8 Envoy replicas, each `--concurrency 1` with its own
-//! filter, in front of the same 8 pods, the client spreading requests over them as an L4
-//! balancer would. Every replica runs the shipped configuration with `pool.replicas` set to
-//! the fleet's size; the replicas never talk to each other.
+//! filter, in front of the same 8 pods (part 3's 2-slot and batching pods), the client
+//! spreading requests over them as an L4 balancer would. Every replica runs the shipped
+//! configuration as a user deploys it, `pool.peers` listing the fleet, so the replicas share
+//! what they learn. Beside them, in the same run: the same Envoys calling one central ext_proc
+//! picker (GIE's and llm-d's shape), SGLang's router, the replicas that never talk (prefix
+//! homes only), and the fleet losing a peer and gaining a replica mid-run.
 
-use crate::chart::line_chart_on;
-use crate::chart::YAxis;
-use crate::load::{all_of, open_loop_balanced, sorted, Percentiles};
-use crate::procfs::cpu_seconds;
-use crate::quality::{prefix_hit_rate, ttft_cells, ERRORS, HIT_RATE, TTFT_P50, TTFT_P90, TTFT_P99};
-use crate::report::{csv_table, goal, markdown_table, Cell, Chart, Column, Part, Row};
-use crate::support::{free_port, shipped_picker_config, stop, with_endpoints, Envoy, Sim};
-use crate::workloads::{best_hit_rate, multi_turn_sessions, shared_prefix_groups, QUALITY_SIM};
+mod fleet;
+mod goals;
+
+use crate::chart::{line_chart_on, YAxis};
+use crate::load::Percentiles;
+use crate::quality::{ttft_cells, ERRORS, HIT_RATE, TTFT_P50, TTFT_P90, TTFT_P99};
+use crate::report::{csv_table, markdown_table, Cell, Chart, Column, Part, Row};
+use crate::support::Sim;
+use crate::workloads::{
+    best_hit_rate, flag_value, multi_turn_sessions, shared_prefix_groups, BATCHING_SIM, QUALITY_SIM,
+};
 use inference_picker_core::hash::hash_bytes;
 use inference_picker_core::scheduling::rng::Rng;
-use serde_yaml::Value;
-use std::collections::{BTreeMap, BTreeSet};
+use std::time::Instant;
 
 /// How the client spreads requests over the replicas.
 #[derive(Clone, Copy, PartialEq)]
@@ -31,6 +36,18 @@ impl Balancer {
         match self {
             Balancer::RoundRobin => "round robin",
             Balancer::SessionHash => "session hash",
+        }
+    }
+
+    /// The replica that takes request `n` of `workload` while `replicas` take requests.
+    fn replica(self, workload: &Workload, n: usize, replicas: usize) -> usize {
+        let replicas = replicas.max(1);
+        match self {
+            Balancer::RoundRobin => n % replicas,
+            Balancer::SessionHash => {
+                let session = workload.sessions.get(n).copied().unwrap_or(n) as u64;
+                (hash_bytes(0, &session.to_le_bytes()) % replicas as u64) as usize
+            }
         }
     }
 }
@@ -79,525 +96,659 @@ fn multi_turn(quick: bool) -> Workload {
     }
 }
 
+/// The pods a row runs on: part 3's two regimes.
+#[derive(Clone, Copy, PartialEq)]
+struct Regime {
+    /// As tables and goals name it.
+    name: &'static str,
+    /// In chart file names.
+    slug: &'static str,
+    sim: &'static [&'static str],
+}
+
+const TWO_SLOT: Regime = Regime {
+    name: "2-slot",
+    slug: "slots",
+    sim: &QUALITY_SIM,
+};
+const BATCHING: Regime = Regime {
+    name: "batching",
+    slug: "batching",
+    sim: &BATCHING_SIM,
+};
+
+/// What stands between the client and the pods.
+#[derive(Clone, Copy, PartialEq)]
+enum Gateway {
+    /// Envoy replicas with the shipped configuration, `pool.peers` listing every replica.
+    Peers,
+    /// The previous design: Envoy replicas that never talk (no `pool.peers`), `pool.replicas`
+    /// set to the fleet's size, so each scrapes its share and sends a prefix to its home pod.
+    HomesOnly,
+    /// Envoy replicas with `ext_proc` in the filter's place, all calling one picker process.
+    CentralExtProc,
+    /// SGLang's router with `--policy cache_aware`: one process the client sends everything to.
+    SglangCacheAware,
+}
+
+impl Gateway {
+    fn name(self) -> &'static str {
+        match self {
+            Gateway::Peers => "peers",
+            Gateway::HomesOnly => "homes only",
+            Gateway::CentralExtProc => "central ext_proc",
+            Gateway::SglangCacheAware => "SGLang cache_aware",
+        }
+    }
+
+    /// How many gateway processes the client sends to when it stands in for `fleet` replicas.
+    fn replicas_for(self, fleet: usize) -> usize {
+        match self {
+            Gateway::SglangCacheAware => 1,
+            _ => fleet,
+        }
+    }
+}
+
+/// What happens beside the load.
+#[derive(Clone, Copy, PartialEq)]
+enum Fault {
+    Steady,
+    /// At half of the requests' schedule the client stops sending to the last replica, which is
+    /// killed once it finished what it was sent.
+    PeerKilled,
+    /// The last replica (listed in every replica's peers from the start) is started at half of
+    /// the schedule and sent its share once Envoy is ready.
+    ReplicaJoining,
+    /// A busy loop in its own process beside the gateway for the whole load: its CPU
+    /// contended, as on a busy node.
+    CpuHog,
+}
+
+impl Fault {
+    fn name(self) -> &'static str {
+        match self {
+            Fault::Steady => "none",
+            Fault::PeerKilled => "peer killed",
+            Fault::ReplicaJoining => "replica joining",
+            Fault::CpuHog => "CPU hog beside",
+        }
+    }
+}
+
+/// A workload at an offered rate.
+#[derive(Clone, Copy, PartialEq)]
+struct Offered {
+    workload: &'static str,
+    rate: f64,
+}
+
 /// About where the 2-slot pods saturate on the shared-prefix workload (part 3's knee), and
 /// half of it; the multi-turn workload runs just below its own knee.
 const SATURATION_RATE: f64 = 60.0;
 const HALF_RATE: f64 = 30.0;
 const MULTI_TURN_RATE: f64 = 45.0;
+const SATURATED: Offered = Offered {
+    workload: SHARED_PREFIX,
+    rate: SATURATION_RATE,
+};
+const HALF_SATURATED: Offered = Offered {
+    workload: SHARED_PREFIX,
+    rate: HALF_RATE,
+};
+const CHAT: Offered = Offered {
+    workload: MULTI_TURN,
+    rate: MULTI_TURN_RATE,
+};
 const SEEDS: [u64; 2] = [11, 12];
 
-/// One fleet run: the gateway fleet and what it was sent.
-#[derive(Clone, Copy)]
+/// The fleet the goals compare with one Envoy, and that the central designs stand in for.
+const FLEET: usize = 8;
+
+/// During a fleet change the pods' prefix counters are read this often ...
+const SAMPLE_EVERY_MS: u64 = 250;
+/// ... and the hit rate taken over windows this long.
+const WINDOW_S: f64 = 1.0;
+/// A window whose hit rate is at most this many points under the run's mean has recovered.
+const RECOVERY_POINTS: f64 = 2.0;
+
+/// One row's run.
+#[derive(Clone, Copy, PartialEq)]
 struct Setup {
+    regime: Regime,
+    gateway: Gateway,
+    /// Gateway processes the client sends to (with a fault: the fleet's full size).
     replicas: usize,
     balancer: Balancer,
-    rate: f64,
+    offered: Offered,
     seed: u64,
-    /// Each replica's scrape interval when swept; `None`: the shipped refresh with
-    /// `pool.replicas` set to the fleet size.
-    scrape_interval_ms: Option<u64>,
-    /// A busy loop in its own process beside the gateway while the load runs: the gateway's
-    /// CPU contended, as on a busy node.
-    cpu_hog: bool,
+    fault: Fault,
 }
 
 impl Setup {
-    /// One of the rows that sweep the replica count: round robin, the fleet's shared
-    /// refresh, no CPU hog (the rows the goals and the chart compare).
-    fn in_replica_sweep(&self) -> bool {
-        self.balancer == Balancer::RoundRobin && self.scrape_interval_ms.is_none() && !self.cpu_hog
+    /// A row of the replica sweep: peers, round robin, nothing beside the load.
+    fn sweep(regime: Regime, offered: Offered, seed: u64, replicas: usize) -> Setup {
+        Setup {
+            regime,
+            gateway: Gateway::Peers,
+            replicas,
+            balancer: Balancer::RoundRobin,
+            offered,
+            seed,
+            fault: Fault::Steady,
+        }
+    }
+
+    /// The same load and pods through `gateway` standing in for `FLEET` replicas.
+    fn through(self, gateway: Gateway) -> Setup {
+        Setup {
+            gateway,
+            replicas: gateway.replicas_for(FLEET),
+            ..self
+        }
+    }
+
+    fn with_fault(self, fault: Fault) -> Setup {
+        Setup { fault, ..self }
+    }
+
+    /// Replicas running when the load starts: the joining one starts later.
+    fn starting_replicas(&self) -> usize {
+        match self.fault {
+            Fault::ReplicaJoining => self.replicas.saturating_sub(1),
+            _ => self.replicas,
+        }
+    }
+
+    /// "shared prefix 60 req/s seed 11, peers x8", and the balancer or fault if not the usual.
+    fn label(&self) -> String {
+        let mut label = format!(
+            "{} {} req/s seed {}, {} x{}",
+            self.offered.workload,
+            self.offered.rate,
+            self.seed,
+            self.gateway.name(),
+            self.replicas
+        );
+        if self.balancer != Balancer::RoundRobin {
+            label += &format!(", {}", self.balancer.name());
+        }
+        if self.fault != Fault::Steady {
+            label += &format!(", {}", self.fault.name());
+        }
+        label
     }
 }
 
+/// What a run covers.
+struct Coverage {
+    regimes: &'static [Regime],
+    seeds: &'static [u64],
+    offered: &'static [Offered],
+    /// Replica counts of the peers' sweep.
+    replicas: &'static [usize],
+    /// The designs run beside the sweep's largest fleet on every offered load.
+    centrals: &'static [Gateway],
+    /// Rows at `FLEET` replicas on the shared prefix near saturation.
+    saturated: &'static [(Gateway, Fault)],
+    /// One Envoy with a CPU hog, and session hashing at `FLEET` replicas on multi-turn chat,
+    /// on the 2-slot pods only: neither depends on the pods' engine.
+    two_slot_extras: bool,
+}
+
+const FULL: Coverage = Coverage {
+    regimes: &[TWO_SLOT, BATCHING],
+    seeds: &SEEDS,
+    offered: &[SATURATED, HALF_SATURATED, CHAT],
+    replicas: &[1, 2, 4, FLEET],
+    centrals: &[Gateway::CentralExtProc, Gateway::SglangCacheAware],
+    saturated: &[
+        (Gateway::HomesOnly, Fault::Steady),
+        (Gateway::Peers, Fault::PeerKilled),
+        (Gateway::Peers, Fault::ReplicaJoining),
+    ],
+    two_slot_extras: true,
+};
+
+/// Well within three minutes on 2 cores.
+const QUICK: Coverage = Coverage {
+    regimes: &[TWO_SLOT],
+    seeds: &[SEEDS[0]],
+    offered: &[SATURATED],
+    replicas: &[1, FLEET],
+    centrals: &[Gateway::CentralExtProc],
+    saturated: &[(Gateway::Peers, Fault::PeerKilled)],
+    two_slot_extras: false,
+};
+
+/// Every row of the run, in order: per regime and seed, each offered load swept over the
+/// replica counts with the central designs right after (so drift hits them alike), then the
+/// rows beside the fleet at saturation.
+fn plan(coverage: &Coverage) -> Vec<Setup> {
+    let mut all = Vec::new();
+    for &regime in coverage.regimes {
+        for &seed in coverage.seeds {
+            for &offered in coverage.offered {
+                let sweep = |replicas| Setup::sweep(regime, offered, seed, replicas);
+                all.extend(coverage.replicas.iter().map(|&r| sweep(r)));
+                all.extend(coverage.centrals.iter().map(|&g| sweep(FLEET).through(g)));
+            }
+            let saturated = Setup::sweep(regime, SATURATED, seed, FLEET);
+            all.extend(
+                coverage
+                    .saturated
+                    .iter()
+                    .map(|&(gateway, fault)| saturated.through(gateway).with_fault(fault)),
+            );
+            if coverage.two_slot_extras && regime == TWO_SLOT {
+                all.push(Setup::sweep(regime, SATURATED, seed, 1).with_fault(Fault::CpuHog));
+                all.push(Setup {
+                    balancer: Balancer::SessionHash,
+                    ..Setup::sweep(regime, CHAT, seed, FLEET)
+                });
+            }
+        }
+    }
+    all
+}
+
+/// Seconds a row spends besides sending its requests: the pods started and scraped, the last
+/// requests drained, everything stopped. From part 5's last full run before peers (31 rows,
+/// 12.9 minutes, 10.2 of them sending): about 3 s a row and 0.5 s per Envoy started.
+const ROW_OVERHEAD_S: f64 = 3.0;
+const ENVOY_START_S: f64 = 0.5;
+/// SGLang's router until it reports every pod healthy (a Python process).
+const ROUTER_START_S: f64 = 3.0;
+
+/// How long the planned rows take: their requests at their rate (every rate is under the pods'
+/// knee) plus each row's overhead.
+fn estimate_seconds(plan: &[Setup], workloads: &[Workload]) -> f64 {
+    plan.iter()
+        .map(|setup| {
+            let requests = workloads
+                .iter()
+                .find(|w| w.name == setup.offered.workload)
+                .map_or(0, |w| w.requests.len());
+            let starting = match setup.gateway {
+                Gateway::SglangCacheAware => ROUTER_START_S,
+                _ => ENVOY_START_S * setup.replicas as f64,
+            };
+            ROW_OVERHEAD_S + starting + requests as f64 / setup.offered.rate
+        })
+        .sum()
+}
+
+/// How the hit rate came back after a fleet change, from the pods' counters.
+#[derive(Clone, Copy)]
+struct Recovery {
+    /// The lowest hit rate over a window starting at or after the change.
+    worst_window: f64,
+    /// Seconds from the change to the end of the first such window within
+    /// [`RECOVERY_POINTS`] of the run's mean hit rate; `None`: no window was.
+    back_after_s: Option<f64>,
+}
+
+#[derive(Clone)]
 struct FleetRow {
-    workload: &'static str,
     setup: Setup,
-    scrape_interval_ms: u64,
     ttft: Percentiles,
     errors: usize,
     hit_rate: f64,
+    /// Rows whose fleet changed mid-run.
+    recovery: Option<Recovery>,
     /// Distinct pods that served each prefix group, averaged over the groups: 1 is a group
     /// cached in one place, more is its prefill repeated and the caches crowded.
     pods_per_group: f64,
     busiest_over_mean: f64,
     scrapes_per_pod_second: f64,
-    envoy_cpu_ms_per_request: f64,
+    /// Peer-sync calls each replica made, per second it ran.
+    sync_requests_per_replica_second: f64,
+    /// Peer answers each replica read, KB per second it ran.
+    sync_kb_per_replica_second: f64,
+    /// Every gateway process's CPU over the load (the central picker's or router's too), per
+    /// request sent.
+    cpu_ms_per_request: f64,
 }
 
 impl Row for FleetRow {
     const COLUMNS: &'static [Column] = &[
+        Column::both("regime", "regime").left(),
+        Column::both("gateway", "gateway").left(),
         Column::both("workload", "workload").left(),
         Column::both("balancer", "balancer").left(),
         Column::both("replicas", "replicas"),
         Column::both("rate req/s", "rate"),
         Column::both("seed", "seed"),
-        Column::both("scrape interval per replica ms", "scrape_interval_ms"),
-        Column::both("CPU hog beside", "cpu_hog"),
+        Column::both("fault", "fault").left(),
         TTFT_P50,
         TTFT_P90,
         TTFT_P99,
         ERRORS,
         HIT_RATE,
+        Column::both("worst window's hit rate after it", "worst_window_hit_rate"),
+        Column::both("s until back near the mean", "recovered_after_s"),
         Column::both("pods per group", "pods_per_group"),
         Column::both("busiest pod / mean", "busiest_over_mean"),
         Column::both("scrapes per pod per s", "scrapes_per_pod_second"),
-        Column::both("fleet Envoy CPU ms per request", "envoy_cpu_ms_per_request"),
+        Column::both(
+            "sync requests per replica per s",
+            "sync_requests_per_replica_second",
+        ),
+        Column::both("sync KB per replica per s", "sync_kb_per_replica_second"),
+        Column::both("fleet CPU ms per request", "fleet_cpu_ms_per_request"),
     ];
 
     fn cells(&self) -> Vec<Cell> {
+        let setup = &self.setup;
         let mut cells = vec![
-            Cell::Text(self.workload.into()),
-            Cell::Text(self.setup.balancer.name().into()),
-            Cell::Count(self.setup.replicas),
-            Cell::Fixed(self.setup.rate, 0),
-            Cell::Count(self.setup.seed as usize),
-            Cell::Count(self.scrape_interval_ms as usize),
-            Cell::Text(if self.setup.cpu_hog { "yes" } else { "no" }.into()),
+            Cell::Text(setup.regime.name.into()),
+            Cell::Text(setup.gateway.name().into()),
+            Cell::Text(setup.offered.workload.into()),
+            Cell::Text(setup.balancer.name().into()),
+            Cell::Count(setup.replicas),
+            Cell::Fixed(setup.offered.rate, 0),
+            Cell::Count(setup.seed as usize),
+            Cell::Text(setup.fault.name().into()),
         ];
         cells.extend(ttft_cells(&self.ttft));
+        cells.extend([Cell::Count(self.errors), Cell::Percent(self.hit_rate)]);
+        cells.extend(recovery_cells(self.recovery));
         cells.extend([
-            Cell::Count(self.errors),
-            Cell::Percent(self.hit_rate),
             Cell::Measure(self.pods_per_group, 2),
             Cell::Measure(self.busiest_over_mean, 2),
             Cell::Measure(self.scrapes_per_pod_second, 1),
-            Cell::Measure(self.envoy_cpu_ms_per_request, 2),
+            Cell::Measure(self.sync_requests_per_replica_second, 1),
+            Cell::Measure(self.sync_kb_per_replica_second, 1),
+            Cell::Measure(self.cpu_ms_per_request, 2),
         ]);
         cells
     }
 }
 
-/// The shipped configuration for these pods as replica `own` of a fleet with these peer
-/// ports deploys it (`pool.peers` listing the fleet), or with a swept interval and no peers.
-fn picker_config(sims: &[&Sim], setup: &Setup, own: u16, fleet: &[u16]) -> String {
-    let mut config: Value =
-        serde_yaml::from_str(&with_endpoints(&shipped_picker_config(), sims)).expect("config");
-    let pool = &mut config["pool"];
-    match setup.scrape_interval_ms {
-        Some(ms) => {
-            pool["refreshMetricsInterval"] = format!("{ms}ms").into();
-            if let Some(map) = pool.as_mapping_mut() {
-                map.remove("peers");
-            }
-        }
-        None => {
-            pool["peers"]["port"] = u64::from(own).into();
-            let addresses: Vec<Value> = fleet
-                .iter()
-                .map(|port| format!("127.0.0.1:{port}").into())
-                .collect();
-            pool["peers"]["addresses"] = Value::Sequence(addresses);
-        }
+/// "-" where the fleet did not change; "never" where the hit rate did not come back.
+fn recovery_cells(recovery: Option<Recovery>) -> [Cell; 2] {
+    let none = || Cell::Text("-".into());
+    match recovery {
+        None => [none(), none()],
+        Some(recovery) => [
+            Cell::Percent(recovery.worst_window),
+            recovery
+                .back_after_s
+                .map_or(Cell::Text("never".into()), |s| Cell::Measure(s, 2)),
+        ],
     }
-    if setup.scrape_interval_ms.is_some() && setup.replicas > 1 {
-        // `pool.replicas` stays 1 so that the interval is each replica's own; the prefix
-        // homes it would turn on are asked for instead.
-        let plugins = config["plugins"].as_sequence_mut().expect("plugins");
-        for plugin in plugins {
-            if plugin["type"].as_str() == Some("prefix-cache-scorer") {
-                plugin["parameters"]["homeAffinity"] = true.into();
-            }
-        }
-    }
-    serde_yaml::to_string(&config).expect("config")
-}
-
-fn run_fleet(workload: &Workload, setup: Setup) -> FleetRow {
-    let sims: Vec<Sim> = (1..=8)
-        .map(|i| Sim::start(&format!("pod-{i}"), &QUALITY_SIM))
-        .collect();
-    let refs: Vec<&Sim> = sims.iter().collect();
-    let ports: Vec<u16> = (0..setup.replicas).map(|_| free_port()).collect();
-    let fleet: Vec<Envoy> = ports
-        .iter()
-        .map(|&own| Envoy::start(&picker_config(&refs, &setup, own, &ports), 1))
-        .collect();
-    for sim in &refs {
-        sim.wait_for_scrapes(2);
-    }
-    let addresses: Vec<String> = fleet.iter().map(Envoy::address).collect();
-    let cpu = || fleet.iter().map(|e| cpu_seconds(e.pid())).sum::<f64>();
-    let scrapes = || refs.iter().map(|s| s.metrics_scrapes()).sum::<u64>();
-    let hog = setup.cpu_hog.then(CpuHog::start);
-    let (cpu_before, scrapes_before) = (cpu(), scrapes());
-    let replicas = setup.replicas;
-    let balance = |n: usize| match setup.balancer {
-        Balancer::RoundRobin => n % replicas,
-        Balancer::SessionHash => {
-            let session = workload.sessions.get(n).copied().unwrap_or(n) as u64;
-            (hash_bytes(0, &session.to_le_bytes()) % replicas as u64) as usize
-        }
-    };
-    let load = open_loop_balanced(
-        &addresses,
-        &workload.requests,
-        setup.rate,
-        setup.seed,
-        &balance,
-        &[],
-    );
-    let (cpu_used, scraped) = (cpu() - cpu_before, scrapes() - scrapes_before);
-    let peer_stat = |what: &str| -> f64 {
-        fleet
-            .iter()
-            .map(|e| {
-                e.stat(&format!("wasmcustom.inference_picker.peers.{what}"))
-                    .unwrap_or(0.0)
-            })
-            .sum()
-    };
-    println!(
-        "    peers: synced {} failed {} refused {} bytes {}",
-        peer_stat("synced"),
-        peer_stat("failed"),
-        peer_stat("refused"),
-        peer_stat("bytes")
-    );
-    drop(hog);
-    let mut picks: BTreeMap<&str, usize> = BTreeMap::new();
-    let mut group_pods: BTreeMap<usize, BTreeSet<&str>> = BTreeMap::new();
-    for (exchange, &n) in load.ok.iter().zip(&load.ok_requests) {
-        *picks.entry(exchange.pod.as_str()).or_default() += 1;
-        let group = workload.groups.get(n).copied().unwrap_or(n);
-        group_pods.entry(group).or_default().insert(&exchange.pod);
-    }
-    let pods_per_group = group_pods.values().map(BTreeSet::len).sum::<usize>() as f64
-        / group_pods.len().max(1) as f64;
-    let mean = load.ok.len() as f64 / refs.len() as f64;
-    let busiest = picks.values().copied().max().unwrap_or(0) as f64;
-    let ms = |d: std::time::Duration| d.as_secs_f64() * 1000.0;
-    let shipped_refresh_ms = 50;
-    let row = FleetRow {
-        workload: workload.name,
-        setup,
-        scrape_interval_ms: setup
-            .scrape_interval_ms
-            .unwrap_or(shipped_refresh_ms * replicas as u64),
-        ttft: Percentiles::of(&sorted(load.ok.iter().map(|e| ms(e.first_byte)).collect())),
-        errors: load.errors,
-        hit_rate: prefix_hit_rate(&refs),
-        pods_per_group,
-        busiest_over_mean: busiest / mean.max(1e-9),
-        scrapes_per_pod_second: scraped as f64 / refs.len() as f64 / load.elapsed.max(1e-9),
-        envoy_cpu_ms_per_request: cpu_used * 1000.0 / workload.requests.len().max(1) as f64,
-    };
-    println!(
-        "  {} {} x{}{} {} req/s seed {}: TTFT p50 {:.1} p90 {:.1} ms, hit {:.1} %, {:.2} pods per group, {:.1} scrapes/pod/s",
-        row.workload,
-        setup.balancer.name(),
-        replicas,
-        if setup.cpu_hog { " with a CPU hog" } else { "" },
-        setup.rate,
-        setup.seed,
-        row.ttft.p50,
-        row.ttft.p90,
-        row.hit_rate * 100.0,
-        row.pods_per_group,
-        row.scrapes_per_pod_second
-    );
-    row
-}
-
-/// A process that spins on one core until dropped.
-struct CpuHog(std::process::Child);
-
-impl CpuHog {
-    fn start() -> CpuHog {
-        let child = std::process::Command::new("sh")
-            .args(["-c", "while :; do :; done"])
-            .spawn()
-            .expect("start the CPU hog");
-        CpuHog(child)
-    }
-}
-
-impl Drop for CpuHog {
-    fn drop(&mut self) {
-        stop(&mut self.0);
-    }
-}
-
-/// Every run of the part, in order: the fleet sweep on both workloads, the session-hashing
-/// balancer, and the scrape-interval sweep at the largest fleet.
-fn setups(quick: bool) -> Vec<(&'static str, Setup)> {
-    let replica_counts: &[usize] = if quick { &[1, 4] } else { &[1, 2, 4, 8] };
-    let seeds: &[u64] = if quick { &SEEDS[..1] } else { &SEEDS };
-    let rates: &[f64] = if quick {
-        &[SATURATION_RATE]
-    } else {
-        &[SATURATION_RATE, HALF_RATE]
-    };
-    let largest = replica_counts.last().copied().unwrap_or(1);
-    let setup = |replicas, balancer, rate, seed, scrape_interval_ms| Setup {
-        replicas,
-        balancer,
-        rate,
-        seed,
-        scrape_interval_ms,
-        cpu_hog: false,
-    };
-    let mut all = Vec::new();
-    for &seed in seeds {
-        for &rate in rates {
-            for &r in replica_counts {
-                all.push((
-                    SHARED_PREFIX,
-                    setup(r, Balancer::RoundRobin, rate, seed, None),
-                ));
-            }
-        }
-        for &r in replica_counts {
-            let round_robin = setup(r, Balancer::RoundRobin, MULTI_TURN_RATE, seed, None);
-            all.push((MULTI_TURN, round_robin));
-        }
-        let hashed = setup(largest, Balancer::SessionHash, MULTI_TURN_RATE, seed, None);
-        all.push((MULTI_TURN, hashed));
-        let contended = Setup {
-            cpu_hog: true,
-            ..setup(1, Balancer::RoundRobin, SATURATION_RATE, seed, None)
-        };
-        all.push((SHARED_PREFIX, contended));
-    }
-    let intervals: &[u64] = if quick { &[1000] } else { &[50, 200, 1000] };
-    for &ms in intervals {
-        let swept = setup(
-            largest,
-            Balancer::RoundRobin,
-            SATURATION_RATE,
-            SEEDS[0],
-            Some(ms),
-        );
-        all.push((SHARED_PREFIX, swept));
-    }
-    all
 }
 
 pub fn run(quick: bool) -> Part {
-    println!("scale-out: 1 to 8 Envoy replicas with their own filters in front of the same pods");
+    let coverage = if quick { &QUICK } else { &FULL };
     let workloads = [shared_prefix(quick), multi_turn(quick)];
-    let best = workloads
+    let planned = plan(coverage);
+    let full = estimate_seconds(&plan(&FULL), &[shared_prefix(false), multi_turn(false)]);
+    println!(
+        "scale-out: {} rows of 1 to {FLEET} Envoy replicas sharing what they learn, beside one central picker; about {:.0} minutes (the full part: {:.0})",
+        planned.len(),
+        estimate_seconds(&planned, &workloads) / 60.0,
+        full / 60.0
+    );
+    let best: Vec<f64> = workloads
         .iter()
         .map(|w| best_hit_rate(&Sim::start("oracle", &QUALITY_SIM), &w.requests))
-        .collect::<Vec<f64>>();
-    let rows: Vec<FleetRow> = setups(quick)
-        .into_iter()
-        .filter_map(|(name, setup)| {
-            let workload = workloads.iter().find(|w| w.name == name)?;
-            Some(run_fleet(workload, setup))
+        .collect();
+    let rows: Vec<FleetRow> = planned
+        .iter()
+        .filter_map(|setup| {
+            let workload = workloads
+                .iter()
+                .find(|w| w.name == setup.offered.workload)?;
+            let started = Instant::now();
+            let row = fleet::run_row(setup, workload);
+            print_row(&row, started.elapsed().as_secs_f64());
+            Some(row)
         })
         .collect();
+    let mut markdown = intro(quick, coverage, &best);
+    let mut charts = Vec::new();
+    for (index, regime) in coverage.regimes.iter().enumerate() {
+        let mine: Vec<FleetRow> = rows
+            .iter()
+            .filter(|r| r.setup.regime == *regime)
+            .cloned()
+            .collect();
+        markdown += &regime_section(index, regime, &mine);
+        charts.push(Chart::named(
+            &format!("-{}", regime.slug),
+            chart(regime, &mine),
+        ));
+    }
     Part {
-        markdown: format!(
-            "{}{}\n{}",
-            intro(quick, &best),
-            markdown_table(&rows),
-            goals(&rows)
-        ),
+        markdown,
         csv: csv_table(&rows),
-        charts: vec![Chart::main(chart(&rows))],
+        charts,
     }
 }
 
+/// One line per row as it finishes, with the seconds it took.
+fn print_row(row: &FleetRow, seconds: f64) {
+    let recovery = row.recovery.map_or(String::new(), |r| {
+        let back = r
+            .back_after_s
+            .map_or("never".into(), |s| format!("after {s:.2} s"));
+        format!(
+            ", worst window {:.1} %, back {back}",
+            r.worst_window * 100.0
+        )
+    });
+    println!(
+        "  {} {}: TTFT p50 {:.0} p90 {:.0} ms, err {}, hit {:.1} %{recovery}, {:.2} pods per group, {:.1} scrapes/pod/s, sync {:.1} req/s {:.1} KB/s per replica, CPU {:.2} ms/request  {seconds:.0} s",
+        row.setup.regime.name,
+        row.setup.label(),
+        row.ttft.p50,
+        row.ttft.p90,
+        row.errors,
+        row.hit_rate * 100.0,
+        row.pods_per_group,
+        row.scrapes_per_pod_second,
+        row.sync_requests_per_replica_second,
+        row.sync_kb_per_replica_second,
+        row.cpu_ms_per_request
+    );
+}
+
+/// One regime's table, chart and goals.
+fn regime_section(index: usize, regime: &Regime, rows: &[FleetRow]) -> String {
+    let letter = ['a', 'b'].get(index).copied().unwrap_or('x');
+    format!(
+        "### 5{letter}. {0} pods\n\n{1}\n![Replicas against hit rate and TTFT p90, {0} pods](results/5-scaleout-{2}.svg)\n\n#### Goals, {0} pods\n\n{3}\n",
+        regime.name,
+        markdown_table(rows),
+        regime.slug,
+        goals::goals(rows, regime)
+    )
+}
+
 /// `best`: the best hit rate any router could reach on each workload.
-fn intro(quick: bool, best: &[f64]) -> String {
+fn intro(quick: bool, coverage: &Coverage, best: &[f64]) -> String {
     let (groups, conversations) = if quick {
         ("32 groups x 12 chats", "33 conversations x 6 turns")
     } else {
         ("32 groups x 32 chats", "65 conversations x 8 turns")
     };
+    let slots = |flag| flag_value(&QUALITY_SIM, flag);
+    let batching = |flag| flag_value(&BATCHING_SIM, flag);
+    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let covered = if quick {
+        format!(
+            "This quick run: the 2-slot pods, seed {}, 1 and {FLEET} replicas, the shared \
+             prefix at {SATURATION_RATE} req/s, the central ext_proc picker and a peer killed.",
+            SEEDS[0]
+        )
+    } else {
+        format!(
+            "Not run: 16 replicas. On this machine's {cores} cores, 16 Envoys beside 8 pods and \
+             the client would measure the CPU they fight over, not the design. Nothing else \
+             was cut."
+        )
+    };
     format!(
-        "## 5. Scale-out: Envoy replicas that never talk\n\nThe routing-quality pods (8, two \
-         sequence slots each) behind 1 to 8 Envoy replicas, each `--concurrency 1` with its \
-         own filter, prefix index and scrapes; the client sends request `n` to replica \
-         `n mod r`, as a round-robin L4 balancer does, or (session hash) every turn of a \
-         conversation to one replica. Every replica runs the shipped `envoy.yaml` \
-         configuration with `pool.replicas` set to the fleet size, so each scrapes every pod \
-         once per `r x 50 ms`, except in the rows that sweep the scrape interval \
-         (`refreshMetricsInterval` set per replica, `pool.replicas` left at 1, and the prefix \
-         scorer's `homeAffinity: true`, which more than one replica turns on); in the rows with a \
-         CPU hog a busy loop spins in its own process beside the one Envoy for the whole load \
-         (one of the machine's cores, which the pods and the client share too). Workloads: \
-         shared prefix ({groups}) at {SATURATION_RATE} req/s (about the pods' saturation) and \
-         {HALF_RATE}; multi-turn chat ({conversations}) at {MULTI_TURN_RATE} req/s. Fleet \
-         Envoy CPU is every replica's process CPU over the load, per request sent. The best \
-         hit rate any router could reach (every request where all earlier ones of its prefix \
-         went, nothing evicted): {:.1} % on the shared prefix, {:.1} % on multi-turn chat.\n\n",
+        "## 5. Scale-out: Envoy replicas that share what they learn\n\n\
+         Part 3's two regimes of 8 pods: 2-slot pods ({} sequences at a time, each timed on \
+         its own) and the batching engine (continuous batching of up to {} sequences); part 3 \
+         describes both. In front of them, 1 to {FLEET} Envoy replicas, each `--concurrency 1` \
+         with its own filter, deployed as the shipped `envoy.yaml` tells a user to: its picker \
+         configuration unchanged but for `pool.peers`, whose `port` is the replica's own peer \
+         port and whose `addresses` list every replica's peer address, its own included \
+         (`syncInterval` and the rest at their defaults). Through those ports the replicas \
+         share their requests in flight, their prefix placements and their share of the \
+         scrapes. The client sends request `n` to replica `n mod r`, as a round-robin L4 \
+         balancer does, or (session hash) every turn of a conversation to the replica its id \
+         hashes to. Every row starts fresh pods and gateways.\n\n\
+         Beside them, on the same pods, loads and arrival seeds, each right after the sweep of \
+         its load: the architecture this design must beat, the same {FLEET} Envoys \
+         (`--concurrency 1`, `ext_proc` in the filter's place) all calling one central ext_proc \
+         picker (`bench/extproc`: this scheduling core behind gRPC, GIE's and llm-d's shape) \
+         whose one brain sees every placement at the price of a hop; SGLang's router \
+         (`--policy cache_aware`) as the one router in front of the pods; and, at {FLEET} \
+         replicas on the shared prefix at {SATURATION_RATE} req/s, the previous design (homes \
+         only: no `pool.peers`, `pool.replicas: {FLEET}`, each replica scraping every pod once \
+         per `{FLEET} x refreshMetricsInterval` and sending a shared prefix to its home pod).\n\n\
+         Faults, at {FLEET} replicas on the shared prefix at {SATURATION_RATE} req/s: **peer \
+         killed**: when the client sends the request at half of the schedule it stops sending \
+         to replica {FLEET}, which is killed by its pid (no goodbye to its peers) once its \
+         requests in flight ended, as an L4 balancer drains it; **replica joining**: {} \
+         replicas run, every one's `pool.peers` listing all {FLEET}, the last is started at \
+         half of the schedule and sent its share once Envoy is ready. In both, the pods' prefix \
+         counters are read every {SAMPLE_EVERY_MS} ms: the worst window's hit rate is the \
+         lowest over any {WINDOW_S} s window starting at or after the change, and the seconds \
+         until back near the mean run from the change to the end of the first such window \
+         whose hit rate is at most {RECOVERY_POINTS} points under the row's (the run's mean). \
+         **CPU hog beside**: one Envoy with a busy loop spinning in its own process for the \
+         whole load (one of the machine's cores, which the pods and the client share too).\n\n\
+         Workloads: shared prefix ({groups}) at {SATURATION_RATE} req/s (about the 2-slot \
+         pods' saturation) and {HALF_RATE}; multi-turn chat ({conversations}) at \
+         {MULTI_TURN_RATE} req/s; seeds {}. Hit rate: prompt tokens the pods served from their \
+         prefix caches (their own counters) over prompt tokens. Scrapes per pod per second are \
+         counted at the pods. Sync requests (calls made) and KB (answers read) per replica per \
+         second come from the replicas' `peers.*` counters, over the seconds each replica ran. \
+         Fleet CPU per request is the process CPU of every gateway process (the replicas, plus \
+         the central picker or SGLang's router) over the load, per request sent. The best hit \
+         rate any router could reach (every request where all earlier ones of its prefix went, \
+         nothing evicted): {:.1} % on the shared prefix, {:.1} % on multi-turn chat.\n\n\
+         {covered}\n\n",
+        slots("--max-num-seqs"),
+        batching("--max-num-seqs"),
+        FLEET - 1,
+        coverage
+            .seeds
+            .iter()
+            .map(u64::to_string)
+            .collect::<Vec<_>>()
+            .join(" and "),
         best.first().copied().unwrap_or(f64::NAN) * 100.0,
         best.get(1).copied().unwrap_or(f64::NAN) * 100.0,
     )
 }
 
-/// The round-robin row of `workload` at `replicas`, `rate` and `seed` with the fleet's refresh.
-fn find<'a>(
-    rows: &'a [FleetRow],
-    workload: &str,
-    replicas: usize,
-    rate: f64,
-    seed: u64,
-) -> Option<&'a FleetRow> {
-    rows.iter().find(|r| {
-        r.workload == workload
-            && r.setup.in_replica_sweep()
-            && r.setup.replicas == replicas
-            && r.setup.rate == rate
-            && r.setup.seed == seed
-    })
-}
-
-/// Replicas the goals compare with one.
-const FLEET: usize = 8;
-
-/// One comparison of the 8-replica row with the 1-replica row: `(verdict, what was measured)`.
-fn compare(
-    rows: &[FleetRow],
-    workload: &str,
-    rate: f64,
-    seed: u64,
-    test: &dyn Fn(&FleetRow, &FleetRow) -> (bool, String),
-) -> (Option<bool>, String) {
-    let at = format!("{workload} {rate} req/s seed {seed}");
-    match (
-        find(rows, workload, 1, rate, seed),
-        find(rows, workload, FLEET, rate, seed),
-    ) {
-        (Some(one), Some(fleet)) => {
-            let (met, text) = test(one, fleet);
-            (Some(met), format!("{at}: {text}"))
-        }
-        _ => (None, format!("{at}: not measured")),
-    }
-}
-
-fn judged(text: &str, outcomes: Vec<(Option<bool>, String)>) -> (Option<bool>, String) {
-    let verdict = all_of(outcomes.iter().map(|(v, _)| *v));
-    let measured: Vec<String> = outcomes.into_iter().map(|(_, m)| m).collect();
-    (verdict, goal(text, verdict, &measured.join("; ")))
-}
-
-fn goals(rows: &[FleetRow]) -> String {
-    let hit_and_p90 = |one: &FleetRow, fleet: &FleetRow| {
-        let hit = fleet.hit_rate >= 0.95 * one.hit_rate;
-        let p90 = fleet.ttft.p90 <= 1.1 * one.ttft.p90;
-        (
-            hit && p90,
-            format!(
-                "hit {:.1} % vs {:.1} %, p90 {:.1} vs {:.1} ms",
-                fleet.hit_rate * 100.0,
-                one.hit_rate * 100.0,
-                fleet.ttft.p90,
-                one.ttft.p90
-            ),
-        )
-    };
-    let p90 = |one: &FleetRow, fleet: &FleetRow| {
-        (
-            fleet.ttft.p90 <= 1.1 * one.ttft.p90,
-            format!("p90 {:.1} vs {:.1} ms", fleet.ttft.p90, one.ttft.p90),
-        )
-    };
-    let scrapes = |one: &FleetRow, fleet: &FleetRow| {
-        (
-            fleet.scrapes_per_pod_second <= 1.25 * one.scrapes_per_pod_second,
-            format!(
-                "{:.1} vs {:.1} scrapes per pod per s",
-                fleet.scrapes_per_pod_second, one.scrapes_per_pod_second
-            ),
-        )
-    };
-    let mut shared = Vec::new();
-    let mut chat = Vec::new();
-    let mut scraped = Vec::new();
-    for seed in SEEDS {
-        for rate in [SATURATION_RATE, HALF_RATE] {
-            shared.push(compare(rows, SHARED_PREFIX, rate, seed, &hit_and_p90));
-            scraped.push(compare(rows, SHARED_PREFIX, rate, seed, &scrapes));
-        }
-        chat.push(compare(rows, MULTI_TURN, MULTI_TURN_RATE, seed, &p90));
-    }
-    let (shared_met, shared_text) = judged(
-        "shared prefix at 8 replicas: hit rate at least 95 % of one replica's, TTFT p90 within \
-         1.1x of one replica's, at a rate near the pool's saturation and at half of it (two seeds)",
-        shared,
-    );
-    let (chat_met, chat_text) = judged(
-        "multi-turn chat at 8 replicas: TTFT p90 within 1.1x of one replica's (two seeds)",
-        chat,
-    );
-    // The scrape goal holds only with the goals above still met.
-    let (scrape_met, _) = judged("", scraped.clone());
-    let with_others = all_of([scrape_met, shared_met, chat_met]);
-    let measured: Vec<String> = scraped.into_iter().map(|(_, m)| m).collect();
-    let scrape_text = goal(
-        "scrapes per pod per second at 8 replicas no more than 1.25x one replica's, with the \
-         goals above still met",
-        with_others,
-        &measured.join("; "),
-    );
-    format!(
-        "{shared_text}{chat_text}{scrape_text}{}",
-        contended_goal(rows)
-    )
-}
-
-/// One Envoy with a CPU hog beside it against the same Envoy alone, per seed.
-fn contended_goal(rows: &[FleetRow]) -> String {
-    let outcomes = SEEDS
+/// Hit rate and TTFT p90 against the replica count for peers on the shared prefix near
+/// saturation, first seed; the central ext_proc picker's as flat lines across the same range.
+fn chart(regime: &Regime, rows: &[FleetRow]) -> String {
+    let sweep: Vec<&FleetRow> = rows
         .iter()
-        .map(|&seed| {
-            let alone = find(rows, SHARED_PREFIX, 1, SATURATION_RATE, seed);
-            let contended = rows.iter().find(|r| {
-                r.setup.cpu_hog && r.setup.seed == seed && r.setup.rate == SATURATION_RATE
-            });
-            let at = format!("seed {seed}");
-            match (alone, contended) {
-                (Some(alone), Some(contended)) => {
-                    let drop = (alone.hit_rate - contended.hit_rate) * 100.0;
-                    (
-                        Some(drop <= 5.0),
-                        format!(
-                            "{at}: hit {:.1} % with the hog vs {:.1} % without",
-                            contended.hit_rate * 100.0,
-                            alone.hit_rate * 100.0
-                        ),
-                    )
-                }
-                _ => (None, format!("{at}: not measured")),
-            }
-        })
+        .filter(|r| r.setup == Setup::sweep(*regime, SATURATED, SEEDS[0], r.setup.replicas))
         .collect();
-    judged(
-        &format!(
-            "one Envoy, shared prefix at {SATURATION_RATE} req/s, a CPU hog beside it: hit rate \
-             drops by no more than 5 points"
-        ),
-        outcomes,
-    )
-    .1
-}
-
-/// Hit rate and TTFT p90 against the replica count, shared prefix near saturation, first seed.
-fn chart(rows: &[FleetRow]) -> String {
-    let series = |label: &str, value: &dyn Fn(&FleetRow) -> f64| {
-        let points: Vec<(f64, f64)> = rows
+    let central = rows.iter().find(|r| {
+        r.setup
+            == Setup::sweep(*regime, SATURATED, SEEDS[0], FLEET).through(Gateway::CentralExtProc)
+    });
+    let replicas: Vec<f64> = sweep.iter().map(|r| r.setup.replicas as f64).collect();
+    let span = [
+        replicas.iter().copied().fold(f64::INFINITY, f64::min),
+        replicas.iter().copied().fold(f64::NEG_INFINITY, f64::max),
+    ];
+    let peers = |label: &str, value: fn(&FleetRow) -> f64| {
+        let points = sweep
             .iter()
-            .filter(|r| {
-                r.workload == SHARED_PREFIX
-                    && r.setup.in_replica_sweep()
-                    && r.setup.rate == SATURATION_RATE
-                    && r.setup.seed == SEEDS[0]
-            })
             .map(|r| (r.setup.replicas as f64, value(r)))
             .collect();
         (label.to_string(), points)
     };
+    let flat = |label: &str, value: fn(&FleetRow) -> f64| {
+        let points = central
+            .filter(|_| span[0] <= span[1])
+            .map_or(Vec::new(), |c| {
+                span.iter().map(|&x| (x, value(c))).collect()
+            });
+        (label.to_string(), points)
+    };
+    let hit = |r: &FleetRow| r.hit_rate * 100.0;
+    let p90 = |r: &FleetRow| r.ttft.p90;
     line_chart_on(
         YAxis::Linear,
-        &format!("Shared prefix at {SATURATION_RATE} req/s: replicas vs hit rate and TTFT p90"),
+        &format!(
+            "{} pods, shared prefix at {SATURATION_RATE} req/s, seed {}: replicas vs hit rate and TTFT p90",
+            regime.name, SEEDS[0]
+        ),
         "Envoy replicas",
         "hit rate % / TTFT p90 ms",
         &[
-            series("hit rate %", &|r| r.hit_rate * 100.0),
-            series("TTFT p90 ms", &|r| r.ttft.p90),
+            peers("peers: hit rate %", hit),
+            peers("peers: TTFT p90 ms", p90),
+            flat("central ext_proc: hit rate %", hit),
+            flat("central ext_proc: TTFT p90 ms", p90),
         ],
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn minutes(coverage: &Coverage, quick: bool) -> f64 {
+        let workloads = [shared_prefix(quick), multi_turn(quick)];
+        estimate_seconds(&plan(coverage), &workloads) / 60.0
+    }
+
+    #[test]
+    fn the_full_part_runs_every_row_in_under_forty_minutes() {
+        let rows = plan(&FULL);
+        let count = |wanted: &dyn Fn(&Setup) -> bool| rows.iter().filter(|s| wanted(s)).count();
+        // 2 regimes x 2 seeds x 3 loads x (4 fleet sizes + the central picker + SGLang).
+        assert_eq!(
+            count(&|s| s.fault == Fault::Steady
+                && s.balancer == Balancer::RoundRobin
+                && s.gateway != Gateway::HomesOnly),
+            72
+        );
+        assert_eq!(count(&|s| s.fault == Fault::PeerKilled), 4);
+        assert_eq!(count(&|s| s.fault == Fault::ReplicaJoining), 4);
+        assert_eq!(count(&|s| s.gateway == Gateway::HomesOnly), 4);
+        assert_eq!(count(&|s| s.fault == Fault::CpuHog), 2);
+        assert_eq!(count(&|s| s.balancer == Balancer::SessionHash), 2);
+        let full = minutes(&FULL, false);
+        println!(
+            "the full part: about {full:.1} minutes, {} rows",
+            rows.len()
+        );
+        assert!(full < 40.0, "{full:.1} minutes");
+    }
+
+    #[test]
+    fn the_quick_part_runs_the_sweep_ends_the_central_picker_and_a_killed_peer() {
+        let rows = plan(&QUICK);
+        let gateways: Vec<(&str, usize, &str)> = rows
+            .iter()
+            .map(|s| (s.gateway.name(), s.replicas, s.fault.name()))
+            .collect();
+        assert_eq!(
+            gateways,
+            [
+                ("peers", 1, "none"),
+                ("peers", FLEET, "none"),
+                ("central ext_proc", FLEET, "none"),
+                ("peers", FLEET, "peer killed"),
+            ]
+        );
+        let quick = minutes(&QUICK, true);
+        println!("the quick part: about {quick:.1} minutes");
+        assert!(quick < 3.0, "{quick:.1} minutes");
+    }
 }

@@ -72,6 +72,14 @@ impl Running {
             Running::Router(router) => router.address(),
         }
     }
+
+    /// The gateway's process, to read its CPU.
+    pub fn pid(&self) -> u32 {
+        match self {
+            Running::Envoy(envoy) => envoy.pid(),
+            Running::Router(router) => router.pid(),
+        }
+    }
 }
 
 /// The peer routers, installed by `make peers` into `.venv-peers` at pinned versions.
@@ -165,6 +173,10 @@ impl PeerRouter {
 
     pub fn address(&self) -> String {
         format!("127.0.0.1:{}", self.port)
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
     }
 }
 
@@ -304,12 +316,13 @@ load_assignment:
 
 /// Envoy with the `ext_proc` filter in the wasm filter's place, calling `picker` over gRPC the
 /// way Envoy calls GIE's endpoint picker: headers and the whole body streamed to it
-/// (`FULL_DUPLEX_STREAMED`), response headers too, so it knows when a request ends.
-pub fn ext_proc_envoy(sims: &[&Sim], picker: &ExtProcPicker) -> Envoy {
+/// (`FULL_DUPLEX_STREAMED`), response headers too, so it knows when a request ends. With this
+/// many worker threads.
+pub fn ext_proc_envoy(sims: &[&Sim], picker: &ExtProcPicker, concurrency: u32) -> Envoy {
     let filter: Value = serde_yaml::from_str(EXT_PROC_FILTER).expect("ext_proc filter");
     let cluster = ext_proc_cluster(&picker.address);
     let picker_config = with_endpoints(&shipped_picker_config(), sims);
-    Envoy::start_with(&picker_config, 2, move |config| {
+    Envoy::start_with(&picker_config, concurrency, move |config| {
         if let Some(wasm) = config
             .listener_mut(0)
             .http_filter_mut("envoy.filters.http.wasm")
