@@ -527,6 +527,14 @@ impl Pool {
         }
     }
 
+    /// The in-flight counts the next scrape result applied to `index` describes (see
+    /// [`EndpointState::in_flight_at_scrape_sent`]).
+    pub fn expect_scrape_counts(&mut self, index: usize, counts: (u32, u64)) {
+        if let Some(endpoint) = self.endpoints.get_mut(index) {
+            endpoint.in_flight_at_scrape_sent = Some(counts);
+        }
+    }
+
     /// Applies a scrape result another worker published: metrics taken at `ok_ms`, or a failure.
     /// Older results than the ones already held are ignored.
     pub fn apply_shared(

@@ -335,6 +335,24 @@ impl DataLayer {
         }
     }
 
+    /// A scrape another replica took, with the fleet's in-flight counts there when it sent it
+    /// (as that replica counted them): what was placed since is counted from those, not from
+    /// this replica's counts when the scrape arrived (which already hold what the scrape
+    /// cannot show).
+    pub fn apply_peer_scrape(
+        &mut self,
+        address: &str,
+        ok_ms: Option<u64>,
+        failed: bool,
+        metrics: &EndpointMetrics,
+        in_flight_at_scrape: (u32, u64),
+    ) {
+        if let Some(index) = self.pool.index_of(address) {
+            self.pool.expect_scrape_counts(index, in_flight_at_scrape);
+            self.pool.apply_shared(index, ok_ms, failed, metrics);
+        }
+    }
+
     /// The other VMs' in-flight counts, summed per endpoint (index order).
     pub fn set_remote_in_flight(&mut self, sums: &[(u32, u64)]) {
         for (index, endpoint) in self.pool.endpoints.iter_mut().enumerate() {

@@ -322,6 +322,7 @@ impl Peers {
                     age_ms,
                     failed: e.last_scrape_failed,
                     metrics: e.metrics.clone(),
+                    in_flight_at_scrape: (e.in_flight_at_scrape, e.in_flight_tokens_at_scrape),
                 })
             })
             .collect();
@@ -521,8 +522,9 @@ impl Peers {
                 continue;
             }
             let ok_ms = (!scrape.failed).then(|| now_ms.saturating_sub(scrape.age_ms));
+            let counts = scrape.in_flight_at_scrape;
             slot.data
-                .apply_shared_scrape(&address, ok_ms, scrape.failed, &scrape.metrics);
+                .apply_peer_scrape(&address, ok_ms, scrape.failed, &scrape.metrics, counts);
             merged = true;
         }
         merged

@@ -33,6 +33,10 @@ pub struct SharedScrape {
     pub age_ms: u64,
     pub failed: bool,
     pub metrics: EndpointMetrics,
+    /// `(requests, tokens)` the scraping replica counted in flight there, the whole fleet's
+    /// as it knew them, when it sent the scrape.
+    #[serde(default)]
+    pub in_flight_at_scrape: (u32, u64),
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -122,10 +126,12 @@ pub fn read(bytes: &[u8], since: u64) -> Result<PeerAnswer, Refused> {
     if state.in_flight.len() != state.pods.len() {
         return refuse("in-flight counts do not match the pods");
     }
-    if state
-        .in_flight
-        .iter()
-        .any(|&(n, _)| n > MAX_IN_FLIGHT_PER_POD)
+    let implausible = |&(n, _): &(u32, u64)| n > MAX_IN_FLIGHT_PER_POD;
+    if state.in_flight.iter().any(implausible)
+        || state
+            .scrapes
+            .iter()
+            .any(|s| implausible(&s.in_flight_at_scrape))
     {
         return refuse("an implausible in-flight count");
     }
@@ -177,6 +183,7 @@ mod tests {
                 age_ms: 20,
                 failed: false,
                 metrics: EndpointMetrics::idle(),
+                in_flight_at_scrape: (1, 100),
             }],
         }
     }
