@@ -117,6 +117,7 @@ fn same(a: &[u8], b: &[u8]) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::harness::test;
     use crate::host::fake::FakeShared;
 
     fn config() -> PeersConfig {

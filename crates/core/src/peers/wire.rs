@@ -169,6 +169,7 @@ fn numbers_plausible(value: &serde_json::Value) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::harness::test;
     use crate::placement_batches::encode_batch;
 
     fn state() -> ReplicaState {
