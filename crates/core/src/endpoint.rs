@@ -527,22 +527,17 @@ impl Pool {
         }
     }
 
-    /// The in-flight counts the next scrape result applied to `index` describes (see
-    /// [`EndpointState::in_flight_at_scrape_sent`]).
-    pub fn expect_scrape_counts(&mut self, index: usize, counts: (u32, u64)) {
-        if let Some(endpoint) = self.endpoints.get_mut(index) {
-            endpoint.in_flight_at_scrape_sent = Some(counts);
-        }
-    }
-
-    /// Applies a scrape result another worker published: metrics taken at `ok_ms`, or a failure.
-    /// Older results than the ones already held are ignored.
+    /// Applies a scrape result another worker or replica published: metrics taken at `ok_ms`,
+    /// or a failure. Older results than the ones already held are ignored. `at_scrape`: the
+    /// fleet's in-flight counts there when the scrape was sent, as its sender counted them
+    /// (see [`EndpointState::in_flight_at_scrape_sent`]); `None` takes this VM's now.
     pub fn apply_shared(
         &mut self,
         index: usize,
         ok_ms: Option<u64>,
         failed: bool,
         metrics: &EndpointMetrics,
+        at_scrape: Option<(u32, u64)>,
     ) {
         let Some(endpoint) = self.endpoints.get(index) else {
             return;
@@ -555,7 +550,12 @@ impl Pool {
         }
         match (ok_ms, endpoint.last_scrape_ok_ms) {
             (Some(at), Some(held)) if at <= held && !endpoint.last_scrape_failed => {}
-            (Some(at), _) => self.record_scrape_ok(index, at, metrics.clone()),
+            (Some(at), _) => {
+                if let (Some(counts), Some(endpoint)) = (at_scrape, self.endpoints.get_mut(index)) {
+                    endpoint.in_flight_at_scrape_sent = Some(counts);
+                }
+                self.record_scrape_ok(index, at, metrics.clone());
+            }
             (None, _) => {}
         }
     }

@@ -261,6 +261,7 @@ impl Coordinator {
                 shared.ok_ms,
                 shared.failed,
                 &shared.metrics,
+                None,
             );
         }
         Ok(true)

@@ -321,35 +321,21 @@ impl DataLayer {
         }
     }
 
-    /// A scrape result the scraping VM shared: metrics taken at `ok_ms`, or a failure. Older
-    /// results than the ones already held are ignored.
+    /// A scrape result the scraping VM or a peer replica shared: metrics taken at `ok_ms`, or a
+    /// failure. Older results than the ones already held are ignored. A peer's carries the
+    /// fleet's in-flight counts when it sent the scrape (`at_scrape`), so what was placed since
+    /// is counted from then, not from when it arrived.
     pub fn apply_shared_scrape(
         &mut self,
         address: &str,
         ok_ms: Option<u64>,
         failed: bool,
         metrics: &EndpointMetrics,
+        at_scrape: Option<(u32, u64)>,
     ) {
         if let Some(index) = self.pool.index_of(address) {
-            self.pool.apply_shared(index, ok_ms, failed, metrics);
-        }
-    }
-
-    /// A scrape another replica took, with the fleet's in-flight counts there when it sent it
-    /// (as that replica counted them): what was placed since is counted from those, not from
-    /// this replica's counts when the scrape arrived (which already hold what the scrape
-    /// cannot show).
-    pub fn apply_peer_scrape(
-        &mut self,
-        address: &str,
-        ok_ms: Option<u64>,
-        failed: bool,
-        metrics: &EndpointMetrics,
-        in_flight_at_scrape: (u32, u64),
-    ) {
-        if let Some(index) = self.pool.index_of(address) {
-            self.pool.expect_scrape_counts(index, in_flight_at_scrape);
-            self.pool.apply_shared(index, ok_ms, failed, metrics);
+            self.pool
+                .apply_shared(index, ok_ms, failed, metrics, at_scrape);
         }
     }
 

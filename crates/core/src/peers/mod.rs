@@ -408,7 +408,9 @@ impl Peers {
         let origin = parsed.state.origin;
         let local = local_indices(slot, &parsed.state.pods);
         if let Some(peer) = self.peers.get_mut(index) {
-            peer.in_flight = vec![(0, 0); slot.data.pool().len()];
+            // Replaced whole: a pod the peer no longer names counts nothing.
+            peer.in_flight.clear();
+            peer.in_flight.resize(slot.data.pool().len(), (0, 0));
             for (&at, &counts) in local.iter().zip(&parsed.state.in_flight) {
                 if let Some(own) = at.and_then(|i| peer.in_flight.get_mut(i)) {
                     *own = counts;
@@ -522,9 +524,9 @@ impl Peers {
                 continue;
             }
             let ok_ms = (!scrape.failed).then(|| now_ms.saturating_sub(scrape.age_ms));
-            let counts = scrape.in_flight_at_scrape;
+            let counts = Some(scrape.in_flight_at_scrape);
             slot.data
-                .apply_peer_scrape(&address, ok_ms, scrape.failed, &scrape.metrics, counts);
+                .apply_shared_scrape(&address, ok_ms, scrape.failed, &scrape.metrics, counts);
             merged = true;
         }
         merged

@@ -34,7 +34,11 @@ struct Replica {
 
 impl Replica {
     fn new(address: &str, peers: &[&str], seed: u64, clock: &Rc<FakeClock>) -> Self {
-        let config = load(&config(peers), seed).unwrap();
+        Replica::with_config(address, &config(peers), seed, clock)
+    }
+
+    fn with_config(address: &str, text: &str, seed: u64, clock: &Rc<FakeClock>) -> Self {
+        let config = load(text, seed).unwrap();
         let peers = config.pool.peers.clone().map(Peers::new);
         let keys = SharedKeys::under("r");
         let coordinator = Coordinator::new(keys.clone(), seed, 50);
@@ -119,9 +123,19 @@ impl Replica {
             .on_callout_response(&self.host, &mut self.slot, token, &answer);
     }
 
+    /// The pods this replica scrapes, as of its last tick.
+    fn owned(&self) -> usize {
+        let peers = self.driver.peers().unwrap();
+        peers.share.iter().filter(|&&ours| ours).count()
+    }
+
     fn in_flight(&self, index: usize) -> u32 {
         self.slot.data.pool().get(index).unwrap().total_in_flight()
     }
+}
+
+fn clock_at(ms: u64) -> Rc<FakeClock> {
+    Rc::new(FakeClock(std::cell::Cell::new(ms)))
 }
 
 /// Every replica answers every call the others (and itself) sent.
@@ -176,7 +190,7 @@ fn run(replicas: &mut [Replica], clock: &FakeClock, rounds: usize) -> Vec<Vec<St
 
 #[test]
 fn replicas_split_the_scrapes_and_each_pod_is_scraped_once() {
-    let clock = Rc::new(FakeClock(std::cell::Cell::new(1_000)));
+    let clock = clock_at(1_000);
     let mut replicas = fleet(3, &clock);
     run(&mut replicas, &clock, 3);
     for replica in &replicas {
@@ -220,7 +234,7 @@ fn replicas_split_the_scrapes_and_each_pod_is_scraped_once() {
 
 #[test]
 fn in_flight_counts_and_placements_reach_every_replica() {
-    let clock = Rc::new(FakeClock(std::cell::Cell::new(1_000)));
+    let clock = clock_at(1_000);
     let mut replicas = fleet(3, &clock);
     run(&mut replicas, &clock, 2);
     replicas[0].slot.data.add_in_flight(4, 100);
@@ -260,21 +274,13 @@ fn in_flight_counts_and_placements_reach_every_replica() {
 
 #[test]
 fn a_dead_peer_stops_counting_and_its_pods_are_taken_over() {
-    let clock = Rc::new(FakeClock(std::cell::Cell::new(1_000)));
+    let clock = clock_at(1_000);
     let mut replicas = fleet(2, &clock);
     run(&mut replicas, &clock, 2);
     replicas[1].slot.data.add_in_flight(0, 10);
     run(&mut replicas, &clock, 2);
     assert_eq!(replicas[0].in_flight(0), 1);
-    let share_before = replicas[0]
-        .driver
-        .peers()
-        .unwrap()
-        .share
-        .iter()
-        .filter(|&&s| s)
-        .count();
-    assert!(share_before < PODS);
+    assert!(replicas[0].owned() < PODS);
     // Replica 1 dies: its calls go unanswered (Envoy answers 503, no healthy upstream).
     let mut alone = vec![replicas.remove(0)];
     for _ in 0..3 {
@@ -285,18 +291,14 @@ fn a_dead_peer_stops_counting_and_its_pods_are_taken_over() {
     alone[0].tick();
     let peers = alone[0].driver.peers().unwrap();
     assert_eq!(peers.live(clock.0.get()), 0);
-    assert_eq!(
-        peers.share.iter().filter(|&&s| s).count(),
-        PODS,
-        "every pod is scraped again"
-    );
+    assert_eq!(alone[0].owned(), PODS, "every pod is scraped again");
     assert_eq!(alone[0].in_flight(0), 0, "the dead peer's requests expired");
     assert!(peers.counts().failed >= 1);
 }
 
 #[test]
 fn forged_and_oversized_answers_are_refused_and_counted() {
-    let clock = Rc::new(FakeClock(std::cell::Cell::new(1_000)));
+    let clock = clock_at(1_000);
     let mut replicas = fleet(2, &clock);
     run(&mut replicas, &clock, 1);
     replicas[0].tick();
@@ -347,7 +349,7 @@ fn forged_and_oversized_answers_are_refused_and_counted() {
 
 #[test]
 fn a_restarted_peer_is_a_new_origin_and_a_late_state_changes_nothing() {
-    let clock = Rc::new(FakeClock(std::cell::Cell::new(1_000)));
+    let clock = clock_at(1_000);
     let mut replicas = fleet(2, &clock);
     run(&mut replicas, &clock, 2);
     // Replica 1 restarts: a new process, a new origin, at the same address.
@@ -365,22 +367,12 @@ fn a_restarted_peer_is_a_new_origin_and_a_late_state_changes_nothing() {
 
 #[test]
 fn peers_found_through_discovery_are_called_and_dropped_when_gone() {
-    let clock = Rc::new(FakeClock(std::cell::Cell::new(1_000)));
+    let clock = clock_at(1_000);
     let text = config(&[]).replace(
         "addresses: []",
         "discovery: {cluster: k8s, selector: {matchLabels: {app: gateway}}, targetPorts: [9100]}",
     );
-    let config = load(&text, 5).unwrap();
-    let peers = config.pool.peers.clone().map(Peers::new);
-    let keys = SharedKeys::under("r");
-    let mut slot = PoolSlot::new("p".into(), config);
-    slot.peer_keys = Some(keys.clone());
-    let mut replica = Replica {
-        address: "10.1.0.1:9100".into(),
-        host: FakeVm::in_process(Rc::<FakeShared>::default(), Rc::clone(&clock)),
-        driver: TickDriver::new(Some(Coordinator::new(keys, 5, 50)), peers),
-        slot,
-    };
+    let mut replica = Replica::with_config("10.1.0.1:9100", &text, 5, &clock);
     replica.tick();
     let list = |ips: &[&str]| {
         let pods: Vec<String> = ips
@@ -425,10 +417,7 @@ fn peers_found_through_discovery_are_called_and_dropped_when_gone() {
 
 #[test]
 fn replicas_whose_clocks_disagree_by_an_hour_still_share_fresh_scrapes() {
-    let (slow, fast) = (
-        Rc::new(FakeClock(std::cell::Cell::new(1_000))),
-        Rc::new(FakeClock(std::cell::Cell::new(3_601_000))),
-    );
+    let (slow, fast) = (clock_at(1_000), clock_at(3_601_000));
     let listed = ["10.1.0.1:9100", "10.1.0.2:9100"];
     let mut replicas = vec![
         Replica::new(listed[0], &listed, 1, &slow),
