@@ -119,8 +119,11 @@ fn stop_children_on_panic() {
 
 fn main() {
     stop_children_on_panic();
-    // Decision lines cost a formatted string and a log write per request: measure without.
-    std::env::set_var("INFERENCE_PICKER_WASM_LOG", "info");
+    // Decision lines cost a formatted string and a log write per request: measure without
+    // (a trial may ask for them).
+    if std::env::var("INFERENCE_PICKER_WASM_LOG").is_err() {
+        std::env::set_var("INFERENCE_PICKER_WASM_LOG", "info");
+    }
     let run = std::env::args().nth(1).unwrap_or_else(|| "all".into());
     // `quick` runs every part small (under five minutes) into results-quick/; BENCH_QUICK=1
     // makes any single part small.

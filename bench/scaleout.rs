@@ -482,7 +482,20 @@ fn recovery_cells(recovery: Option<Recovery>) -> [Cell; 2] {
 pub fn run(quick: bool) -> Part {
     let coverage = if quick { &QUICK } else { &FULL };
     let workloads = [shared_prefix(quick), multi_turn(quick)];
-    let planned = plan(coverage);
+    // `BENCH_ONLY=a|b` runs the rows whose "regime label" holds a or b, `a$` ends with a
+    // (tuning; writes nothing).
+    let only = std::env::var("BENCH_ONLY").unwrap_or_default();
+    let planned: Vec<Setup> = plan(coverage)
+        .into_iter()
+        .filter(|setup| {
+            let name = format!("{} {}", setup.regime.name, setup.label());
+            only.is_empty()
+                || only.split('|').any(|part| match part.strip_suffix('$') {
+                    Some(end) => name.ends_with(end),
+                    None => name.contains(part),
+                })
+        })
+        .collect();
     let full = estimate_seconds(&plan(&FULL), &[shared_prefix(false), multi_turn(false)]);
     println!(
         "scale-out: {} rows of 1 to {FLEET} Envoy replicas sharing what they learn, beside one central picker; about {:.0} minutes (the full part: {:.0})",

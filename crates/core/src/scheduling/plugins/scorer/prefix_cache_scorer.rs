@@ -116,6 +116,23 @@ impl Default for Parameters {
 /// See [`Parameters::affinity_queue_limit`].
 pub const DEFAULT_AFFINITY_QUEUE_LIMIT: usize = 4;
 
+/// Requests by which, with all placements shared (`pool.peers`), a pod's queue may read
+/// longer than the shortest before its hit is discounted, in a fleet of many replicas.
+const PEER_VIEW_SLACK: f64 = 3.0;
+
+/// How far a queue as this replica reads it can be from the truth, in requests: what the
+/// other replicas placed since their last state (the share `1 - 1/replicas` of the traffic
+/// this one does not see at once). The shortest of several such readings is the one most
+/// likely read short, so without the slack every replica lets a hit go for a queue that is
+/// not shorter, each to a different pod: the prefix's prefill repeated, its caches crowded
+/// (part 5 of the bench measures pods per prefix group).
+fn peer_view_slack(pool: &Pool) -> f64 {
+    if !pool.peers_share_load {
+        return 0.0;
+    }
+    PEER_VIEW_SLACK * (1.0 - 1.0 / pool.replicas.max(1.0))
+}
+
 impl Parameters {
     /// How much of a hit counts at an endpoint with `waiting` requests when the shortest
     /// candidate queue is `shortest`.
@@ -474,6 +491,7 @@ impl Scorer for PrefixCacheScorer {
                 .iter()
                 .filter_map(|&i| ctx.pool.waiting(i))
                 .fold(f64::INFINITY, f64::min)
+                + peer_view_slack(ctx.pool)
         } else {
             f64::INFINITY
         };

@@ -148,6 +148,14 @@ fn a_hit_counts_less_the_longer_its_queue_is_beyond_the_shortest() {
         [0.4375, 1.0],
         "measured against the candidates only"
     );
+    let mut shared = pool.clone();
+    shared.set_peer_replicas(4);
+    // Four replicas sharing their placements: each reads a queue up to 3 x 3/4 requests short.
+    assert_eq!(
+        scores(&mut scorer, &shared, &[0, 1, 2]),
+        [1.0 - (1.75f64 / 4.0).powi(2), 1.0, 1.0],
+        "a queue within the peers' slack of the shortest keeps its hit"
+    );
     pool.endpoints[1].metrics.running_requests = Some(2.0);
     pool.endpoints[1].running_capacity = Some(2.0);
     pool.endpoints[1].in_flight = 2;
