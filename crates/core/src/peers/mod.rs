@@ -20,6 +20,7 @@ use crate::config::peers::{PeersConfig, PEER_SECRET_HEADER};
 use crate::datalayer::describe_status;
 use crate::datalayer::discovery_calls::DiscoveryCalls;
 use crate::duration::duration_ms;
+use crate::endpoint::EndpointState;
 use crate::hash::hash_bytes;
 use crate::host::{CalloutAnswer, HttpCallouts, SharedData};
 use crate::learned::{InFlight, Learned};
@@ -411,9 +412,13 @@ impl Peers {
             // Replaced whole: a pod the peer no longer names counts nothing.
             peer.in_flight.clear();
             peer.in_flight.resize(slot.data.pool().len(), (0, 0));
+            let pool = slot.data.pool();
             for (&at, &counts) in local.iter().zip(&parsed.state.in_flight) {
-                if let Some(own) = at.and_then(|i| peer.in_flight.get_mut(i)) {
-                    *own = counts;
+                let Some(at) = at else {
+                    continue;
+                };
+                if let Some(own) = peer.in_flight.get_mut(at) {
+                    *own = believable_claim(pool.get(at), counts);
                 }
             }
         }
@@ -531,6 +536,28 @@ impl Peers {
         }
         merged
     }
+}
+
+/// Requests a peer may have placed at a pod beyond what the pod itself reported at its last
+/// scrape: a scrape is at most a few intervals old, and a fleet places a few requests a pod in
+/// that time.
+const CLAIM_BEYOND_REPORT: u32 = 16;
+
+/// A peer's in-flight count at a pod, believed up to what the pod itself reports running and
+/// waiting (our own observation, or a scrape shared by the replica the rendezvous trusts with
+/// it) plus [`CLAIM_BEYOND_REPORT`]: a peer that claims more is wrong or hostile, and one
+/// replica's claim must never steer the fleet off a pod. Tokens shrink in proportion.
+fn believable_claim(endpoint: Option<&EndpointState>, (count, tokens): (u32, u64)) -> (u32, u64) {
+    let reported = endpoint.map_or(0.0, |e| {
+        e.metrics.running().unwrap_or(0.0) + e.metrics.waiting().unwrap_or(0.0)
+    });
+    // Saturating float-to-int conversion; a pod's report is non-negative and bounded.
+    let bound = (reported.max(0.0) as u32).saturating_add(CLAIM_BEYOND_REPORT);
+    if count <= bound {
+        return (count, tokens);
+    }
+    let kept = tokens.saturating_mul(u64::from(bound)) / u64::from(count.max(1));
+    (bound, kept)
 }
 
 /// The state's and the newest batch's sequences last stored (by whichever VM held the lease).

@@ -450,3 +450,38 @@ fn replicas_whose_clocks_disagree_by_an_hour_still_share_fresh_scrapes() {
         assert_eq!(fresh, PODS, "{}", replica.address);
     }
 }
+
+#[test]
+fn a_peers_in_flight_claim_counts_only_up_to_what_the_pod_reports() {
+    let clock = clock_at(1_000);
+    let mut replicas = fleet(2, &clock);
+    run(&mut replicas, &clock, 2);
+    clock.advance(100);
+    replicas[0].tick();
+    let calls = replicas[0].peer_calls();
+    let (token, _, _) = calls
+        .iter()
+        .find(|(_, a, _)| a == "10.1.0.2:9100")
+        .unwrap()
+        .clone();
+    // Well-formed, under the wire's bound, and far beyond the idle pods' report (0 running,
+    // 0 waiting): believed only up to that report plus what a fleet places between scrapes.
+    let claimed = wire::frame(
+        &wire::ReplicaState {
+            origin: 9,
+            seq: 1,
+            newest_batch: 0,
+            pods: vec!["10.0.0.1:8000".into(), "10.0.0.2:8000".into()],
+            in_flight: vec![(50_000, 50_000 * 1_000), (3, 3_000)],
+            scrapes: vec![],
+        },
+        &[],
+    );
+    replicas[0].deliver(token, 200, claimed);
+    clock.advance(100);
+    replicas[0].tick();
+    assert_eq!(replicas[0].in_flight(0), CLAIM_BEYOND_REPORT);
+    assert_eq!(replicas[0].in_flight(1), 3, "a plausible claim counts whole");
+    let peers = replicas[0].driver.peers().unwrap();
+    assert_eq!(peers.counts().refused, 0, "bounded, not refused");
+}
