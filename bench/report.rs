@@ -369,7 +369,8 @@ fn assembled(parts: &[String], folder: &str, stamp: &Stamp) -> String {
     out.replace("](results/", &format!("]({folder}/"))
 }
 
-/// `part` with "(stale: ...)" after its first `## ` heading.
+/// `part` with a **Stale** line under its first `## ` heading: the heading (and so every
+/// link to its anchor) stays as it is from one run to the next.
 fn marked_stale(part: &str) -> String {
     let from = Stamp::read(part).map_or("no recorded commit".into(), |s| s.describe());
     let mut marked = false;
@@ -377,7 +378,7 @@ fn marked_stale(part: &str) -> String {
         .map(|line| {
             if !marked && line.starts_with("## ") {
                 marked = true;
-                format!("{line} (stale: {from}, not this run's)\n")
+                format!("{line}\n\n**Stale:** measured on {from}, not this run's.\n")
             } else {
                 format!("{line}\n")
             }
@@ -455,7 +456,7 @@ mod tests {
     }
 
     #[test]
-    fn a_part_of_another_commit_is_marked_stale_in_its_heading() {
+    fn a_part_of_another_commit_is_marked_stale_under_its_heading() {
         let run = Stamp {
             commit: "a".repeat(40),
             dirty: false,
@@ -476,9 +477,12 @@ mod tests {
         ];
         let report = assembled(&parts, "results", &run);
         assert!(report.contains("## 1. One\n"), "{report}");
-        assert!(report.contains("## 2. Two (stale: commit `bbbbbbbbbbbb`, not this run's)"));
-        assert!(report.contains("## 3. Three (stale: commit `aaaaaaaaaaaa` with uncommitted"));
-        assert!(report.contains("## 4. Unstamped (stale: no recorded commit"));
+        let marked = |heading: &str, from: &str| {
+            report.contains(&format!("{heading}\n\n**Stale:** measured on {from}"))
+        };
+        assert!(marked("## 2. Two", "commit `bbbbbbbbbbbb`, not this run's."));
+        assert!(marked("## 3. Three", "commit `aaaaaaaaaaaa` with uncommitted"));
+        assert!(marked("## 4. Unstamped", "no recorded commit"));
         assert!(report.contains("are not part of this run"));
         let whole = assembled(&parts[..1], "results", &run);
         assert!(
