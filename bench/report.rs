@@ -480,8 +480,14 @@ mod tests {
         let marked = |heading: &str, from: &str| {
             report.contains(&format!("{heading}\n\n**Stale:** measured on {from}"))
         };
-        assert!(marked("## 2. Two", "commit `bbbbbbbbbbbb`, not this run's."));
-        assert!(marked("## 3. Three", "commit `aaaaaaaaaaaa` with uncommitted"));
+        assert!(marked(
+            "## 2. Two",
+            "commit `bbbbbbbbbbbb`, not this run's."
+        ));
+        assert!(marked(
+            "## 3. Three",
+            "commit `aaaaaaaaaaaa` with uncommitted"
+        ));
         assert!(marked("## 4. Unstamped", "no recorded commit"));
         assert!(report.contains("are not part of this run"));
         let whole = assembled(&parts[..1], "results", &run);

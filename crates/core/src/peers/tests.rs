@@ -481,7 +481,11 @@ fn a_peers_in_flight_claim_counts_only_up_to_what_the_pod_reports() {
     clock.advance(100);
     replicas[0].tick();
     assert_eq!(replicas[0].in_flight(0), CLAIM_BEYOND_REPORT);
-    assert_eq!(replicas[0].in_flight(1), 3, "a plausible claim counts whole");
+    assert_eq!(
+        replicas[0].in_flight(1),
+        3,
+        "a plausible claim counts whole"
+    );
     let peers = replicas[0].driver.peers().unwrap();
     assert_eq!(peers.counts().refused, 0, "bounded, not refused");
 }
