@@ -113,6 +113,12 @@ impl Replica {
             .collect()
     }
 
+    /// The token of this replica's latest call to `address`.
+    fn latest_call_to(&self, address: &str) -> u32 {
+        let calls = self.peer_calls();
+        calls.iter().rev().find(|(_, a, _)| a == address).unwrap().0
+    }
+
     fn deliver(&mut self, token: u32, status: u16, body: Vec<u8>) {
         let answer = CalloutAnswer {
             status: Some(status.to_string().into_bytes()),
@@ -132,6 +138,21 @@ impl Replica {
     fn in_flight(&self, index: usize) -> u32 {
         self.slot.data.pool().get(index).unwrap().total_in_flight()
     }
+}
+
+/// A state from origin 9 claiming `in_flight` at the first pods, in order.
+fn claiming(in_flight: Vec<(u32, u64)>) -> Vec<u8> {
+    let state = wire::ReplicaState {
+        origin: 9,
+        seq: 1,
+        newest_batch: 0,
+        pods: (1..=in_flight.len())
+            .map(|i| format!("10.0.0.{i}:8000"))
+            .collect(),
+        in_flight,
+        scrapes: vec![],
+    };
+    wire::frame(&state, &[])
 }
 
 fn clock_at(ms: u64) -> Rc<FakeClock> {
@@ -304,37 +325,15 @@ fn forged_and_oversized_answers_are_refused_and_counted() {
     replicas[0].tick();
     clock.advance(100);
     replicas[0].tick();
-    let calls = replicas[0].peer_calls();
-    let (token, _, _) = calls
-        .iter()
-        .find(|(_, a, _)| a == "10.1.0.2:9100")
-        .unwrap()
-        .clone();
-    let forged = wire::frame(
-        &wire::ReplicaState {
-            origin: 9,
-            seq: 1,
-            newest_batch: 0,
-            pods: vec!["10.0.0.1:8000".into()],
-            in_flight: vec![(u32::MAX, 0)],
-            scrapes: vec![],
-        },
-        &[],
-    );
-    replicas[0].deliver(token, 200, forged);
+    let token = replicas[0].latest_call_to("10.1.0.2:9100");
+    replicas[0].deliver(token, 200, claiming(vec![(u32::MAX, 0)]));
     assert_eq!(replicas[0].in_flight(0), 0, "nothing of it was believed");
     let peers = replicas[0].driver.peers().unwrap();
     assert_eq!(peers.counts().refused, 1);
     // A body over maxStateBytes is never read: the edge hands over an empty body.
     clock.advance(100);
     replicas[0].tick();
-    let calls = replicas[0].peer_calls();
-    let (token, _, _) = calls
-        .iter()
-        .rev()
-        .find(|(_, a, _)| a == "10.1.0.2:9100")
-        .unwrap()
-        .clone();
+    let token = replicas[0].latest_call_to("10.1.0.2:9100");
     let answer = CalloutAnswer {
         status: Some(b"200".to_vec()),
         body_size: 50 << 20,
@@ -458,25 +457,10 @@ fn a_peers_in_flight_claim_counts_only_up_to_what_the_pod_reports() {
     run(&mut replicas, &clock, 2);
     clock.advance(100);
     replicas[0].tick();
-    let calls = replicas[0].peer_calls();
-    let (token, _, _) = calls
-        .iter()
-        .find(|(_, a, _)| a == "10.1.0.2:9100")
-        .unwrap()
-        .clone();
+    let token = replicas[0].latest_call_to("10.1.0.2:9100");
     // Well-formed, under the wire's bound, and far beyond the idle pods' report (0 running,
     // 0 waiting): believed only up to that report plus what a fleet places between scrapes.
-    let claimed = wire::frame(
-        &wire::ReplicaState {
-            origin: 9,
-            seq: 1,
-            newest_batch: 0,
-            pods: vec!["10.0.0.1:8000".into(), "10.0.0.2:8000".into()],
-            in_flight: vec![(50_000, 50_000 * 1_000), (3, 3_000)],
-            scrapes: vec![],
-        },
-        &[],
-    );
+    let claimed = claiming(vec![(50_000, 50_000 * 1_000), (3, 3_000)]);
     replicas[0].deliver(token, 200, claimed);
     clock.advance(100);
     replicas[0].tick();
