@@ -48,6 +48,7 @@ pub struct OpenLoop {
     pub ok: Vec<Exchange>,
     /// The index in `requests` of each of `ok`.
     pub ok_requests: Vec<usize>,
+    pub ok_sent_at: Vec<f64>,
     pub errors: usize,
     pub elapsed: f64,
 }
@@ -107,12 +108,14 @@ pub fn open_loop_routed(
     let elapsed = started.elapsed().as_secs_f64();
     let mut ok = Vec::new();
     let mut ok_requests = Vec::new();
+    let mut ok_sent_at = Vec::new();
     let mut errors = 0;
-    for (n, _, result) in sent {
+    for (n, at, result) in sent {
         match result {
             Some(exchange) if exchange.status == 200 => {
                 ok.push(exchange);
                 ok_requests.push(n);
+                ok_sent_at.push(at);
             }
             _ => errors += 1,
         }
@@ -120,6 +123,7 @@ pub fn open_loop_routed(
     OpenLoop {
         ok,
         ok_requests,
+        ok_sent_at,
         errors,
         elapsed,
     }

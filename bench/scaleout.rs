@@ -400,6 +400,8 @@ struct FleetRow {
     /// cached in one place, more is its prefill repeated and the caches crowded.
     pods_per_group: f64,
     busiest_over_mean: f64,
+    /// Requests sent to a full pod while another had a free slot (see `fleet::full_pod_share`).
+    full_pod_share: f64,
     scrapes_per_pod_second: f64,
     /// Peer-sync calls each replica made, per second it ran.
     sync_requests_per_replica_second: f64,
@@ -429,6 +431,10 @@ impl Row for FleetRow {
         Column::both("s until back near the mean", "recovered_after_s"),
         Column::both("pods per group", "pods_per_group"),
         Column::both("busiest pod / mean", "busiest_over_mean"),
+        Column::both(
+            "sent to a full pod while one had a free slot",
+            "full_pod_share",
+        ),
         Column::both("scrapes per pod per s", "scrapes_per_pod_second"),
         Column::both(
             "sync requests per replica per s",
@@ -456,6 +462,7 @@ impl Row for FleetRow {
         cells.extend([
             Cell::Measure(self.pods_per_group, 2),
             Cell::Measure(self.busiest_over_mean, 2),
+            Cell::Percent(self.full_pod_share),
             Cell::Measure(self.scrapes_per_pod_second, 1),
             Cell::Measure(self.sync_requests_per_replica_second, 1),
             Cell::Measure(self.sync_kb_per_replica_second, 1),
@@ -552,7 +559,7 @@ fn print_row(row: &FleetRow, seconds: f64) {
         )
     });
     println!(
-        "  {} {}: TTFT p50 {:.0} p90 {:.0} ms, err {}, hit {:.1} %{recovery}, {:.2} pods per group, {:.1} scrapes/pod/s, sync {:.1} req/s {:.1} KB/s per replica, CPU {:.2} ms/request  {seconds:.0} s",
+        "  {} {}: TTFT p50 {:.0} p90 {:.0} ms, err {}, hit {:.1} %{recovery}, {:.2} pods per group, {:.1} % to a full pod, {:.1} scrapes/pod/s, sync {:.1} req/s {:.1} KB/s per replica, CPU {:.2} ms/request  {seconds:.0} s",
         row.setup.regime.name,
         row.setup.label(),
         row.ttft.p50,
@@ -560,6 +567,7 @@ fn print_row(row: &FleetRow, seconds: f64) {
         row.errors,
         row.hit_rate * 100.0,
         row.pods_per_group,
+        row.full_pod_share * 100.0,
         row.scrapes_per_pod_second,
         row.sync_requests_per_replica_second,
         row.sync_kb_per_replica_second,
@@ -639,8 +647,12 @@ fn intro(quick: bool, coverage: &Coverage, best: &[f64]) -> String {
          Workloads: shared prefix ({groups}) at {SATURATION_RATE} req/s (about the 2-slot \
          pods' saturation) and {HALF_RATE}; multi-turn chat ({conversations}) at \
          {MULTI_TURN_RATE} req/s; seeds {}. Hit rate: prompt tokens the pods served from their \
-         prefix caches (their own counters) over prompt tokens. Scrapes per pod per second are \
-         counted at the pods. Sync requests (calls made) and KB (answers read) per replica per \
+         prefix caches (their own counters) over prompt tokens. Sent to a full pod while one \
+         had a free slot: the requests that reached a pod with as many requests in progress as \
+         it runs at once (sent and not finished, as the client saw them) while another pod \
+         had fewer; each waited in a queue a better-informed choice would have spared it, \
+         which is how two rows with one hit rate differ in TTFT. Scrapes per pod per second \
+         are counted at the pods. Sync requests (calls made) and KB (answers read) per replica per \
          second come from the replicas' `peers.*` counters, over the seconds each replica ran. \
          Fleet CPU per request is the process CPU of every gateway process (the replicas, plus \
          the central picker or SGLang's router) over the load, per request sent. The best hit \

@@ -11,6 +11,7 @@ use crate::setup::{self, ext_proc_envoy, ExtProcPicker, Running};
 use crate::support::{
     eventually, free_port, shipped_picker_config, stop, with_endpoints, Envoy, Sim,
 };
+use crate::workloads::flag_value;
 use serde_yaml::Value;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -500,6 +501,7 @@ fn fleet_row(
             .and_then(|at| recovery(&measured.timeline, at, hit_rate)),
         pods_per_group,
         busiest_over_mean,
+        full_pod_share: full_pod_share(load, sims, flag_value(setup.regime.sim, "--max-num-seqs")),
         scrapes_per_pod_second: scraped as f64 / sims.len() as f64 / load.elapsed.max(1e-9),
         sync_requests_per_replica_second: per_replica_second(used.sync_calls),
         sync_kb_per_replica_second: per_replica_second(used.sync_bytes) / 1024.0,
@@ -538,6 +540,35 @@ fn spread(workload: &Workload, load: &OpenLoop, pods: usize) -> (f64, f64) {
     let mean = load.ok.len() as f64 / pods.max(1) as f64;
     let busiest = picks.values().copied().max().unwrap_or(0) as f64;
     (pods_per_group, busiest / mean.max(1e-9))
+}
+
+/// The share of the requests sent to a pod that was full (as many requests in progress as it
+/// runs at once, as the client saw them: sent and not finished) while another pod had a free
+/// slot: each waited in a queue a better-informed choice would have spared it. Hit rates can
+/// be equal and TTFT far apart; this says why.
+fn full_pod_share(load: &OpenLoop, sims: &[&Sim], slots: f64) -> f64 {
+    let spans: Vec<(&str, f64, f64)> = load
+        .ok
+        .iter()
+        .zip(&load.ok_sent_at)
+        .map(|(e, &at)| (e.pod.as_str(), at, at + e.total.as_secs_f64()))
+        .collect();
+    let in_progress = |pod: &str, at: f64, except: usize| {
+        spans
+            .iter()
+            .enumerate()
+            .filter(|&(j, &(p, from, to))| j != except && p == pod && from <= at && at < to)
+            .count() as f64
+    };
+    let full_with_free_elsewhere = spans
+        .iter()
+        .enumerate()
+        .filter(|&(i, &(pod, at, _))| {
+            in_progress(pod, at, i) >= slots
+                && sims.iter().any(|sim| in_progress(&sim.name, at, i) < slots)
+        })
+        .count();
+    full_with_free_elsewhere as f64 / spans.len().max(1) as f64
 }
 
 /// A process that spins on one core until dropped.

@@ -330,6 +330,7 @@ mod tests {
             }),
             pods_per_group: 1.0,
             busiest_over_mean: 1.1,
+            full_pod_share: 0.1,
             scrapes_per_pod_second: 20.0,
             sync_requests_per_replica_second: 70.0,
             sync_kb_per_replica_second: 3.0,

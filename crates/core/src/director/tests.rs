@@ -186,6 +186,43 @@ fn routes_to_shortest_queue_with_fallback_list() {
     assert_eq!(director.pool().endpoints[2].in_flight, 0);
 }
 
+#[test]
+fn the_decision_line_shows_the_load_each_pod_was_scored_at() {
+    let mut director = director();
+    for (index, waiting) in [(0, 5), (1, 0), (2, 2)] {
+        let body = format!("vllm:num_requests_running 1\nvllm:num_requests_waiting {waiting}\nvllm:kv_cache_usage_perc 0.1\n");
+        director.on_scrape_ok(index, 1000, &body).unwrap();
+    }
+    director.on_tick(1000);
+    let first = route(&mut director, ApiKind::Completions, Some(BODY)).unwrap();
+    assert_eq!(first.primary, 1);
+    let loads = |director: &Rooms| -> Vec<(Option<f64>, Option<f64>)> {
+        director
+            .explain_rows()
+            .iter()
+            .map(|row| (row.running, row.waiting))
+            .collect()
+    };
+    // As scored: before this request was placed.
+    assert_eq!(
+        loads(&director),
+        [
+            (Some(1.0), Some(5.0)),
+            (Some(1.0), Some(0.0)),
+            (Some(1.0), Some(2.0))
+        ]
+    );
+    route(&mut director, ApiKind::Completions, Some(BODY)).unwrap();
+    assert_eq!(
+        loads(&director)[1],
+        (Some(2.0), Some(0.0)),
+        "the first request counted"
+    );
+    let line = director.0.director.explain_last(&director.0.data);
+    assert!(line.contains("10.0.0.1:8000 total="), "{line}");
+    assert!(line.contains("running=1.0 waiting=5.0"), "{line}");
+}
+
 fn with_subset(subset: &[&str]) -> RequestHeaders {
     RequestHeaders {
         subset_hint: Some(subset.iter().map(|a| a.to_string()).collect()),

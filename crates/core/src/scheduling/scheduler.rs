@@ -77,6 +77,8 @@ struct ProfileTrace {
     /// Scorer-major: `scores[k * n + i]` is scorer k's score for candidate i.
     scores: Vec<f64>,
     totals: Vec<f64>,
+    /// Each candidate's `(running, waiting)` as the scorers read them, for the decision line.
+    loads: Vec<(Option<f64>, Option<f64>)>,
 }
 
 pub struct Scheduler {
@@ -386,6 +388,13 @@ fn score_candidates(
     trace.scores.resize(n * profile.scorers.len(), 0.0);
     trace.totals.clear();
     trace.totals.resize(n, 0.0);
+    trace.loads.clear();
+    trace.loads.extend(
+        trace
+            .candidates
+            .iter()
+            .map(|&i| (ctx.pool.running(i), ctx.pool.waiting(i))),
+    );
     for (scorer, scores) in profile.scorers.iter().zip(trace.scores.chunks_mut(n)) {
         if let Some(PluginInstance {
             plugin: Plugin::Scorer(plugin),

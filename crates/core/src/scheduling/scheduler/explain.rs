@@ -50,6 +50,14 @@ impl Scheduler {
                 );
             }
             line.push(')');
+            // The load the scores read: the pod's last report plus what was placed there
+            // since (by this Envoy and, with `pool.peers`, by the other replicas).
+            if let Some(running) = row.running {
+                let _ = write!(line, " running={running:.1}");
+            }
+            if let Some(waiting) = row.waiting {
+                let _ = write!(line, " waiting={waiting:.1}");
+            }
             if let Some(ttft) = row.predicted_ttft_ms {
                 let _ = write!(line, " predicted_ttft_ms={ttft:.0}");
             }
@@ -88,6 +96,8 @@ impl Scheduler {
                     address: pool.get(endpoint).map_or("?", |e| e.address.as_str()),
                     total: trace.totals.get(i).copied().unwrap_or(0.0),
                     scores,
+                    running: trace.loads.get(i).and_then(|load| load.0),
+                    waiting: trace.loads.get(i).and_then(|load| load.1),
                     predicted_ttft_ms: predicted.map(|p| p.ttft_ms),
                 });
             }
@@ -104,6 +114,9 @@ pub struct ExplainRow<'a> {
     pub total: f64,
     /// `(scorer name, clamped score, weight)`.
     pub scores: Vec<(&'a str, f64, f64)>,
+    /// Requests running and waiting there as the scorers read them (see `Pool::running`).
+    pub running: Option<f64>,
+    pub waiting: Option<f64>,
     /// `predicted-latency-producer`'s TTFT for the request there, ms.
     pub predicted_ttft_ms: Option<f64>,
 }
