@@ -55,10 +55,19 @@ pub struct MemberHashes {
 }
 
 impl MemberHashes {
-    fn refresh(&mut self, pool: &Pool) {
+    pub fn refresh(&mut self, pool: &Pool) {
         for endpoint in pool.endpoints.iter().skip(self.hashes.len()) {
             self.hashes.push(hash_bytes(0, endpoint.address.as_bytes()));
         }
+    }
+
+    /// `candidate`'s place in `key`'s order as a fraction from 0 to 1, the same on every
+    /// replica: it breaks ties between pods that score alike, so replicas that raced a prefix
+    /// onto two pods all send what follows to the same one. Call [`Self::refresh`] first.
+    pub fn order_fraction(&self, key: u64, candidate: usize) -> f64 {
+        self.hashes.get(candidate).map_or(0.0, |&member| {
+            rendezvous_weight(key, member) as f64 / u64::MAX as f64
+        })
     }
 
     /// The home of `key` among `candidates`: see the module documentation. A pod of unknown

@@ -120,6 +120,11 @@ pub const DEFAULT_AFFINITY_QUEUE_LIMIT: usize = 4;
 /// longer than the shortest before its hit is discounted, in a fleet of many replicas.
 const PEER_VIEW_SLACK: f64 = 3.0;
 
+/// The most a learned hit's score is lowered, as a share of it, to break a tie by the
+/// prefix's order: far below any difference the matches or the load make, far above the
+/// totals' rounding.
+const ORDER_TIE_BREAK: f64 = 1e-6;
+
 /// How far a queue as this replica reads it can be from the truth, in requests: what the
 /// other replicas placed since their last state (the share `1 - 1/replicas` of the traffic
 /// this one does not see at once). The shortest of several such readings is the one most
@@ -337,6 +342,17 @@ impl PrefixCacheScorer {
         self.hashes.get(blocks.checked_sub(1)?).copied()
     }
 
+    /// The key whose order breaks ties between learned hits: the home key, else the first
+    /// block's hash. Only replicas that share placements (`pool.peers`) need one: each knows
+    /// every pod the prefix went to, and would otherwise pick among equals at random.
+    fn order_key(&mut self, pool: &Pool) -> Option<u64> {
+        if !pool.peers_share_load {
+            return None;
+        }
+        self.members.refresh(pool);
+        self.home_key().or_else(|| self.hashes.first().copied())
+    }
+
     /// Finds the request's home among `candidates`, when home affinity applies.
     fn locate_home(&mut self, ctx: &SchedulingContext<'_>, candidates: &[usize]) -> PrefixHome {
         let wanted = self
@@ -495,6 +511,7 @@ impl Scorer for PrefixCacheScorer {
         } else {
             f64::INFINITY
         };
+        let order_key = self.order_key(ctx.pool);
         for (score, &candidate) in scores.iter_mut().zip(candidates) {
             let weight = self
                 .parameters
@@ -505,6 +522,10 @@ impl Scorer for PrefixCacheScorer {
                 matches.map_or(0, |m| m.cached_tokens(candidate)),
             );
             *score = cache * weight;
+            if let Some(key) = order_key {
+                *score *=
+                    1.0 - ORDER_TIE_BREAK * (1.0 - self.members.order_fraction(key, candidate));
+            }
         }
     }
 

@@ -151,10 +151,15 @@ fn a_hit_counts_less_the_longer_its_queue_is_beyond_the_shortest() {
     let mut shared = pool.clone();
     shared.set_peer_replicas(4);
     // Four replicas sharing their placements: each reads a queue up to 3 x 3/4 requests short.
-    assert_eq!(
-        scores(&mut scorer, &shared, &[0, 1, 2]),
-        [1.0 - (1.75f64 / 4.0).powi(2), 1.0, 1.0],
-        "a queue within the peers' slack of the shortest keeps its hit"
+    // (Within a millionth: shared placements break ties by the prefix's order.)
+    let with_slack = scores(&mut scorer, &shared, &[0, 1, 2]);
+    let expected = [1.0 - (1.75f64 / 4.0).powi(2), 1.0, 1.0];
+    assert!(
+        with_slack
+            .iter()
+            .zip(expected)
+            .all(|(s, e)| (s - e).abs() < 1e-6 && *s <= e),
+        "a queue within the peers' slack of the shortest keeps its hit: {with_slack:?}"
     );
     pool.endpoints[1].metrics.running_requests = Some(2.0);
     pool.endpoints[1].running_capacity = Some(2.0);
@@ -524,4 +529,53 @@ fn one_envoy_scraped_load_signals_or_the_switch_turn_homes_off() {
         let value: Value = serde_yaml::from_str(bad).unwrap();
         assert!(build(&value).is_err(), "{bad}");
     }
+}
+
+#[test]
+fn replicas_that_raced_a_prefix_onto_two_pods_send_what_follows_to_the_same_one() {
+    // Two replicas that share placements, their members listed in opposite orders.
+    let mut listed = queues(&[0.0; 6]);
+    let mut reversed = Pool::new(listed.endpoints.iter().rev().cloned().collect());
+    listed.set_peer_replicas(2);
+    reversed.set_peer_replicas(2);
+    let index_in = |pool: &Pool, address: &str| {
+        (0..pool.len())
+            .find(|&i| pool.get(i).unwrap().address == address)
+            .unwrap()
+    };
+    let raced = ["10.0.0.1:8000", "10.0.0.4:8000"];
+    let mut winners = std::collections::BTreeSet::new();
+    for group in 0..16 {
+        let system = format!("{group:04}{group:04}");
+        let mut picks = Vec::new();
+        for pool in [&listed, &reversed] {
+            let mut scorer = home_scorer();
+            // The group's first two chats raced onto two pods; both replicas learned both.
+            for (question, address) in ["aaaa", "bbbb"].iter().zip(raced) {
+                let mut hashes = Vec::new();
+                block_hashes("m", &format!("{system}{question}"), 4, 64, &mut hashes);
+                scorer.learn_remote(&LearnedPrefix {
+                    endpoint: index_in(pool, address),
+                    hashes,
+                });
+            }
+            let scores = score_and_pick_request(
+                &mut scorer,
+                pool,
+                &with_system(8, &format!("{system}cccc")),
+            );
+            let best = (0..scores.len())
+                .max_by(|&a, &b| scores[a].total_cmp(&scores[b]))
+                .unwrap();
+            picks.push(pool.get(best).unwrap().address.clone());
+        }
+        assert_eq!(picks[0], picks[1], "group {group}");
+        assert!(raced.contains(&picks[0].as_str()), "{picks:?}");
+        winners.insert(picks[0].clone());
+    }
+    assert_eq!(
+        winners.len(),
+        2,
+        "the order depends on the prefix: {winners:?}"
+    );
 }
