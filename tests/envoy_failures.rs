@@ -5,8 +5,8 @@ mod support;
 
 use std::time::Duration;
 use support::{
-    completion, eventually, request, shipped_picker_config, with_endpoints, with_pool_keys, Envoy,
-    Listener, Sim, MODEL,
+    completion, eventually, request, shipped_picker_config, with_endpoints, with_pool_keys,
+    BackgroundLoad, Envoy, Listener, Sim, MODEL,
 };
 
 /// The shipped picker config for these pods, with `pool` keys adjusted.
@@ -267,24 +267,80 @@ fn when_every_pick_fails_the_client_gets_503_and_no_other_pod_is_tried() {
 }
 
 #[test]
-fn a_pod_that_hangs_its_metrics_does_not_delay_the_others() {
+fn a_pod_that_hangs_does_not_delay_the_others_and_costs_at_most_a_request_per_worker() {
     let a = Sim::start("pod-a", &[]);
     let b = Sim::start("pod-b", &["--background-waiting", "3"]);
     let envoy = gateway(&[&a, &b], "metricsTimeout: 300ms");
     a.admin("fault", r#"{"mode":"hang"}"#);
     let before = b.metrics_scrapes();
     // A measuring window: pod-b's scrapes while pod-a's hang.
-    std::thread::sleep(std::time::Duration::from_millis(1600));
+    std::thread::sleep(Duration::from_millis(1600));
     let scraped = b.metrics_scrapes() - before;
     assert!(scraped >= 20, "pod-b scraped only {scraped} times in 1.6 s");
-    // pod-a's scrapes timed out three times in a row (one slow answer only ages its metrics):
-    // it is out of rotation, and requests go to pod-b.
+    // pod-a's late scrapes only age its metrics: once they are stale it is still a
+    // candidate, read as the idle pod it last reported. The request each worker sends it is
+    // not answered (the client gives up) and nothing more goes there.
     envoy.wait_for_fresh_endpoints(1);
-    for n in 0..5 {
-        let response = envoy.post("/v1/completions", &completion(n));
-        assert_eq!(response.status, 200, "{}", response.text());
-        assert_eq!(response.pod(), "pod-b");
+    let mut outcomes = Vec::new();
+    for n in 0..8 {
+        let headers = [("content-type", "application/json")];
+        let body = completion(n);
+        let address = envoy.address();
+        let answer = support::http1::exchange(
+            &address,
+            "POST",
+            "/v1/completions",
+            &headers,
+            body.as_bytes(),
+            Duration::from_millis(1500),
+        );
+        outcomes.push(match answer {
+            Ok(response) => format!("{} {}", response.status, response.pod()),
+            Err(_) => "no answer".to_owned(),
+        });
     }
+    let lost = outcomes.iter().filter(|o| *o == "no answer").count();
+    assert!(lost <= 2, "one per worker at most: {outcomes:?}");
+    assert!(
+        outcomes
+            .iter()
+            .all(|o| o == "no answer" || o == "200 pod-b"),
+        "{outcomes:?}"
+    );
+    assert!(
+        outcomes[4..].iter().all(|o| o == "200 pod-b"),
+        "{outcomes:?}"
+    );
+}
+
+#[test]
+fn a_pod_whose_metrics_answer_in_3_s_keeps_its_share_while_another_is_loaded() {
+    // pod-a serves promptly but its /metrics takes 3 s (three times metricsTimeout); pod-b
+    // has a queue.
+    let a = Sim::start("pod-a", &[]);
+    let b = Sim::start("pod-b", &["--background-waiting", "4"]);
+    let envoy = gateway(&[&a, &b], "");
+    a.admin(
+        "fault",
+        r#"{"mode":"slow","delay_ms":3000,"scope":"metrics"}"#,
+    );
+    // Its metrics go stale: a late reading is missing, not a verdict.
+    envoy.wait_for_fresh_endpoints(1);
+    let load = BackgroundLoad::start(&envoy.address(), 4);
+    std::thread::sleep(Duration::from_millis(2500));
+    let served = load.finish();
+    assert!(served.len() > 20, "load ran: {}", served.len());
+    assert!(served.iter().all(|s| s.status == 200));
+    let at_a = served.iter().filter(|s| s.pod == "pod-a").count();
+    assert!(
+        at_a * 10 >= served.len() * 8,
+        "the idle pod took {at_a} of {}",
+        served.len()
+    );
+    let stale = envoy
+        .wait_for_log_line("stale_metrics_age_ms=")
+        .expect("the decision line says its metrics are late");
+    assert!(stale.contains(&a.address), "{stale}");
 }
 
 /// Serves `listener` through Envoy's file-based LDS: written aside, then moved into place.

@@ -19,6 +19,17 @@ pub struct Limits {
     pub max_lora: usize,
 }
 
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FaultScope {
+    /// Every path.
+    All,
+    /// Everything but `/metrics`: the pod looks healthy to scrapes but fails requests.
+    Inference,
+    /// `/metrics` only: a busy server whose metrics page answers late while it serves
+    /// requests promptly.
+    Metrics,
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub enum Fault {
     Error(u16),
@@ -83,8 +94,8 @@ pub struct Engine {
     pub preemptions: u64,
     pub metrics_scrapes: u64,
     pub fault: Option<Fault>,
-    /// The fault spares `/metrics`: the pod looks healthy to scrapes but fails requests.
-    pub fault_spares_metrics: bool,
+    /// Which paths the fault hits.
+    pub fault_scope: FaultScope,
 }
 
 impl Engine {
@@ -116,7 +127,7 @@ impl Engine {
             preemptions: 0,
             metrics_scrapes: 0,
             fault: None,
-            fault_spares_metrics: false,
+            fault_scope: FaultScope::All,
         }
     }
 

@@ -43,7 +43,8 @@
 //! a graceful stop waits).
 //!
 //! Runtime control: `POST /admin/fault` (`{"mode":"error","status":500,"scope":"inference"}`;
-//! the scope spares `/metrics`; `{"mode":"refuse","for_ms":2000}` closes the listening socket,
+//! the scope `inference` spares `/metrics`, `metrics` hits only it, as
+//! `{"mode":"slow","delay_ms":3000,"scope":"metrics"}` for a busy server's late metrics page; `{"mode":"refuse","for_ms":2000}` closes the listening socket,
 //! so new connections are refused while open ones are served, for 2 s or until another mode is
 //! set), `POST /admin/load` with a JSON body (`background_waiting`, `background_running`,
 //! `background_kv`, `extra_metrics`, `metrics_padding_bytes`), `GET`/`POST /admin/stats` for

@@ -4,7 +4,7 @@
 
 use crate::api::{self, Api, ApiRequest};
 use crate::batching::Sequence;
-use crate::engine::{Engine, Fault, Limits};
+use crate::engine::{Engine, Fault, FaultScope, Limits};
 use crate::http1::{self, Request};
 use crate::kv_cache::{self, KvCache};
 use crate::lifecycle::Door;
@@ -122,10 +122,15 @@ impl Pod {
         }
         let fault = {
             let engine = self.lock();
-            if engine.fault_spares_metrics && path == "/metrics" {
-                None
-            } else {
+            let hit = match engine.fault_scope {
+                FaultScope::All => true,
+                FaultScope::Inference => path != "/metrics",
+                FaultScope::Metrics => path == "/metrics",
+            };
+            if hit {
                 engine.fault.clone()
+            } else {
+                None
             }
         };
         match fault {
@@ -214,8 +219,11 @@ impl Pod {
                 let fault = fault_from(&body);
                 let mut engine = self.lock();
                 engine.fault = fault;
-                engine.fault_spares_metrics =
-                    body.get("scope").and_then(Value::as_str) == Some("inference");
+                engine.fault_scope = match body.get("scope").and_then(Value::as_str) {
+                    Some("inference") => FaultScope::Inference,
+                    Some("metrics") => FaultScope::Metrics,
+                    _ => FaultScope::All,
+                };
             }
             "/admin/load" => {
                 let mut engine = self.lock();

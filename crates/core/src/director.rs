@@ -196,6 +196,7 @@ impl Director {
         // The usual answer: the first pick served it. Nothing to avoid or move, nothing to
         // allocate.
         if !failed && served.is_none_or(|served| served == routed.destination) {
+            data.answered(routed.primary);
             return Vec::new();
         }
         let listed: Vec<&str> = std::iter::once(routed.destination.as_str())
@@ -224,6 +225,9 @@ impl Director {
             .filter(|p| *p > 0)
             .and(served)
             .and_then(|served| data.pool().index_of(served));
+        if let Some(index) = moved.filter(|_| !failed) {
+            data.answered(index);
+        }
         if let Some(index) = moved {
             data.end_in_flight(routed.primary, routed.tokens);
             data.add_in_flight(index, routed.tokens);

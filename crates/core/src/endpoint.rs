@@ -73,9 +73,6 @@ pub enum Health {
     Unreachable,
 }
 
-/// Timed-out scrapes in a row that take an endpoint out of rotation.
-pub const SCRAPE_TIMEOUTS_BEFORE_UNREACHABLE: u32 = 3;
-
 #[derive(Debug, Clone)]
 pub struct EndpointState {
     pub address: String,
@@ -85,8 +82,6 @@ pub struct EndpointState {
     pub health: Health,
     /// Host time (ms) of the last scrape that produced metrics.
     pub last_scrape_ok_ms: Option<u64>,
-    /// Scrapes in a row that timed out: slow is not dead, so only several take it out.
-    pub scrape_timeouts_in_a_row: u32,
     /// Scrapes in a row that failed, and the host time before which it is not probed again:
     /// a dead pod is re-probed with back-off, not every interval.
     pub scrape_failures_in_a_row: u32,
@@ -122,6 +117,14 @@ pub struct EndpointState {
     /// Host time (ms) until which the endpoint is avoided after answering a request with 5xx
     /// or refusing the connection (passive health).
     pub backoff_until_ms: u64,
+    /// This worker sent it requests it has not answered yet (cleared by an answer to the last
+    /// one it held, or a good scrape): one that ended unanswered, because the client gave up
+    /// on a hung pod, stays owed.
+    pub owes_answer: bool,
+    /// Host time (ms) until which its last answer to this worker vouches for it: the staleness
+    /// threshold after that answer. A pod whose metrics are late stays routable while it owes
+    /// nothing or answers: one that answers keeps its share, one that hangs costs one request.
+    pub answered_until_ms: u64,
     /// Discovery no longer lists it. Kept (not deleted) so every index stays valid and the same
     /// across workers; it is neither scraped nor routed to.
     pub removed: bool,
@@ -138,7 +141,6 @@ impl EndpointState {
             health: Health::Unknown,
             last_scrape_ok_ms: None,
             last_scrape_failed: false,
-            scrape_timeouts_in_a_row: 0,
             scrape_failures_in_a_row: 0,
             next_probe_ms: 0,
             next_scrape_ms: 0,
@@ -154,6 +156,8 @@ impl EndpointState {
             pace: Pace::default(),
             latency: LatencyModel::default(),
             backoff_until_ms: 0,
+            owes_answer: false,
+            answered_until_ms: 0,
             removed: false,
         }
     }
@@ -167,9 +171,19 @@ impl EndpointState {
         }
     }
 
-    /// In the pool, fresh metrics, and not backing off after a failed request.
+    /// In the pool, scraped and not failing its scrapes, and not backing off after a failed
+    /// request. Metrics that are late (a busy pod's `/metrics` answers slowly) are a missing
+    /// reading, not a verdict: the pod stays a candidate, read from its last metrics plus what
+    /// was placed there since (see [`Self::waiting`]), unless it owes this worker answers and
+    /// has given none lately (it looks hung); only failed connections or requests take it out
+    /// for longer.
     pub fn routable(&self, now_ms: u64) -> bool {
-        !self.removed && self.health == Health::Fresh && self.backoff_until_ms <= now_ms
+        let live = match self.health {
+            Health::Fresh => true,
+            Health::Stale => !self.owes_answer || now_ms <= self.answered_until_ms,
+            Health::Unknown | Health::Unreachable => false,
+        };
+        live && !self.removed && self.backoff_until_ms <= now_ms
     }
 
     /// Requests in flight there from the whole Envoy: this worker's exact count plus the
@@ -318,6 +332,9 @@ pub struct Pool {
     by_address: HashMap<String, usize>,
     /// Host time of the last tick.
     now_ms: u64,
+    /// The metrics staleness threshold, as of the last tick: also how long a pod has to answer
+    /// a request before its late metrics no longer keep it routable.
+    staleness_ms: u64,
     /// Health changes since the last `refresh_health`, for the log.
     transitions: Vec<HealthTransition>,
 }
@@ -343,6 +360,7 @@ impl Pool {
             default_engine: None,
             by_address,
             now_ms: 0,
+            staleness_ms: 0,
             transitions: Vec::new(),
         }
     }
@@ -512,6 +530,8 @@ impl Pool {
             }
             endpoint.metrics = metrics;
             endpoint.placed_tokens_since_scrape = 0;
+            // It answers: only what it holds now is owed (one a client gave up on is not).
+            endpoint.owes_answer = endpoint.in_flight > 0;
             let (count, tokens) = endpoint.in_flight_at_scrape_sent.take().unwrap_or((
                 endpoint.total_in_flight(),
                 endpoint.total_in_flight_tokens(),
@@ -520,7 +540,6 @@ impl Pool {
             endpoint.in_flight_tokens_at_scrape = tokens;
             endpoint.last_scrape_ok_ms = Some(now_ms);
             endpoint.last_scrape_failed = false;
-            endpoint.scrape_timeouts_in_a_row = 0;
             endpoint.scrape_failures_in_a_row = 0;
             endpoint.next_probe_ms = 0;
             set_health(endpoint, Health::Fresh, &mut self.transitions);
@@ -569,25 +588,11 @@ impl Pool {
         }
     }
 
-    /// A scrape that timed out: a busy pod answers late, so its metrics only age (usable until
-    /// the staleness threshold); [`SCRAPE_TIMEOUTS_BEFORE_UNREACHABLE`] in a row take it out.
-    /// Returns true when this one did.
-    pub fn record_scrape_timeout(&mut self, index: usize) -> bool {
-        let Some(endpoint) = self.endpoints.get_mut(index) else {
-            return false;
-        };
-        endpoint.scrape_timeouts_in_a_row = endpoint.scrape_timeouts_in_a_row.saturating_add(1);
-        if endpoint.scrape_timeouts_in_a_row < SCRAPE_TIMEOUTS_BEFORE_UNREACHABLE {
-            return false;
-        }
-        self.record_scrape_failure(index);
-        true
-    }
-
     /// Ages every endpoint's metrics so the request path only reads a flag; returns the health
     /// changes since the last call.
     pub fn refresh_health(&mut self, now_ms: u64, staleness_ms: u64) -> Vec<HealthTransition> {
         self.now_ms = now_ms;
+        self.staleness_ms = staleness_ms;
         for endpoint in &mut self.endpoints {
             let health = endpoint.health_at(now_ms, staleness_ms);
             set_health(endpoint, health, &mut self.transitions);
@@ -595,9 +600,20 @@ impl Pool {
         std::mem::take(&mut self.transitions)
     }
 
+    /// `index` answered one of this worker's requests (still counted in flight): it vouches
+    /// for the pod for a staleness threshold (see [`EndpointState::answered_until_ms`]).
+    pub fn answered(&mut self, index: usize) {
+        let until = self.now_ms.saturating_add(self.staleness_ms);
+        if let Some(endpoint) = self.endpoints.get_mut(index) {
+            endpoint.answered_until_ms = until;
+            endpoint.owes_answer &= endpoint.in_flight > 1;
+        }
+    }
+
     /// A request of `tokens` was routed to `index`.
     pub fn add_in_flight(&mut self, index: usize, tokens: u64) {
         if let Some(endpoint) = self.endpoints.get_mut(index) {
+            endpoint.owes_answer = true;
             endpoint.in_flight = endpoint.in_flight.saturating_add(1);
             endpoint.in_flight_tokens = endpoint.in_flight_tokens.saturating_add(tokens);
             endpoint.placed_tokens_since_scrape =

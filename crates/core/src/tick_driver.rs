@@ -327,7 +327,7 @@ fn log_health(report: &TickReport) {
     }
     match report.all_unfresh {
         Some(true) => log::warn!(
-            "inference-picker: no endpoint has fresh metrics; routing by in-flight requests"
+            "inference-picker: no endpoint has fresh metrics; scoring on the last ones plus the requests placed since"
         ),
         Some(false) => {
             log::info!("inference-picker: endpoints have fresh metrics; scoring on them")

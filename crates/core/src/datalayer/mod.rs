@@ -364,6 +364,11 @@ impl DataLayer {
         self.pool.back_off(index, until_ms)
     }
 
+    /// `index` answered one of this worker's requests now (see `EndpointState::routable`).
+    pub fn answered(&mut self, index: usize) {
+        self.pool.answered(index);
+    }
+
     /// A `/metrics` body for endpoint `index`, as if a scrape had answered it now (the CLI's
     /// `explain`, the benches and tests feed metrics this way).
     pub fn scrape_answered(

@@ -294,7 +294,7 @@ impl Scrapes {
             );
             // A refused connection is Envoy's 503 and leaves at once; a slow pod is not dead.
             if matches!(status, None | Some(b"504")) {
-                self.timed_out(pool, settings, index);
+                self.timed_out(index);
                 return Scraped::TimedOut;
             }
             self.failed(pool, settings, index);
@@ -358,13 +358,11 @@ impl Scrapes {
         back_off_probes(pool, settings, index);
     }
 
-    /// A scrape timed out (Envoy's 504, or no answer): the endpoint's metrics age; repeated
-    /// timeouts count as a failure.
-    fn timed_out(&mut self, pool: &mut Pool, settings: &PoolConfig, index: usize) {
+    /// A scrape timed out (Envoy's 504, or no answer): a busy pod answers `/metrics` late
+    /// while it serves requests, so its metrics only age (it goes stale and stays routable);
+    /// a pod that is really gone refuses connections or fails requests, which take it out.
+    fn timed_out(&mut self, index: usize) {
         self.clear_pending(index);
-        if pool.record_scrape_timeout(index) {
-            back_off_probes(pool, settings, index);
-        }
     }
 
     fn clear_pending(&mut self, index: usize) {

@@ -252,9 +252,17 @@ fn the_subset_hint_narrows_the_pick_and_an_empty_one_is_503() {
     let outside = director.route(api, Some(BODY), with_subset(&["10.9.9.9:8000"]));
     assert_eq!(outside.unwrap_err().status(), 503);
     assert!(director.pool().endpoints.iter().all(|e| e.in_flight == 0));
-    // Unreachable metrics everywhere: the degraded pick still stays within the hint.
+    // Stale metrics everywhere: the pick still stays within the hint.
     director.on_tick(1_000_000);
     let routed = director
+        .route(api, Some(BODY), with_subset(&["10.0.0.2:8000"]))
+        .unwrap();
+    assert_eq!(routed.destination, "10.0.0.2:8000");
+    director.release(&routed);
+    // No metrics yet anywhere: the degraded pick stays within the hint too.
+    let mut unscraped = self::director();
+    unscraped.on_tick(1000);
+    let routed = unscraped
         .route(api, Some(BODY), with_subset(&["10.0.0.2:8000"]))
         .unwrap();
     assert!(routed.degraded);
@@ -385,19 +393,32 @@ fn scrape_failures_and_staleness_remove_endpoints() {
     director.on_scrape_failed(2);
     director.on_tick(1000);
     for _ in 0..20 {
-        let routed = route(&mut director, ApiKind::Completions, Some(BODY)).unwrap();
+        let mut routed = route(&mut director, ApiKind::Completions, Some(BODY)).unwrap();
         assert!(
             !routed.destination.contains("10.0.0.3"),
             "{}",
             routed.destination
         );
+        director.report_response(&mut routed, None, false);
+        director.release(&routed);
     }
-    // All metrics stale: still routed, to a reachable endpoint, flagged degraded.
+    // All metrics stale (late, not failed): still scored from the last readings, never to
+    // the pod whose scrape failed.
     let report = director.on_tick(10_000);
     assert_eq!(report.all_unfresh, Some(true));
-    let routed = route(&mut director, ApiKind::Completions, Some(BODY)).unwrap();
-    assert!(routed.degraded);
-    assert_ne!(routed.primary, 2);
+    let mut routed = route(&mut director, ApiKind::Completions, Some(BODY)).unwrap();
+    assert!(!routed.degraded);
+    assert_eq!(routed.primary, 0, "the shorter queue at the last reading");
+    // While that request is owed and the pod gave no answer lately, it may hang; once it
+    // answers it is a candidate again.
+    let next = route(&mut director, ApiKind::Completions, Some(BODY)).unwrap();
+    assert_eq!(next.primary, 1);
+    director.release(&next);
+    director.report_response(&mut routed, None, false);
+    let next = route(&mut director, ApiKind::Completions, Some(BODY)).unwrap();
+    assert_eq!(next.primary, 0);
+    director.release(&next);
+    director.release(&routed);
     director.on_scrape_failed(0);
     director.on_scrape_failed(1);
     director.on_tick(10_000);

@@ -77,6 +77,43 @@ fn health_follows_scrapes_and_age() {
 }
 
 #[test]
+fn late_metrics_keep_a_pod_routable_while_it_answers_what_it_is_sent() {
+    let mut pool = pool(2);
+    pool.record_scrape_ok(0, 1000, EndpointMetrics::default());
+    pool.refresh_health(5000, 2000);
+    let pod = |pool: &Pool| pool.endpoints[0].routable(pool.now_ms());
+    assert_eq!(pool.endpoints[0].health, Health::Stale);
+    assert!(pod(&pool), "late metrics, nothing owed: still a candidate");
+    pool.add_in_flight(0, 10);
+    assert!(
+        !pod(&pool),
+        "owes an answer and gave none lately: it may hang"
+    );
+    pool.add_in_flight(0, 10);
+    pool.answered(0);
+    pool.end_in_flight(0, 10);
+    pool.refresh_health(6999, 2000);
+    assert!(pod(&pool), "it answers: still a candidate");
+    pool.refresh_health(7001, 2000);
+    assert!(!pod(&pool), "the other answer is overdue: it looks hung");
+    pool.end_in_flight(0, 10);
+    assert!(
+        !pod(&pool),
+        "a request that ended unanswered (the client gave up) does not clear it"
+    );
+    pool.record_scrape_ok(0, 7001, EndpointMetrics::default());
+    pool.refresh_health(9500, 2000);
+    assert!(pod(&pool), "a good scrape does");
+    pool.add_in_flight(1, 10);
+    assert!(
+        !pool.endpoints[1].routable(pool.now_ms()),
+        "never scraped: not a candidate"
+    );
+    pool.record_scrape_failure(0);
+    assert!(!pod(&pool), "a failed scrape takes it out");
+}
+
+#[test]
 fn addresses_find_their_index_as_members_come_and_go() {
     let mut pool = pool(3);
     assert_eq!(pool.index_of("10.0.0.2:8000"), Some(2));

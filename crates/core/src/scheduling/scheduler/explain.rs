@@ -2,7 +2,7 @@
 //! profile's totals as JSON.
 
 use super::Scheduler;
-use crate::endpoint::Pool;
+use crate::endpoint::{Health, Pool};
 use std::fmt::Write;
 
 impl Scheduler {
@@ -58,6 +58,9 @@ impl Scheduler {
             if let Some(waiting) = row.waiting {
                 let _ = write!(line, " waiting={waiting:.1}");
             }
+            if let Some(age) = row.stale_metrics_age_ms {
+                let _ = write!(line, " stale_metrics_age_ms={age}");
+            }
             if let Some(ttft) = row.predicted_ttft_ms {
                 let _ = write!(line, " predicted_ttft_ms={ttft:.0}");
             }
@@ -91,14 +94,20 @@ impl Scheduler {
                     })
                     .collect();
                 let predicted = self.cycle.latency.as_ref().and_then(|l| l.get(endpoint));
+                let state = pool.get(endpoint);
+                let stale_metrics_age_ms = state
+                    .filter(|e| e.health == Health::Stale)
+                    .and_then(|e| e.last_scrape_ok_ms)
+                    .map(|at| pool.now_ms().saturating_sub(at));
                 rows.push(ExplainRow {
                     profile: profile.name.as_str(),
-                    address: pool.get(endpoint).map_or("?", |e| e.address.as_str()),
+                    address: state.map_or("?", |e| e.address.as_str()),
                     total: trace.totals.get(i).copied().unwrap_or(0.0),
                     scores,
                     running: trace.loads.get(i).and_then(|load| load.0),
                     waiting: trace.loads.get(i).and_then(|load| load.1),
                     predicted_ttft_ms: predicted.map(|p| p.ttft_ms),
+                    stale_metrics_age_ms,
                 });
             }
         }
@@ -119,4 +128,7 @@ pub struct ExplainRow<'a> {
     pub waiting: Option<f64>,
     /// `predicted-latency-producer`'s TTFT for the request there, ms.
     pub predicted_ttft_ms: Option<f64>,
+    /// How old its metrics are, when they are past the staleness threshold (its `/metrics`
+    /// answers late): the load above is that reading plus what was placed since.
+    pub stale_metrics_age_ms: Option<u64>,
 }

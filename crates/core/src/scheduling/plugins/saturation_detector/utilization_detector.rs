@@ -82,14 +82,20 @@ impl UtilizationDetector {
 }
 
 impl SaturationDetector for UtilizationDetector {
-    /// The larger of queue / `queueDepthThreshold` and KV / `kvCacheUtilThreshold`; stale
-    /// metrics or an unknown queue or KV usage count as saturated (1).
+    /// The larger of queue / `queueDepthThreshold` and KV / `kvCacheUtilThreshold`; an
+    /// unknown queue or KV usage counts as saturated (1), and so do stale metrics read alone
+    /// (GIE's rule). A live `view` adds what was placed since the scrape to the last reading,
+    /// so a pod whose `/metrics` answers late is judged on that, not taken for full.
     fn saturation(&self, endpoint: &EndpointState, view: LoadView, now_ms: u64) -> f64 {
         let p = &self.parameters;
-        let stale = endpoint.health != Health::Fresh
-            || endpoint
-                .last_scrape_ok_ms
-                .is_none_or(|at| now_ms.saturating_sub(at) > self.staleness_ms);
+        let aged = endpoint
+            .last_scrape_ok_ms
+            .is_none_or(|at| now_ms.saturating_sub(at) > self.staleness_ms);
+        let stale = match endpoint.health {
+            Health::Fresh => aged && !view.live,
+            Health::Stale => !view.live,
+            Health::Unknown | Health::Unreachable => true,
+        };
         let scale = 1.0 + p.headroom;
         let ratio = |value: Option<f64>, threshold: f64| {
             value
@@ -160,6 +166,30 @@ mod tests {
             "5 x 1.5 = 7.5"
         );
         assert!(roomy.saturated(&endpoint(7.5, 0.0, 1000), 1100));
+    }
+
+    #[test]
+    fn late_metrics_read_live_are_judged_on_the_last_reading_and_what_was_placed_since() {
+        let detector = UtilizationDetector::new(Parameters::default()).unwrap();
+        let live = LoadView {
+            live: true,
+            replicas: 1.0,
+        };
+        let mut late = endpoint(1.0, 0.1, 1000);
+        late.health = Health::Stale;
+        assert!(detector.saturated(&late, 5000), "read alone: GIE's rule");
+        assert!(detector.saturation(&late, live, 5000) < 1.0);
+        late.metrics.running_requests = Some(2.0);
+        late.running_capacity = Some(2.0);
+        late.in_flight = 4;
+        assert!(
+            detector.saturation(&late, live, 5000) >= 1.0,
+            "four placed since at a full pod, on a queue of one"
+        );
+        let mut fresh = endpoint(1.0, 0.1, 1000);
+        assert!(detector.saturation(&fresh, live, 1300) < 1.0);
+        fresh.health = Health::Unreachable;
+        assert!(detector.saturation(&fresh, live, 1100) >= 1.0);
     }
 
     #[test]
