@@ -7,7 +7,7 @@ VENV := .venv
 ENVOY := $(VENV)/bin/envoy
 ENVOY_VERSION := 1.40.0
 WASM := target/wasm32-wasip1/release/inference_picker.wasm
-MODULE := target/release/libinference_picker_module.so
+MODULE := target/release-module/libinference_picker_module.so
 EXPORTS_TOOL := target/tools/release/wasm-exports
 STAGE_WASM := target/profile-filter/wasm32-wasip1/release/profile_filter
 UNUSED_EXPORTS := proxy_on_response_body proxy_on_response_trailers proxy_on_done \
@@ -26,7 +26,7 @@ WBG_RUNNER := $(TOOLS)/bin/wasm-bindgen-test-runner
 FUZZ_SECONDS ?= 60
 FUZZ_TARGETS := body_parser prometheus_parser config_loader
 
-.PHONY: e2e-vllm-module all build fault-filter sim envoy toolchain wasm-bindgen-runner lint unit wasm-unit integration test demo e2e-vllm engine-shape vllm-scrape-cost soak bench extproc bench-quick bench-schedule bench-hop bench-quality bench-memory bench-scaleout bench-overload bench-pools bench-profile profile-filter wasm-micro wasm-exports peers fuzz check compose-up compose-down image clean
+.PHONY: e2e-vllm-module all build fault-filter fault-module sim envoy toolchain wasm-bindgen-runner lint unit wasm-unit integration test demo e2e-vllm engine-shape vllm-scrape-cost soak bench extproc bench-quick bench-schedule bench-hop bench-quality bench-memory bench-scaleout bench-overload bench-pools bench-profile profile-filter wasm-micro wasm-exports peers fuzz check compose-up compose-down image clean
 
 all: build
 
@@ -44,11 +44,12 @@ wasm-bindgen-runner:
 ## never needs: the SDK exports every one, and Envoy calls into the VM for each callback the
 ## module exports (a streamed response's every chunk, trailers, a stream's end before its log,
 ## TCP and gRPC events). The native dynamic module, at
-## target/release/libinference_picker_module.so (envoy/envoy-module.yaml).
+## target/release-module/libinference_picker_module.so (envoy/envoy-module.yaml): the release
+## profile, but a panic unwinds, so it costs the request it happened in and not Envoy.
 build: toolchain wasm-exports
 	$(CARGO) build --release --target wasm32-wasip1 -p inference-picker
 	$(EXPORTS_TOOL) drop $(WASM) $(UNUSED_EXPORTS)
-	$(CARGO) build --release -p inference-picker-module
+	$(CARGO) build --profile release-module -p inference-picker-module
 	@ls -l $(WASM) $(MODULE)
 
 ## fault-filter: the filter with its fault-injection feature, for the fail-open test only (a
@@ -57,6 +58,13 @@ FAULT_WASM := target/faults/wasm32-wasip1/release/inference_picker.wasm
 fault-filter: toolchain
 	$(CARGO) build --release --target wasm32-wasip1 -p inference-picker --features fault-injection --target-dir target/faults
 	@ls -l $(FAULT_WASM)
+
+## fault-module: the dynamic module with its fault-injection feature, for the test that a panic
+## costs one request (tests/envoy_module.rs); in target/faults, apart from the shipped artefact
+FAULT_MODULE := target/faults/release-module/libinference_picker_module.so
+fault-module: toolchain
+	$(CARGO) build --profile release-module -p inference-picker-module --features fault-injection --target-dir target/faults
+	@ls -l $(FAULT_MODULE)
 
 ## wasm-exports: the tool that lists and drops a wasm module's exports (tools/wasm-exports)
 wasm-exports:
@@ -110,7 +118,7 @@ wasm-unit: toolchain wasm-bindgen-runner
 ## dynamic module (INFERENCE_PICKER_EDGE=module: tests/support/edge.rs swaps the filter). Not
 ## twice: the fail-open test (it aborts a wasm VM) and envoy_module (edge-independent checks).
 MODULE_SUITE := $(patsubst tests/%.rs,--test %,$(filter-out tests/envoy_fail_open.rs tests/envoy_module.rs,$(wildcard tests/envoy_*.rs)))
-integration: build fault-filter sim envoy $(H2)
+integration: build fault-filter fault-module sim envoy $(H2)
 	$(CARGO) test --tests -- --test-threads 2
 	INFERENCE_PICKER_EDGE=module $(CARGO) test $(MODULE_SUITE) -- --test-threads 2
 

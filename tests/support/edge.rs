@@ -68,7 +68,7 @@ pub fn picker_sample(text: &str, name: &str) -> Option<f64> {
 
 /// The directory Envoy loads `libinference_picker_module.so` from.
 pub fn module_dir() -> PathBuf {
-    let dir = repo().join("target/release");
+    let dir = repo().join("target/release-module");
     let module = dir.join("libinference_picker_module.so");
     assert!(
         module.exists(),

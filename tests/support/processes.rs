@@ -432,7 +432,23 @@ impl Envoy {
         adjust: impl Fn(&mut EnvoyConfig),
     ) -> Envoy {
         retry_bind("envoy", || {
-            Envoy::try_start(edge, base, picker_config, concurrency, &adjust)
+            Envoy::try_start(edge, None, base, picker_config, concurrency, &adjust)
+        })
+        .unwrap_or_else(|log| panic!("envoy exited:\n{log}"))
+    }
+
+    /// The shipped module config with the dynamic module Envoy loads from `module_dir` (a
+    /// build with test-only features) instead of `make build`'s.
+    pub fn start_module_from(module_dir: &Path, picker_config: &str, concurrency: u32) -> Envoy {
+        retry_bind("envoy", || {
+            Envoy::try_start(
+                Edge::Module,
+                Some(module_dir),
+                "envoy/envoy.yaml",
+                picker_config,
+                concurrency,
+                &|_| {},
+            )
         })
         .unwrap_or_else(|log| panic!("envoy exited:\n{log}"))
     }
@@ -443,6 +459,7 @@ impl Envoy {
         match retry_bind("envoy", || {
             Envoy::try_start(
                 Edge::current(),
+                None,
                 "envoy/envoy.yaml",
                 picker_config,
                 1,
@@ -456,6 +473,7 @@ impl Envoy {
 
     fn try_start(
         edge: Edge,
+        module: Option<&Path>,
         base: &str,
         picker_config: &str,
         concurrency: u32,
@@ -483,7 +501,8 @@ impl Envoy {
         std::fs::write(&config_path, config.render()).expect("write config");
         let mut command = Command::new(envoy_binary());
         if edge == Edge::Module {
-            command.env("ENVOY_DYNAMIC_MODULES_SEARCH_PATH", module_dir());
+            let dir = module.map_or_else(module_dir, Path::to_path_buf);
+            command.env("ENVOY_DYNAMIC_MODULES_SEARCH_PATH", dir);
         }
         let child = command
             .arg("-c")

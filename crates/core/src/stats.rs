@@ -56,6 +56,8 @@ pub struct Stats<H: Metrics> {
     /// Linear memory of every VM of the plugin, summed; and how many VMs report into it.
     vm_memory_bytes: Option<u32>,
     vms: Option<u32>,
+    /// Panics the edge caught (the native module; a wasm VM that panics is gone).
+    panics: Option<u32>,
     /// When the scraper last set the per-endpoint gauges.
     gauges_set_ms: Cell<u64>,
     /// Flow control's stats, when its gate is on.
@@ -141,6 +143,7 @@ impl<H: Metrics> Stats<H> {
             ),
             vm_memory_bytes: define(MetricKind::Gauge, "inference_picker.vm_memory_bytes"),
             vms: define(MetricKind::Gauge, "inference_picker.vms"),
+            panics: define(MetricKind::Counter, "inference_picker.panics"),
             gauges_set_ms: Cell::new(0),
             host_calls: RefCell::new(None),
             pending: RefCell::new(hashbrown::HashMap::new()),
@@ -485,6 +488,11 @@ impl<H: Metrics> Stats<H> {
                 .host
                 .record(id, u64::try_from(live).unwrap_or(u64::MAX));
         }
+    }
+
+    /// The edge caught a panic in a hook (it cost that request or tick).
+    pub fn panicked(&self) {
+        self.bump(self.panics);
     }
 
     /// A caller refused at the peer path (the clients' port, or no or a wrong secret).

@@ -12,6 +12,8 @@
 #![cfg_attr(not(test), deny(clippy::indexing_slicing))]
 
 mod abi;
+#[cfg(feature = "fault-injection")]
+mod fault;
 mod host;
 mod logging;
 mod memory;
@@ -26,6 +28,7 @@ use inference_picker_core::request_driver::{Next, Outcome, RequestDriver};
 use inference_picker_core::vm::{answer_no_endpoint, answer_unavailable, WorkerVm};
 use std::cell::Cell;
 use std::ffi::{c_char, c_void};
+use std::panic::{self, AssertUnwindSafe};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use stream::{NativeStream, Own, RUN_QUEUED};
@@ -52,7 +55,9 @@ struct ConfigVm {
 
 impl ConfigVm {
     /// Runs `step` on the VM, with `own` as the stream of the running hook (`None`: a main
-    /// thread callback); `None` when this thread is already inside the picker.
+    /// thread callback); `None` when this thread is already inside the picker, or when `step`
+    /// panicked: a bug costs the request or tick it happened in, never Envoy's process (the
+    /// module is built to unwind, see `make build`), and counts in `panics`.
     fn run<R>(
         &self,
         own: Option<Own>,
@@ -64,11 +69,14 @@ impl ConfigVm {
         IN_VM.set(true);
         let mut vm = lock(&self.vm);
         lock(&self.host.state.streams).enter(own);
-        let result = step(&mut vm);
+        let result = panic::catch_unwind(AssertUnwindSafe(|| step(&mut vm)));
         lock(&self.host.state.streams).enter(None);
+        if result.is_err() {
+            vm.count_panic();
+        }
         drop(vm);
         IN_VM.set(false);
-        Some(result)
+        result.ok()
     }
 }
 
@@ -149,10 +157,16 @@ extern "C" fn envoy_dynamic_module_on_program_init() -> *const c_char {
     match abi::load() {
         Ok(()) => {
             logging::install();
-            // Release builds abort on a panic, and here that is Envoy's process: say why first,
-            // at Envoy's critical level (the code denies what panics; this is the last word).
-            std::panic::set_hook(Box::new(|info| {
-                logging::critical(&format!("inference-picker: panic, Envoy aborts: {info}"));
+            // The code denies what panics; should one happen anyway, this says where, at
+            // Envoy's critical level. Built to unwind (`make build`), the hook it happened in is
+            // abandoned and Envoy carries on; built to abort, that is Envoy's whole process.
+            panic::set_hook(Box::new(|info| {
+                let outcome = if cfg!(panic = "unwind") {
+                    "the request or tick it happened in fails, Envoy carries on"
+                } else {
+                    "this build aborts Envoy"
+                };
+                logging::critical(&format!("inference-picker: panic ({outcome}): {info}"));
             }));
             abi::ABI_VERSION.as_ptr()
         }
@@ -178,7 +192,9 @@ extern "C" fn envoy_dynamic_module_on_http_filter_config_new(
 ) -> *const c_void {
     // SAFETY: Envoy's buffers, valid during this call; copied here.
     let (name, text) = unsafe { (name.bytes().to_vec(), config.bytes().to_vec()) };
-    match configure(EnvoyPtr(config_envoy), &text) {
+    let configured = panic::catch_unwind(|| configure(EnvoyPtr(config_envoy), &text))
+        .unwrap_or_else(|_| Err("loading the configuration panicked".into()));
+    match configured {
         Ok(picker) => Box::into_raw(Box::new(picker)).cast_const().cast(),
         Err(error) => {
             let name = String::from_utf8_lossy(&name);
@@ -323,6 +339,8 @@ extern "C" fn envoy_dynamic_module_on_http_filter_request_headers(
         return status::CONTINUE;
     };
     let go_on = filter.step(EnvoyPtr(filter_envoy), |vm, request| {
+        #[cfg(feature = "fault-injection")]
+        fault::panic_if_asked(EnvoyPtr(filter_envoy));
         vm.on_request_headers(request, end_of_stream)
     });
     if go_on {

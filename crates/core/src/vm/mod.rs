@@ -104,6 +104,13 @@ impl<H: VmHost> WorkerVm<H> {
         }
     }
 
+    /// The edge caught a panic in one of this VM's hooks: counted in `panics`.
+    pub fn count_panic(&self) {
+        if let Some(stats) = self.stats.first() {
+            stats.panicked();
+        }
+    }
+
     pub fn router(&self) -> &PoolRouter {
         &self.router
     }
