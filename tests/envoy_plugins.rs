@@ -285,3 +285,40 @@ fn model_rewrite_header_changes_the_served_model() {
     assert_eq!(rewritten.status, 200, "{}", rewritten.text());
     assert_eq!(rewritten.json()["model"], MODEL);
 }
+
+/// llm-d-router's integration default config (its shape, `tests/fixtures/llm-d-router`) loads
+/// in Envoy and routes, and its `openai-parser` hands the request's priority to the pod: the
+/// objective's, negated for vLLM, in place of the client's.
+#[test]
+fn llm_d_routers_integration_default_config_hands_the_priority_to_the_pod() {
+    let a = Sim::start("pod-a", &[]);
+    let fixture = std::fs::read_to_string(
+        support::repo().join("tests/fixtures/llm-d-router/integration-default.yaml"),
+    )
+    .expect("fixture");
+    let config = format!(
+        "{fixture}\npool:\n  objectives: [{{name: critical, priority: 100}}]\n  endpoints: [{{address: '{}'}}]\n",
+        a.address
+    );
+    let envoy = Envoy::start(&config, 1);
+    envoy.wait_for_fresh_endpoints(1);
+    let body = format!(r#"{{"model":"{MODEL}","prompt":"hi","max_tokens":2,"priority":5}}"#);
+    let critical = envoy.post_with(
+        "/v1/completions",
+        &[
+            ("content-type", "application/json"),
+            ("x-gateway-inference-objective", "critical"),
+        ],
+        &body,
+    );
+    assert_eq!(critical.status, 200, "{}", critical.text());
+    let plain = envoy.post("/v1/completions", &body);
+    assert_eq!(plain.status, 200, "{}", plain.text());
+    let seen = &a.stats()["priorities_seen"];
+    assert_eq!(seen["-100"], 1, "{seen}");
+    assert_eq!(seen["0"], 1, "{seen}");
+    assert!(
+        seen.get("5").is_none(),
+        "the client's priority is replaced: {seen}"
+    );
+}

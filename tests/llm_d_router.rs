@@ -83,6 +83,95 @@ fn a_pd_config_loads_and_disaggregates_long_uncached_prompts() {
     assert_eq!(long.prefill.as_deref(), Some("10.0.0.1:8000"));
 }
 
+/// The forwarded body's `priority` for a chat with `client_priority` under `objective`, and
+/// the pod it went to.
+fn forwarded_priority(
+    director: &mut OnePool,
+    objective: Option<&str>,
+    client_priority: Option<i64>,
+) -> (Option<i64>, String) {
+    let mut body =
+        serde_json::json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]});
+    if let Some(priority) = client_priority {
+        body["priority"] = priority.into();
+    }
+    let headers = RequestHeaders {
+        objective: objective.map(str::to_owned),
+        ..RequestHeaders::default()
+    };
+    let text = body.to_string();
+    let routed = director
+        .route(ApiKind::ChatCompletions, Some(text.as_bytes()), headers)
+        .expect("routed");
+    director.release(&routed);
+    let forwarded = routed.rewritten_body.expect("the body is rewritten");
+    let forwarded: serde_json::Value = serde_json::from_slice(&forwarded).expect("JSON");
+    assert_eq!(forwarded["messages"], body["messages"], "the rest is kept");
+    (forwarded["priority"].as_i64(), routed.destination)
+}
+
+#[test]
+fn the_integration_default_config_loads_routes_and_hands_the_priority_to_the_engine() {
+    let pool = "
+pool:
+  objectives: [{name: critical, priority: 100}, {name: batch, priority: -10}]
+  endpoints:
+  - address: 10.0.0.1:8000
+    labels: {inference.networking.k8s.io/engine-type: vllm}
+  - address: 10.0.0.2:8000
+    labels: {inference.networking.k8s.io/engine-type: sglang}
+";
+    let text = format!("{}\n{pool}", fixture("integration-default.yaml"));
+    let config = load(&text, 1).expect("loads");
+    let mut director = OnePool::new(config);
+    // The vLLM pod has the shorter queue, then the SGLang one.
+    let scrape = |director: &mut OnePool, queues: [u32; 2]| {
+        director.scrape(
+            0,
+            1000,
+            &format!("vllm:num_requests_waiting {}\n", queues[0]),
+        );
+        director.scrape(1, 1000, &format!("sglang:num_queue_reqs {}\n", queues[1]));
+        director.on_tick(1000);
+    };
+    scrape(&mut director, [0, 5]);
+    // vLLM runs lower values first: the objective's priority, negated; the client's is gone.
+    assert_eq!(
+        forwarded_priority(&mut director, Some("critical"), Some(-7)),
+        (Some(-100), "10.0.0.1:8000".into())
+    );
+    assert_eq!(
+        forwarded_priority(&mut director, Some("batch"), None),
+        (Some(10), "10.0.0.1:8000".into())
+    );
+    assert_eq!(
+        forwarded_priority(&mut director, None, Some(3)),
+        (Some(0), "10.0.0.1:8000".into()),
+        "no objective: the default priority, not the client's"
+    );
+    scrape(&mut director, [5, 0]);
+    // SGLang runs higher values first, as objectives rank them.
+    assert_eq!(
+        forwarded_priority(&mut director, Some("critical"), Some(-7)),
+        (Some(100), "10.0.0.2:8000".into())
+    );
+    // Without propagatePriority the body is forwarded as the client sent it.
+    let plain = text.replace("  parameters:\n    propagatePriority: true\n", "");
+    assert_ne!(plain, text);
+    let mut director = OnePool::new(load(&plain, 1).expect("loads"));
+    scrape(&mut director, [0, 5]);
+    let routed = director
+        .route(
+            ApiKind::ChatCompletions,
+            Some(br#"{"model":"m","priority":3,"messages":[{"role":"user","content":"hi"}]}"#),
+            RequestHeaders::default(),
+        )
+        .expect("routed");
+    assert_eq!(routed.rewritten_body, None);
+    let error = error_of("plugins: [{type: openai-parser, parameters: {propagatePriorty: true}}]");
+    assert!(error.contains("propagatePriorty"), "{error}");
+}
+
 #[test]
 fn a_config_needing_vllm_events_and_tokens_fails_naming_the_plugin_and_the_alternative() {
     let config = fixture("precise-prefix-vllm-tokens.yaml");

@@ -51,6 +51,9 @@ pub struct ApiRequest {
     pub prompt: Prompt,
     pub max_tokens: Option<u64>,
     pub stream: bool,
+    /// vLLM's `priority` (lower runs first under `--scheduling-policy priority`): counted in
+    /// the stats, so tests see what a gateway forwarded.
+    pub priority: Option<i64>,
 }
 
 impl ApiRequest {
@@ -120,12 +123,18 @@ pub fn parse(api: Api, body: &[u8]) -> Result<ApiRequest, String> {
         Some(Value::Bool(stream)) => *stream,
         Some(_) => return Err("\"stream\" must be a boolean".into()),
     };
+    let priority = match fields.get("priority") {
+        None | Some(Value::Null) => None,
+        Some(Value::Number(n)) => Some(n.as_i64().ok_or("\"priority\" must be an integer")?),
+        Some(_) => return Err("\"priority\" must be an integer".into()),
+    };
     Ok(ApiRequest {
         api,
         model,
         prompt,
         max_tokens,
         stream,
+        priority,
     })
 }
 

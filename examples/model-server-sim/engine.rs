@@ -78,6 +78,8 @@ pub struct Engine {
     pub metrics_padding_bytes: usize,
     /// `x-prefiller-host-port` values seen on inference requests, with counts.
     pub prefillers_seen: HashMap<String, u64>,
+    /// Requests by the `priority` their body carried (`none` without one).
+    pub priorities_seen: HashMap<String, u64>,
     /// Prompt tokens looked up in the prefix cache at admission, and those it served.
     pub prefix_queries: u64,
     pub prefix_hits: u64,
@@ -119,6 +121,7 @@ impl Engine {
             first_token_time: Histogram::new(TTFT_BUCKETS),
             inter_token_time: Histogram::new(ITL_BUCKETS),
             prefillers_seen: HashMap::new(),
+            priorities_seen: HashMap::new(),
             prefix_queries: 0,
             prefix_hits: 0,
             generation_tokens: 0,

@@ -257,6 +257,7 @@ impl Pod {
                 "prefix_queries": engine.prefix_queries,
                 "prefix_hits": engine.prefix_hits,
                 "prefillers_seen": engine.prefillers_seen,
+                "priorities_seen": engine.priorities_seen,
                 "block_size": engine.kv.block_size(),
                 "kv_blocks": engine.kv.num_blocks(),
                 "kv_blocks_used": engine.kv.used_blocks(),
@@ -277,6 +278,8 @@ impl Pod {
                 return self.respond_json(out, 400, &body);
             }
         };
+        let priority = parsed.priority.map_or("none".into(), |p| p.to_string());
+        *self.lock().priorities_seen.entry(priority).or_default() += 1;
         if let Some(prefiller) = request.header("x-prefiller-host-port") {
             *self
                 .lock()

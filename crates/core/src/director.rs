@@ -9,6 +9,7 @@ use crate::config::FilterConfig;
 use crate::datalayer::DataLayer;
 use crate::duration::duration_ms;
 use crate::error_response::RequestError;
+use crate::metrics::Engine;
 use crate::protocol::{
     PROFILE_HEADER, SESSION_TOKEN_HEADER, SLO_TTFT_HEADER, TEST_SELECTION_HEADER,
 };
@@ -61,6 +62,9 @@ pub struct Prepared {
     pub request: InferenceRequest,
     /// The body to forward instead of the client's (after a model rewrite).
     pub rewritten_body: Option<Vec<u8>>,
+    /// With `propagatePriority`, the body to forward without the client's `priority`, which
+    /// gets the request's once the pick says for which engine.
+    pub priority_body: Option<serde_json::Map<String, serde_json::Value>>,
     /// The client's body size, which a rewrite replaces.
     pub body_size: usize,
 }
@@ -103,6 +107,8 @@ pub struct Director {
     /// Flow control holds this pool's requests: sheddable ones wait rather than being shed,
     /// and a released request goes to a pod with room.
     flow_controlled: bool,
+    /// `openai-parser`'s `propagatePriority`: see [`Director::keep_body_for_priority`].
+    propagate_priority: bool,
     /// The saturation last announced, and ticks in a row that disagreed with it.
     saturated: bool,
     saturation_streak: u32,
@@ -134,6 +140,7 @@ impl Director {
         Director {
             header_use,
             flow_controlled: config.flow_control.is_some(),
+            propagate_priority: config.propagate_priority,
             scheduler: config.scheduler,
             saturated: false,
             saturation_streak: 0,
@@ -259,6 +266,24 @@ impl Director {
         Ok(())
     }
 
+    /// With `propagatePriority`, keeps the body to forward (`body`, or its model rewrite) as a
+    /// document without the client's `priority`: the request's own goes in once the pick names
+    /// the engine (see [`Director::route_prepared`]).
+    pub fn keep_body_for_priority(
+        &self,
+        prepared: &mut Prepared,
+        body: Option<&[u8]>,
+    ) -> Result<(), RequestError> {
+        let forwarded = prepared.rewritten_body.as_deref().or(body);
+        let Some(forwarded) = forwarded.filter(|_| self.propagate_priority) else {
+            return Ok(());
+        };
+        let mut document = body_document(forwarded)?;
+        document.remove("priority");
+        prepared.priority_body = Some(document);
+        Ok(())
+    }
+
     /// Schedules a prepared request: on success the primary's in-flight count is raised, and
     /// [`Director::request_ended`] gives it back when the request ends.
     pub fn route_prepared(
@@ -267,7 +292,14 @@ impl Director {
         prepared: Prepared,
     ) -> Result<Routed, RequestError> {
         let mut routed = self.route_parsed(data, &prepared.request)?;
-        routed.rewritten_body = prepared.rewritten_body;
+        routed.rewritten_body = match prepared.priority_body {
+            Some(document) => {
+                let engine = data.pool().get(routed.primary).map(|e| e.engine);
+                let priority = engine_priority(prepared.request.priority, engine);
+                Some(with_priority(document, priority)?)
+            }
+            None => prepared.rewritten_body,
+        };
         Ok(routed)
     }
 
@@ -445,6 +477,33 @@ impl Director {
     }
 }
 
+/// A JSON request body as a document, to rewrite.
+fn body_document(body: &[u8]) -> Result<serde_json::Map<String, serde_json::Value>, RequestError> {
+    serde_json::from_slice(body)
+        .map_err(|error| RequestError::BadRequest(format!("request body is not valid: {error}")))
+}
+
+/// `priority` as `engine` reads it: objectives rank higher values first, as SGLang does; vLLM
+/// runs lower values first, so it gets the negation.
+fn engine_priority(priority: i32, engine: Option<Engine>) -> i64 {
+    let priority = i64::from(priority);
+    match engine {
+        Some(Engine::Vllm) => -priority,
+        _ => priority,
+    }
+}
+
+/// The body with its `priority` field set to `priority`.
+fn with_priority(
+    mut document: serde_json::Map<String, serde_json::Value>,
+    priority: i64,
+) -> Result<Vec<u8>, RequestError> {
+    document.insert("priority".into(), priority.into());
+    serde_json::to_vec(&document).map_err(|error| {
+        RequestError::BadRequest(format!("request body cannot be rewritten: {error}"))
+    })
+}
+
 /// The pool members a subset hint names (addresses outside the pool name none).
 fn subset_mask(data: &DataLayer, addresses: &[String]) -> Vec<bool> {
     let mut mask = vec![false; data.pool().len()];
@@ -484,6 +543,7 @@ pub fn parse_prepared(
     Ok(Prepared {
         request,
         rewritten_body,
+        priority_body: None,
         body_size: body.map_or(0, <[u8]>::len),
     })
 }

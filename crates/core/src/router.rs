@@ -349,6 +349,9 @@ impl PoolRouter {
             .slot(pool)
             .ok_or_else(|| RequestError::NoEndpoint("no pool serves this request".into()))?;
         Director::complete_prepared(&slot.data, &mut prepared)?;
+        if api.is_inference() {
+            slot.director.keep_body_for_priority(&mut prepared, body)?;
+        }
         Ok((pool, prepared))
     }
 }

@@ -48,6 +48,9 @@ pub struct FilterConfig {
     /// The engine a pod without the engine-type label is read as (`core-metrics-extractor`'s
     /// `defaultEngine`); vLLM when `None`.
     pub default_engine: Option<String>,
+    /// The request's priority is written into the forwarded body (`openai-parser`'s
+    /// `propagatePriority`).
+    pub propagate_priority: bool,
 }
 
 /// Every pool of a document: one named [`DEFAULT_POOL_NAME`] serving every model for a
@@ -246,6 +249,10 @@ fn load_raw(
                 == Some(plugins::datalayer::core_metrics_extractor::TYPE)
         })
         .find_map(|p| plugins::datalayer::core_metrics_extractor::default_engine(&p.parameters));
+    let propagate_priority = raw_plugins.iter().any(|p| {
+        plugins::known_type(&p.type_name) == Some(plugins::parser::openai_parser::TYPE)
+            && plugins::parser::openai_parser::propagates_priority(&p.parameters)
+    });
     let config = FilterConfig {
         scheduler,
         pool,
@@ -255,6 +262,7 @@ fn load_raw(
         warnings,
         models_source,
         default_engine,
+        propagate_priority,
     };
     Ok((config, effective))
 }
