@@ -278,7 +278,7 @@ impl Director {
         let Some(forwarded) = forwarded.filter(|_| self.propagate_priority) else {
             return Ok(());
         };
-        let mut document = body_document(forwarded)?;
+        let mut document = crate::request::body_document(forwarded)?;
         document.remove("priority");
         prepared.priority_body = Some(document);
         Ok(())
@@ -477,12 +477,6 @@ impl Director {
     }
 }
 
-/// A JSON request body as a document, to rewrite.
-fn body_document(body: &[u8]) -> Result<serde_json::Map<String, serde_json::Value>, RequestError> {
-    serde_json::from_slice(body)
-        .map_err(|error| RequestError::BadRequest(format!("request body is not valid: {error}")))
-}
-
 /// `priority` as `engine` reads it: objectives rank higher values first, as SGLang does; vLLM
 /// runs lower values first, so it gets the negation.
 fn engine_priority(priority: i32, engine: Option<Engine>) -> i64 {
@@ -499,9 +493,7 @@ fn with_priority(
     priority: i64,
 ) -> Result<Vec<u8>, RequestError> {
     document.insert("priority".into(), priority.into());
-    serde_json::to_vec(&document).map_err(|error| {
-        RequestError::BadRequest(format!("request body cannot be rewritten: {error}"))
-    })
+    crate::request::document_bytes(&document)
 }
 
 /// The pool members a subset hint names (addresses outside the pool name none).

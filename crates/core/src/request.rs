@@ -185,10 +185,24 @@ impl InferenceRequest {
 /// The body with its `model` replaced, for `x-gateway-model-name-rewrite`. Only runs when the
 /// header is present, on a body that already parsed.
 pub fn rewrite_model(body: &[u8], model: &str) -> Result<Vec<u8>, RequestError> {
-    let mut document: serde_json::Map<String, serde_json::Value> = serde_json::from_slice(body)
-        .map_err(|error| RequestError::BadRequest(format!("request body is not valid: {error}")))?;
+    let mut document = body_document(body)?;
     document.insert("model".into(), serde_json::Value::String(model.into()));
-    serde_json::to_vec(&document).map_err(|error| {
+    document_bytes(&document)
+}
+
+/// A JSON request body as a document, to rewrite.
+pub fn body_document(
+    body: &[u8],
+) -> Result<serde_json::Map<String, serde_json::Value>, RequestError> {
+    serde_json::from_slice(body)
+        .map_err(|error| RequestError::BadRequest(format!("request body is not valid: {error}")))
+}
+
+/// A rewritten document as the body to forward.
+pub fn document_bytes(
+    document: &serde_json::Map<String, serde_json::Value>,
+) -> Result<Vec<u8>, RequestError> {
+    serde_json::to_vec(document).map_err(|error| {
         RequestError::BadRequest(format!("request body cannot be rewritten: {error}"))
     })
 }
