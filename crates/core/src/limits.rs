@@ -172,7 +172,7 @@ pub const PEERS: CountBounds = CountBounds {
     min: 0,
     max: 256,
     unit: "peers",
-    why: "every replica calls every peer each sync interval",
+    why: "the hub calls every other replica each sync interval",
 };
 
 /// `pool.peers.syncInterval`.

@@ -27,11 +27,42 @@ fn saturating_u32(value: usize) -> u32 {
     u32::try_from(value).unwrap_or(u32::MAX)
 }
 
+/// Set in the sequence of a batch a replica relays for others (see `peers`): its entries are
+/// passed on once, never again. Sequences never come near it.
+pub const RELAYED_BATCH: u64 = 1 << 63;
+
+/// A batch's sequence, its [`RELAYED_BATCH`] mark cleared; `None` when it is too short.
+pub fn batch_seq(batch: &[u8]) -> Option<u64> {
+    let head = batch.first_chunk::<8>()?;
+    Some(u64::from_le_bytes(*head) & !RELAYED_BATCH)
+}
+
 /// Appends the entries of batches newer than `seen` to `out`; returns the newest seq read.
 /// A truncated or malformed value ends the reading where it breaks.
-pub fn decode_batches(mut bytes: &[u8], seen: u64, out: &mut Vec<LearnedPrefix>) -> u64 {
+pub fn decode_batches(bytes: &[u8], seen: u64, out: &mut Vec<LearnedPrefix>) -> u64 {
+    decode_with(bytes, seen, |_, prefix| out.push(prefix))
+}
+
+/// As [`decode_batches`], the entries of [`RELAYED_BATCH`]es apart.
+pub fn decode_tagged(
+    bytes: &[u8],
+    seen: u64,
+    own: &mut Vec<LearnedPrefix>,
+    relayed: &mut Vec<LearnedPrefix>,
+) -> u64 {
+    decode_with(bytes, seen, |was_relayed, prefix| {
+        if was_relayed {
+            relayed.push(prefix);
+        } else {
+            own.push(prefix);
+        }
+    })
+}
+
+fn decode_with(mut bytes: &[u8], seen: u64, mut out: impl FnMut(bool, LearnedPrefix)) -> u64 {
     let mut newest = seen;
-    while let Some((seq, entries)) = take_u64(&mut bytes).zip(take_u32(&mut bytes)) {
+    while let Some((marked, entries)) = take_u64(&mut bytes).zip(take_u32(&mut bytes)) {
+        let (seq, relayed) = (marked & !RELAYED_BATCH, marked & RELAYED_BATCH != 0);
         for _ in 0..entries {
             let Some((endpoint, count)) = take_u32(&mut bytes).zip(take_u32(&mut bytes)) else {
                 return newest;
@@ -40,13 +71,16 @@ pub fn decode_batches(mut bytes: &[u8], seen: u64, out: &mut Vec<LearnedPrefix>)
                 return newest;
             };
             if seq > seen {
-                out.push(LearnedPrefix {
-                    endpoint: endpoint as usize,
-                    hashes: hashes
-                        .chunks_exact(8)
-                        .filter_map(|c| c.try_into().ok().map(u64::from_le_bytes))
-                        .collect(),
-                });
+                out(
+                    relayed,
+                    LearnedPrefix {
+                        endpoint: endpoint as usize,
+                        hashes: hashes
+                            .chunks_exact(8)
+                            .filter_map(|c| c.try_into().ok().map(u64::from_le_bytes))
+                            .collect(),
+                    },
+                );
             }
         }
         newest = newest.max(seq);

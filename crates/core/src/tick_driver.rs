@@ -161,6 +161,11 @@ impl TickDriver {
             // What the peer scraped reaches this Envoy's other VMs with the next tick's
             // snapshot: one a tick, not one per peer's answer.
             self.peer_scrapes_unpublished |= peers.on_answer(slot, token, answer, now);
+            if let (true, Some(coordinator)) = (peers.round_done(), self.coordinator.as_mut()) {
+                // The hub heard from every peer: what it relays is served from now, not from
+                // its next tick.
+                peers.publish_round(host, coordinator, slot, now);
+            }
             return CalloutOutcome::Peer;
         }
         let scraping = self.role() == Role::Scraper;

@@ -34,7 +34,7 @@ pub struct PeersConfig {
     pub path: String,
     /// Sent by every call and checked by every answer (compared in constant time).
     pub secret: String,
-    /// How often this replica asks each peer for what it learned since the last call.
+    /// How often the replicas exchange what they learned, through the hub (see [`crate::peers`]).
     #[serde(with = "serde_go")]
     pub sync_interval: Duration,
     /// A call that takes longer failed; a peer that fails is not counted live.

@@ -1,8 +1,11 @@
 //! Replicas that act as one. Each Envoy replica in front of the same pods publishes what it
 //! learned (the requests it has in flight per pod, the prefix placements it made, the scrapes
-//! of its share of the pods) and, every sync interval, asks each peer for its own through
-//! Envoy's callouts. Nothing runs on a request's path and nothing is central: a peer that dies
-//! or is cut off just stops counting, and each side routes alone as a single Envoy would.
+//! of its share of the pods) and, every sync interval, exchanges it through Envoy's callouts
+//! by way of one of them, the hub ([`Peers::targets`]): the hub asks every other replica and
+//! relays what each told it; the others ask the hub alone. 2(N - 1) calls an interval rather
+//! than N(N - 1). Nothing runs on a request's path and nothing is fixed: the hub is whichever
+//! replica is first in the shared order and up, one that dies is replaced by the next at once,
+//! and a side cut off routes alone as a single Envoy would.
 //!
 //! Within one Envoy, the VM that holds the scrape lease speaks for the replica; it hands what
 //! peers taught it to the other VMs through the same shared data as their own exchanges
@@ -34,7 +37,7 @@ use wire::{PeerAnswer, ReplicaState, SharedScrape};
 /// each under a key of its own, so a peer that joins learns the recent ones from its first
 /// answer and a peer that is up to date is served only the new ones.
 pub const KEPT_BATCHES: u64 = 256;
-/// A peer counts as live for this many sync intervals after its last good answer.
+/// Another replica counts as live for this many sync intervals after its latest state.
 const LIVE_INTERVALS: u64 = 3;
 
 /// Peer-sync counts, for the stats.
@@ -50,6 +53,7 @@ pub struct PeerCounts {
     pub bytes: u64,
 }
 
+/// A peer address this replica may call.
 #[derive(Debug, Clone)]
 struct Peer {
     address: String,
@@ -57,12 +61,13 @@ struct Peer {
     origin: Option<u64>,
     /// This replica's own address (its answer carried our origin): never called again.
     is_self: bool,
-    last_seq: u64,
     /// The newest placement batch read from the origin.
     since: u64,
-    live_until_ms: u64,
-    /// Its in-flight counts, by this pool's index.
-    in_flight: Vec<InFlight>,
+    /// A call here failed: the address does not count as up before then.
+    failed_until_ms: u64,
+    /// When a replica that is not the hub next checks whether this address, ahead of the hub
+    /// in the order, came up.
+    next_probe_ms: u64,
     calling: bool,
 }
 
@@ -72,17 +77,49 @@ impl Peer {
             address,
             origin: None,
             is_self: false,
-            last_seq: 0,
             since: 0,
-            live_until_ms: 0,
-            in_flight: Vec::new(),
+            failed_until_ms: 0,
+            next_probe_ms: 0,
             calling: false,
         }
     }
+}
 
+/// Another replica's latest state, told by itself (the answer to a call) or relayed by the hub.
+#[derive(Debug, Clone)]
+struct Known {
+    origin: u64,
+    seq: u64,
+    /// Its peer address, when it is one this replica has in its list.
+    address: Option<String>,
+    live_until_ms: u64,
+    /// How old the state was when it arrived, and when that was (this replica's clock).
+    age_ms: u64,
+    received_ms: u64,
+    /// Its in-flight counts and scrapes, by this pool's index.
+    in_flight: Vec<InFlight>,
+    scrapes: Vec<SharedScrape>,
+}
+
+impl Known {
     fn live(&self, now_ms: u64) -> bool {
-        !self.is_self && self.origin.is_some() && now_ms < self.live_until_ms
+        now_ms < self.live_until_ms
     }
+
+    fn age_at(&self, now_ms: u64) -> u64 {
+        self.age_ms
+            .saturating_add(now_ms.saturating_sub(self.received_ms))
+    }
+}
+
+/// A state this replica was told, by this pool's index, before it is believed.
+struct Told<'a> {
+    origin: u64,
+    seq: u64,
+    address: Option<String>,
+    age_ms: u64,
+    in_flight: &'a [(u32, u64)],
+    scrapes: &'a [SharedScrape],
 }
 
 pub struct Peers {
@@ -90,13 +127,24 @@ pub struct Peers {
     interval_ms: u64,
     /// This replica's id, agreed by its VMs through shared data; 0 until then.
     origin: u64,
+    /// Sorted by address: every replica sees the same order, so all agree on the hub.
     peers: Vec<Peer>,
+    /// The other replicas, by origin.
+    known: Vec<Known>,
     /// Calls in flight: token -> peer.
     calls: Vec<(u32, usize)>,
     next_sync_ms: u64,
     seq: u64,
     /// The newest placement batch stored (see [`KEPT_BATCHES`]).
     batch_seq: u64,
+    /// Whether this replica is the fleet's hub as of its last sync (see [`Peers::targets`]).
+    hub: bool,
+    /// The hub called its peers and has not yet heard from all of them.
+    round_open: bool,
+    /// The hub's address as last logged.
+    hub_address: Option<String>,
+    /// Placements peers made themselves and told this replica, for the hub to pass on.
+    to_relay: Vec<LearnedPrefix>,
     /// Placements peers taught since the last tick, for the other VMs.
     learned: Vec<LearnedPrefix>,
     counts: PeerCounts,
@@ -111,16 +159,23 @@ pub struct Peers {
 impl Peers {
     pub fn new(config: PeersConfig) -> Self {
         let interval_ms = duration_ms(config.sync_interval).max(1);
-        let peers = config.addresses.iter().cloned().map(Peer::new).collect();
+        let mut peers: Vec<Peer> = config.addresses.iter().cloned().map(Peer::new).collect();
+        peers.sort_by(|a, b| a.address.cmp(&b.address));
+        peers.dedup_by(|a, b| a.address == b.address);
         Peers {
             config,
             interval_ms,
             origin: 0,
             peers,
+            known: Vec::new(),
             calls: Vec::new(),
             next_sync_ms: 0,
             seq: 0,
             batch_seq: 0,
+            hub: false,
+            round_open: false,
+            hub_address: None,
+            to_relay: Vec::new(),
             learned: Vec::new(),
             counts: PeerCounts::default(),
             share: Vec::new(),
@@ -137,9 +192,14 @@ impl Peers {
         self.counts
     }
 
-    /// Peers that answered lately.
+    /// Other replicas whose state is recent enough to count.
     pub fn live(&self, now_ms: u64) -> usize {
-        self.peers.iter().filter(|p| p.live(now_ms)).count()
+        self.known.iter().filter(|k| k.live(now_ms)).count()
+    }
+
+    /// Whether this replica relays the others' state, as of its last sync.
+    pub fn is_hub(&self) -> bool {
+        self.hub
     }
 
     /// This VM took or lost the scrape lease: the replica's id is read again when it next
@@ -186,8 +246,10 @@ impl Peers {
         let sync_due = now_ms >= self.next_sync_ms;
         // Alone, the state only waits for a peer to come: once per sync interval will do.
         let alone = self.fleet <= 1;
+        let relayed = std::mem::take(&mut self.to_relay);
         let stored = self
-            .keep_batch(host, coordinator, placements)
+            .keep_batch(host, coordinator, placements, 0)
+            .and_then(|()| self.keep_batch(host, coordinator, &relayed, wire::RELAYED_BATCH))
             .and_then(|()| {
                 if sync_due || !alone {
                     self.publish(host, coordinator, slot, now_ms)
@@ -203,7 +265,35 @@ impl Peers {
         }
         if sync_due {
             self.next_sync_ms = now_ms.saturating_add(self.interval_ms);
-            self.call_peers(host);
+            self.call_peers(host, now_ms);
+        }
+    }
+
+    /// Whether the hub's round of calls just ended (every call answered or failed): its state
+    /// is then stored again with what it relays (see [`Peers::publish_round`]).
+    pub fn round_done(&mut self) -> bool {
+        let done = self.round_open && self.calls.is_empty();
+        if done {
+            self.round_open = false;
+        }
+        done
+    }
+
+    /// Stores the state with what this round taught the hub, so the replicas that call it
+    /// next get the others' news one hop after the hub did, not a tick later.
+    pub fn publish_round(
+        &mut self,
+        host: &(impl SharedData + HttpCallouts),
+        coordinator: &mut Coordinator,
+        slot: &mut PoolSlot,
+        now_ms: u64,
+    ) {
+        let relayed = std::mem::take(&mut self.to_relay);
+        let stored = self
+            .keep_batch(host, coordinator, &relayed, wire::RELAYED_BATCH)
+            .and_then(|()| self.publish(host, coordinator, slot, now_ms));
+        if let Err(error) = stored {
+            log::warn!("inference-picker: storing this replica's state for its peers: {error}");
         }
     }
 
@@ -232,13 +322,12 @@ impl Peers {
             }
         }
         // Calls in flight name peers by index: forget them rather than credit the wrong one.
-        if removed > 0 {
+        if added + removed > 0 {
+            self.peers.sort_by(|a, b| a.address.cmp(&b.address));
             self.calls.clear();
             for peer in &mut self.peers {
                 peer.calling = false;
             }
-        }
-        if added + removed > 0 {
             log::info!(
                 "inference-picker: peer discovery: {added} added, {removed} removed, {} peers",
                 self.peers.len()
@@ -246,12 +335,14 @@ impl Peers {
         }
     }
 
-    /// Stores this tick's placements as the next batch, over the oldest kept one.
+    /// Stores `placements` as the next batch, over the oldest kept one; `mark` is 0 for this
+    /// Envoy's own, [`wire::RELAYED_BATCH`] for those the hub passes on.
     fn keep_batch(
         &mut self,
         store: &impl SharedData,
         coordinator: &Coordinator,
         placements: &[LearnedPrefix],
+        mark: u64,
     ) -> Result<(), crate::host::HostError> {
         if placements.is_empty() {
             return Ok(());
@@ -261,23 +352,29 @@ impl Peers {
             .keys()
             .replica_batch(self.batch_seq % KEPT_BATCHES);
         store
-            .set(&key, &encode_batch(self.batch_seq, placements), None)
+            .set(&key, &encode_batch(self.batch_seq | mark, placements), None)
             .map(|_| ())
+    }
+
+    /// The live replicas' origins, this one's included, sorted.
+    fn live_origins(&self, now_ms: u64) -> Vec<u64> {
+        let mut origins: Vec<u64> = self
+            .known
+            .iter()
+            .filter(|k| k.live(now_ms))
+            .map(|k| k.origin)
+            .chain(std::iter::once(self.origin))
+            .collect();
+        origins.sort_unstable();
+        origins.dedup();
+        origins
     }
 
     /// Which pods this replica scrapes: each pod goes to the replica the rendezvous over the
     /// live replicas (this one included) picks, so the fleet scrapes each pod once per
     /// interval, and a dead peer's pods come back within [`LIVE_INTERVALS`] sync intervals.
     fn share_scrapes(&mut self, slot: &mut PoolSlot, now_ms: u64) {
-        let mut origins: Vec<u64> = self
-            .peers
-            .iter()
-            .filter(|p| p.live(now_ms))
-            .filter_map(|p| p.origin)
-            .collect();
-        origins.push(self.origin);
-        origins.sort_unstable();
-        origins.dedup();
+        let origins = self.live_origins(now_ms);
         let pool = slot.data.pool();
         self.share = pool
             .endpoints
@@ -334,11 +431,16 @@ impl Peers {
             pods: pool.endpoints.iter().map(|e| e.address.clone()).collect(),
             in_flight: coordinator.envoy_in_flight().to_vec(),
             scrapes,
+            relayed: if self.hub {
+                self.relayed_states(now_ms)
+            } else {
+                Vec::new()
+            },
         };
         coordinator.store_replica_state(store, &wire::frame(&state, &[]))?;
         let mut sums = vec![(0u32, 0u64); pool.len()];
-        for peer in self.peers.iter().filter(|p| p.live(now_ms)) {
-            for (sum, &(requests, tokens)) in sums.iter_mut().zip(&peer.in_flight) {
+        for known in self.known.iter().filter(|k| k.live(now_ms)) {
+            for (sum, &(requests, tokens)) in sums.iter_mut().zip(&known.in_flight) {
                 sum.0 = sum.0.saturating_add(requests);
                 sum.1 = sum.1.saturating_add(tokens);
             }
@@ -349,9 +451,101 @@ impl Peers {
         coordinator.relay_placements(store, &learned)
     }
 
-    fn call_peers(&mut self, host: &impl HttpCallouts) {
+    /// What the hub passes on: every live replica's latest state, aged by how long it held it.
+    fn relayed_states(&self, now_ms: u64) -> Vec<wire::RelayedState> {
+        self.known
+            .iter()
+            .filter(|k| k.live(now_ms))
+            .map(|k| {
+                let held = now_ms.saturating_sub(k.received_ms);
+                wire::RelayedState {
+                    origin: k.origin,
+                    seq: k.seq,
+                    address: k.address.clone().unwrap_or_default(),
+                    age_ms: k.age_at(now_ms),
+                    in_flight: k.in_flight.clone(),
+                    scrapes: k
+                        .scrapes
+                        .iter()
+                        .map(|s| SharedScrape {
+                            age_ms: s.age_ms.saturating_add(held),
+                            ..s.clone()
+                        })
+                        .filter(|s| s.age_ms <= wire::MAX_SCRAPE_AGE_MS)
+                        .collect(),
+                }
+            })
+            .collect()
+    }
+
+    /// Whether the replica at `peer` counts as up: this one, or one whose state is live and
+    /// whose address did not just fail.
+    fn up(&self, peer: &Peer, now_ms: u64) -> bool {
+        if peer.is_self {
+            return true;
+        }
+        now_ms >= peer.failed_until_ms
+            && self
+                .known
+                .iter()
+                .any(|k| k.live(now_ms) && k.address.as_deref() == Some(peer.address.as_str()))
+    }
+
+    /// The peers to call this sync. The hub is the first address (in the order every replica
+    /// shares) whose replica is up: the hub calls every other replica and relays what each
+    /// told it; the others call only the hub, and check the addresses ahead of it now and then
+    /// (one that comes up becomes the hub). N - 1 calls an interval for N replicas rather
+    /// than N(N - 1), every replica's state at most two hops from every other. Until this
+    /// replica has found its own address (its first calls), it calls every peer.
+    fn targets(&mut self, now_ms: u64) -> Vec<usize> {
+        let knows_itself = self.peers.iter().any(|p| p.is_self);
+        let hub = self.peers.iter().position(|p| self.up(p, now_ms));
+        let hub = match hub {
+            Some(hub) if knows_itself => hub,
+            _ => {
+                self.hub = true;
+                return (0..self.peers.len()).collect();
+            }
+        };
+        self.hub = self.peers.get(hub).is_some_and(|p| p.is_self);
+        self.note_hub(hub);
+        if self.hub {
+            return (0..self.peers.len()).collect();
+        }
+        let probe_every = self.interval_ms * LIVE_INTERVALS;
+        let mut targets = vec![hub];
+        for (index, peer) in self.peers.iter_mut().enumerate().take(hub) {
+            if now_ms >= peer.next_probe_ms {
+                peer.next_probe_ms = now_ms.saturating_add(probe_every);
+                targets.push(index);
+            }
+        }
+        targets
+    }
+
+    /// Logs the hub when it changes, so a user can see who relays for whom.
+    fn note_hub(&mut self, hub: usize) {
+        let Some(address) = self.peers.get(hub).map(|p| p.address.as_str()) else {
+            return;
+        };
+        if self.hub_address.as_deref() == Some(address) {
+            return;
+        }
+        if self.hub {
+            log::info!("inference-picker: this replica ({address}) is the peers' hub: it calls the others and relays what each told it");
+        } else {
+            log::info!(
+                "inference-picker: the peers' hub is {address}: this replica calls it alone"
+            );
+        }
+        self.hub_address = Some(address.to_owned());
+    }
+
+    fn call_peers(&mut self, host: &impl HttpCallouts, now_ms: u64) {
         let timeout = u32::try_from(duration_ms(self.config.timeout)).unwrap_or(u32::MAX);
-        for index in 0..self.peers.len() {
+        let targets = self.targets(now_ms);
+        self.round_open = self.hub;
+        for index in targets {
             let Some(peer) = self.peers.get_mut(index) else {
                 continue;
             };
@@ -379,11 +573,13 @@ impl Peers {
                 }
                 Err(error) => {
                     self.counts.failed += 1;
-                    peer.live_until_ms = 0;
+                    peer.failed_until_ms = now_ms.saturating_add(self.interval_ms);
                     log::debug!("inference-picker: calling peer {}: {error}", peer.address);
                 }
             }
         }
+        // Nothing to wait for (no call made): the tick's own publish covers it.
+        self.round_open &= !self.calls.is_empty();
     }
 
     /// A peer's answer: merged into the pool when good, counted either way. Returns whether
@@ -406,42 +602,145 @@ impl Peers {
         let Some(parsed) = self.accept(index, answer, now_ms) else {
             return false;
         };
-        let origin = parsed.state.origin;
         let local = local_indices(slot, &parsed.state.pods);
-        if let Some(peer) = self.peers.get_mut(index) {
-            // Replaced whole: a pod the peer no longer names counts nothing.
-            peer.in_flight.clear();
-            peer.in_flight.resize(slot.data.pool().len(), (0, 0));
-            let pool = slot.data.pool();
-            for (&at, &counts) in local.iter().zip(&parsed.state.in_flight) {
-                let Some(at) = at else {
-                    continue;
-                };
-                if let Some(own) = peer.in_flight.get_mut(at) {
-                    *own = believable_claim(pool.get(at), counts);
+        let address = self.peers.get(index).map(|p| p.address.clone());
+        let direct = Told {
+            origin: parsed.state.origin,
+            seq: parsed.state.seq,
+            address,
+            age_ms: 0,
+            in_flight: &parsed.state.in_flight,
+            scrapes: &parsed.state.scrapes,
+        };
+        if !self.believe(slot, &direct, &local, now_ms) {
+            // Late or repeated: what it says is already known or superseded.
+            return false;
+        }
+        let mut believed = vec![parsed.state.origin];
+        for relayed in &parsed.state.relayed {
+            let address = self
+                .peers
+                .iter()
+                .find(|p| p.address == relayed.address)
+                .map(|p| p.address.clone());
+            let told = Told {
+                origin: relayed.origin,
+                seq: relayed.seq,
+                address,
+                age_ms: relayed.age_ms,
+                in_flight: &relayed.in_flight,
+                scrapes: &relayed.scrapes,
+            };
+            if self.believe(slot, &told, &local, now_ms) {
+                believed.push(relayed.origin);
+            }
+        }
+        let mut scraped = false;
+        for origin in believed {
+            scraped |= self.merge_scrapes(slot, origin, now_ms);
+        }
+        let relay = self.hub;
+        self.merge_placements(slot, &parsed.placements, &local, relay);
+        self.merge_placements(slot, &parsed.relayed_placements, &local, false);
+        scraped
+    }
+
+    /// Takes what a replica was told about `told.origin` when it is newer than what is known,
+    /// by this pool's indices; returns whether it was.
+    fn believe(
+        &mut self,
+        slot: &PoolSlot,
+        told: &Told,
+        local: &[Option<usize>],
+        now_ms: u64,
+    ) -> bool {
+        let live_for = self.interval_ms * LIVE_INTERVALS;
+        if told.origin == self.origin || told.age_ms >= live_for {
+            return false;
+        }
+        let position = self.known.iter().position(|k| k.origin == told.origin);
+        if position
+            .and_then(|at| self.known.get(at))
+            .is_some_and(|k| told.seq <= k.seq)
+        {
+            return false;
+        }
+        let pool = slot.data.pool();
+        let mut in_flight = vec![(0, 0); pool.len()];
+        for (&at, &counts) in local.iter().zip(told.in_flight) {
+            if let Some(own) = at.and_then(|at| in_flight.get_mut(at)) {
+                *own = believable_claim(at.and_then(|at| pool.get(at)), counts);
+            }
+        }
+        let scrapes = told
+            .scrapes
+            .iter()
+            .filter_map(|s| {
+                let at = local.get(s.pod as usize).copied().flatten()?;
+                Some(SharedScrape {
+                    pod: u32::try_from(at).ok()?,
+                    ..s.clone()
+                })
+            })
+            .collect();
+        let known = Known {
+            origin: told.origin,
+            seq: told.seq,
+            address: told.address.clone(),
+            live_until_ms: now_ms.saturating_add(live_for - told.age_ms),
+            age_ms: told.age_ms,
+            received_ms: now_ms,
+            in_flight,
+            scrapes,
+        };
+        match position {
+            Some(at) => {
+                if let Some(slot) = self.known.get_mut(at) {
+                    *slot = known;
+                }
+            }
+            None if self.known.len() < crate::limits::PEERS.max as usize => self.known.push(known),
+            None => {
+                // Full of replicas: the stalest one makes room.
+                self.known.retain(|k| k.live(now_ms));
+                if self.known.len() < crate::limits::PEERS.max as usize {
+                    self.known.push(known);
                 }
             }
         }
-        let scraped = self.merge_scrapes(slot, &parsed.state, &local, origin, now_ms);
-        for placement in parsed.placements {
+        true
+    }
+
+    /// A peer's placements, by this pool's indices: merged here and handed to the other VMs;
+    /// with `relay`, kept for the hub's next relayed batch too.
+    fn merge_placements(
+        &mut self,
+        slot: &mut PoolSlot,
+        placements: &[LearnedPrefix],
+        local: &[Option<usize>],
+        relay: bool,
+    ) {
+        for placement in placements {
             let Some(index) = local.get(placement.endpoint).copied().flatten() else {
                 continue;
             };
             let placement = LearnedPrefix {
                 endpoint: index,
-                hashes: placement.hashes,
+                hashes: placement.hashes.clone(),
             };
             slot.merge_placement(&placement);
+            if relay {
+                self.to_relay.push(placement.clone());
+            }
             self.learned.push(placement);
         }
-        scraped
     }
 
     /// Peer `index`'s answer, read and validated: `None` (counted and logged) when the call
-    /// failed or the answer is refused, late, repeated or this replica's own.
+    /// failed or the answer is refused or this replica's own.
     fn accept(&mut self, index: usize, answer: &CalloutAnswer, now_ms: u64) -> Option<PeerAnswer> {
         let own_origin = self.origin;
-        let live_for = self.interval_ms * LIVE_INTERVALS;
+        let failed_until = now_ms.saturating_add(self.interval_ms);
         let peer = self.peers.get_mut(index)?;
         peer.calling = false;
         let ok = answer.status.as_deref() == Some(b"200".as_slice());
@@ -450,7 +749,7 @@ impl Peers {
             _ if ok => {
                 // A 200 whose body was not read: over `maxStateBytes`.
                 self.counts.refused += 1;
-                peer.live_until_ms = 0;
+                peer.failed_until_ms = failed_until;
                 log::warn!(
                     "inference-picker: refused peer {}'s state: {} bytes, over pool.peers.maxStateBytes",
                     peer.address, answer.body_size
@@ -459,7 +758,7 @@ impl Peers {
             }
             _ => {
                 self.counts.failed += 1;
-                peer.live_until_ms = 0;
+                peer.failed_until_ms = failed_until;
                 let status = describe_status(answer.status.as_deref());
                 log::debug!("inference-picker: peer {}: {status}", peer.address);
                 return None;
@@ -471,7 +770,7 @@ impl Peers {
             Ok(parsed) => parsed,
             Err(refused) => {
                 self.counts.refused += 1;
-                peer.live_until_ms = 0;
+                peer.failed_until_ms = failed_until;
                 log::warn!(
                     "inference-picker: refused peer {}'s state: {}",
                     peer.address,
@@ -487,42 +786,25 @@ impl Peers {
         if peer.origin != Some(parsed.state.origin) {
             // A new replica at this address (or a restart): start over with it.
             peer.origin = Some(parsed.state.origin);
-            peer.last_seq = 0;
             peer.since = 0;
-        } else if parsed.state.seq <= peer.last_seq {
-            // Late or repeated: what it says is already known or superseded.
-            return None;
         }
-        peer.last_seq = parsed.state.seq;
         peer.since = parsed.newest_batch.max(peer.since);
-        peer.live_until_ms = now_ms.saturating_add(live_for);
+        peer.failed_until_ms = 0;
         self.counts.synced += 1;
         Some(parsed)
     }
 
-    /// The scrapes in a peer's state of the pods the rendezvous gives it: it cannot overwrite
-    /// the others, and an older reading never replaces a newer one. Returns whether any was.
-    fn merge_scrapes(
-        &self,
-        slot: &mut PoolSlot,
-        state: &ReplicaState,
-        local: &[Option<usize>],
-        origin: u64,
-        now_ms: u64,
-    ) -> bool {
-        let live: Vec<u64> = self
-            .peers
-            .iter()
-            .filter(|p| p.live(now_ms))
-            .filter_map(|p| p.origin)
-            .chain(std::iter::once(self.origin))
-            .collect();
+    /// The scrapes `origin`'s state, just believed, carries of the pods the rendezvous gives
+    /// it: it cannot overwrite the others, and an older reading never replaces a newer one.
+    /// Returns whether any was.
+    fn merge_scrapes(&self, slot: &mut PoolSlot, origin: u64, now_ms: u64) -> bool {
+        let Some(known) = self.known.iter().find(|k| k.origin == origin) else {
+            return false;
+        };
+        let live = self.live_origins(now_ms);
         let mut merged = false;
-        for scrape in &state.scrapes {
-            let Some(index) = local.get(scrape.pod as usize).copied().flatten() else {
-                continue;
-            };
-            let Some(address) = slot.data.address(index).map(str::to_owned) else {
+        for scrape in &known.scrapes {
+            let Some(address) = slot.data.address(scrape.pod as usize).map(str::to_owned) else {
                 continue;
             };
             if owner(&live, &address) != origin {

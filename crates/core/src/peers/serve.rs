@@ -86,7 +86,7 @@ fn stored_reply(
             continue;
         };
         // A slot already overwritten by a newer batch, or not written yet: skipped.
-        if batch.get(..8) == Some(seq.to_le_bytes().as_slice()) {
+        if crate::placement_batches::batch_seq(&batch) == Some(seq) {
             body.extend_from_slice(&batch);
         }
     }

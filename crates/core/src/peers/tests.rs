@@ -150,7 +150,7 @@ fn claiming(in_flight: Vec<(u32, u64)>) -> Vec<u8> {
             .map(|i| format!("10.0.0.{i}:8000"))
             .collect(),
         in_flight,
-        scrapes: vec![],
+        ..wire::ReplicaState::default()
     };
     wire::frame(&state, &[])
 }
@@ -472,4 +472,141 @@ fn a_peers_in_flight_claim_counts_only_up_to_what_the_pod_reports() {
     );
     let peers = replicas[0].driver.peers().unwrap();
     assert_eq!(peers.counts().refused, 0, "bounded, not refused");
+}
+
+/// Peer calls each replica made in the last round, by replica.
+fn calls_per_replica(replicas: &[Replica]) -> Vec<usize> {
+    replicas.iter().map(|r| r.peer_calls().len()).collect()
+}
+
+/// Ticks every replica once and counts the peer calls sent, without answering them yet.
+fn tick_and_count(replicas: &mut [Replica]) -> Vec<usize> {
+    for replica in replicas.iter_mut() {
+        replica.tick();
+        replica.answer_scrapes();
+    }
+    calls_per_replica(replicas)
+}
+
+#[test]
+fn eight_replicas_sync_through_one_hub_with_two_calls_per_peer_an_interval() {
+    let clock = clock_at(1_000);
+    let mut replicas = fleet(8, &clock);
+    run(&mut replicas, &clock, 3);
+    let calls = tick_and_count(&mut replicas);
+    // The first address calls the 7 others; each of them calls only it: 2 (N - 1), not
+    // N (N - 1).
+    assert_eq!(calls, vec![7, 1, 1, 1, 1, 1, 1, 1]);
+    sync(&mut replicas);
+    clock.advance(100);
+    assert!(replicas[0].driver.peers().unwrap().is_hub());
+    // Replica 7's request and placement reach replica 4, two hops away.
+    replicas[7].slot.data.add_in_flight(3, 100);
+    let placement = LearnedPrefix {
+        endpoint: 5,
+        hashes: vec![41, 42],
+    };
+    let keys = SharedKeys::under("r");
+    let mut worker = Coordinator::new(keys.clone(), 77, 50);
+    let mut worker_slot = PoolSlot::new("p".into(), load(&config(&["10.1.0.8:9100"]), 77).unwrap());
+    let store = &*replicas[7].host.shared;
+    worker
+        .exchange_prefixes(store, std::slice::from_ref(&placement))
+        .unwrap();
+    worker
+        .exchange_load(store, &mut worker_slot, clock.0.get())
+        .unwrap();
+    run(&mut replicas, &clock, 3);
+    for replica in &replicas {
+        assert_eq!(replica.in_flight(3), 1, "{}", replica.address);
+        assert_eq!(
+            replica.driver.peers().unwrap().live(clock.0.get()),
+            7,
+            "{}",
+            replica.address
+        );
+    }
+    let relayed = replicas[4]
+        .host
+        .shared
+        .get(&keys.prefix(crate::shared_state::PEERS_RELAY))
+        .unwrap()
+        .expect("a relay batch")
+        .0;
+    let mut placements = Vec::new();
+    crate::placement_batches::decode_batches(&relayed, 0, &mut placements);
+    assert!(placements.contains(&placement), "{placements:?}");
+    // The hub relays it once: replica 4 passes nothing on.
+    assert!(!replicas[4].driver.peers().unwrap().is_hub());
+}
+
+#[test]
+fn when_the_hub_dies_the_next_address_takes_over_and_nobody_counts_the_dead_one() {
+    let clock = clock_at(1_000);
+    let mut replicas = fleet(4, &clock);
+    run(&mut replicas, &clock, 3);
+    replicas[0].slot.data.add_in_flight(2, 10);
+    run(&mut replicas, &clock, 2);
+    assert_eq!(replicas[3].in_flight(2), 1);
+    // The hub dies: its address answers nothing (Envoy: 503, no healthy upstream).
+    replicas.remove(0);
+    run(&mut replicas, &clock, 5);
+    assert!(
+        replicas[0].driver.peers().unwrap().is_hub(),
+        "10.1.0.2 is the hub now"
+    );
+    let calls = tick_and_count(&mut replicas);
+    // The new hub still checks the dead address ahead of it now and then; the others call
+    // the new hub, and sometimes the dead address.
+    assert!(
+        calls[0] >= 2 && calls[1..].iter().all(|&n| n <= 2),
+        "{calls:?}"
+    );
+    sync(&mut replicas);
+    clock.advance(100);
+    run(&mut replicas, &clock, 2);
+    for replica in &replicas {
+        let now = clock.0.get();
+        assert_eq!(
+            replica.driver.peers().unwrap().live(now),
+            2,
+            "{}",
+            replica.address
+        );
+        assert_eq!(
+            replica.in_flight(2),
+            0,
+            "{}: the dead hub's requests expired",
+            replica.address
+        );
+        assert!(replica.owned() < PODS);
+    }
+}
+
+#[test]
+fn a_replica_that_comes_back_ahead_of_the_hub_becomes_the_hub_again() {
+    let clock = clock_at(1_000);
+    let mut replicas = fleet(3, &clock);
+    run(&mut replicas, &clock, 3);
+    let first = replicas.remove(0);
+    run(&mut replicas, &clock, 4);
+    assert!(replicas[0].driver.peers().unwrap().is_hub());
+    // A new process at the first address (a new origin).
+    let listed = ["10.1.0.1:9100", "10.1.0.2:9100", "10.1.0.3:9100"];
+    drop(first);
+    replicas.insert(0, Replica::new(listed[0], &listed, 555, &clock));
+    run(&mut replicas, &clock, 6);
+    let hubs: Vec<bool> = replicas
+        .iter()
+        .map(|r| r.driver.peers().unwrap().is_hub())
+        .collect();
+    assert_eq!(hubs, vec![true, false, false]);
+    for replica in &replicas {
+        assert_eq!(
+            replica.driver.peers().unwrap().live(clock.0.get()),
+            2,
+            "{}",
+            replica.address
+        );
+    }
 }

@@ -2,14 +2,17 @@
 //! validated before anything of it reaches the pool.
 //!
 //! A state is `MAGIC`, a little-endian `u32` length, a JSON [`ReplicaState`], then this
-//! replica's placement batches in the binary form VMs share (`shared_state::encode_batch`),
-//! each endpoint an index into the state's `pods`. Every value is per origin and state-based:
-//! in-flight counts replace the origin's last ones, batches carry their sequence number and
-//! are replayed once, scrapes carry their age rather than a wall-clock stamp (no correctness
-//! depends on the replicas' clocks agreeing).
+//! replica's placement batches in the binary form VMs share (`placement_batches`), each
+//! endpoint an index into the state's `pods`; the hub's batches of placements it relays are
+//! marked [`RELAYED_BATCH`]. Every value is per origin and state-based: in-flight counts
+//! replace the origin's last ones (an older `seq` never replaces a newer one, however many hops
+//! it came by), batches carry their sequence number and are replayed once, scrapes and relayed
+//! states carry their age rather than a wall-clock stamp (no correctness depends on the
+//! replicas' clocks agreeing).
 
 use crate::metrics::EndpointMetrics;
-use crate::placement_batches::decode_batches;
+use crate::placement_batches::decode_tagged;
+pub use crate::placement_batches::RELAYED_BATCH;
 use crate::scheduling::LearnedPrefix;
 use serde::{Deserialize, Serialize};
 
@@ -55,6 +58,23 @@ pub struct ReplicaState {
     pub in_flight: Vec<(u32, u64)>,
     /// The pods this replica scrapes.
     pub scrapes: Vec<SharedScrape>,
+    /// The hub's view of the other replicas: their latest states as they told it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub relayed: Vec<RelayedState>,
+}
+
+/// Another replica's state as the hub passes it on. Its pods are the enclosing state's.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct RelayedState {
+    pub origin: u64,
+    pub seq: u64,
+    /// Its peer address, as the hub calls it.
+    pub address: String,
+    /// How long before this answer the origin published it, as far as the hub can tell.
+    pub age_ms: u64,
+    pub in_flight: Vec<(u32, u64)>,
+    pub scrapes: Vec<SharedScrape>,
 }
 
 /// Why an answer was refused.
@@ -65,8 +85,10 @@ pub struct Refused(pub String);
 #[derive(Debug, Clone, PartialEq)]
 pub struct PeerAnswer {
     pub state: ReplicaState,
-    /// Endpoints are indices into `state.pods`.
+    /// The peer's own placements; endpoints are indices into `state.pods`.
     pub placements: Vec<LearnedPrefix>,
+    /// Placements the peer relays from other replicas (it is their hub).
+    pub relayed_placements: Vec<LearnedPrefix>,
     /// The newest batch sequence in the answer (what to ask after next time).
     pub newest_batch: u64,
 }
@@ -135,25 +157,43 @@ pub fn read(bytes: &[u8], since: u64) -> Result<PeerAnswer, Refused> {
     {
         return refuse("an implausible in-flight count");
     }
-    if state.scrapes.len() > state.pods.len()
-        || state
-            .scrapes
-            .iter()
-            .any(|s| s.pod as usize >= state.pods.len())
-    {
+    let pods = state.pods.len();
+    if !scrapes_in_bounds(&state.scrapes, pods) {
         return refuse("a scrape of a pod the state does not name");
     }
-    let mut placements = Vec::new();
-    let newest_batch = decode_batches(batches, since, &mut placements);
-    let hashes: usize = placements.iter().map(|p| p.hashes.len()).sum();
-    if hashes > MAX_HASHES || placements.iter().any(|p| p.endpoint >= state.pods.len()) {
+    if state.relayed.len() > crate::limits::PEERS.max as usize {
+        return refuse("too many relayed states");
+    }
+    for relayed in &state.relayed {
+        if relayed.origin == 0
+            || relayed.in_flight.len() != pods
+            || relayed.in_flight.iter().any(implausible)
+            || !scrapes_in_bounds(&relayed.scrapes, pods)
+        {
+            return refuse("a relayed state that does not fit the pods");
+        }
+    }
+    let (mut placements, mut relayed_placements) = (Vec::new(), Vec::new());
+    let newest_batch = decode_tagged(batches, since, &mut placements, &mut relayed_placements);
+    let all = || placements.iter().chain(&relayed_placements);
+    let hashes: usize = all().map(|p| p.hashes.len()).sum();
+    if hashes > MAX_HASHES || all().any(|p| p.endpoint >= pods) {
         return refuse("placements beyond the bounds");
     }
     Ok(PeerAnswer {
         state,
         placements,
+        relayed_placements,
         newest_batch,
     })
+}
+
+/// No more scrapes than pods, each of a pod the state names and counted plausibly.
+fn scrapes_in_bounds(scrapes: &[SharedScrape], pods: usize) -> bool {
+    scrapes.len() <= pods
+        && scrapes
+            .iter()
+            .all(|s| (s.pod as usize) < pods && s.in_flight_at_scrape.0 <= MAX_IN_FLIGHT_PER_POD)
 }
 
 /// Every number finite (JSON has no others) and not negative.
@@ -186,6 +226,7 @@ mod tests {
                 metrics: EndpointMetrics::idle(),
                 in_flight_at_scrape: (1, 100),
             }],
+            relayed: vec![],
         }
     }
 
@@ -254,6 +295,42 @@ mod tests {
                     ..good.clone()
                 },
                 "does not name",
+            ),
+            (
+                ReplicaState {
+                    relayed: vec![RelayedState {
+                        origin: 8,
+                        in_flight: vec![(1, 1)],
+                        ..RelayedState::default()
+                    }],
+                    ..good.clone()
+                },
+                "relayed state",
+            ),
+            (
+                ReplicaState {
+                    relayed: vec![RelayedState {
+                        origin: 8,
+                        in_flight: vec![(0, 0), (MAX_IN_FLIGHT_PER_POD + 1, 0)],
+                        ..RelayedState::default()
+                    }],
+                    ..good.clone()
+                },
+                "relayed state",
+            ),
+            (
+                ReplicaState {
+                    relayed: vec![
+                        RelayedState {
+                            origin: 8,
+                            in_flight: vec![(0, 0), (0, 0)],
+                            ..RelayedState::default()
+                        };
+                        crate::limits::PEERS.max as usize + 1
+                    ],
+                    ..good.clone()
+                },
+                "too many relayed",
             ),
         ];
         for (state, why) in cases {
