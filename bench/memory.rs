@@ -24,6 +24,11 @@ const PHASES: usize = 5;
 /// among equals, so some pods fill only in the second): a bounded index adds next to nothing
 /// in the phases after.
 const FILLED_BY: usize = 2;
+/// The prefix scorer's counter of the most (block, pod) entries its index held.
+const INDEX_ENTRIES_STAT: &str = "plugin.prefix-cache-scorer.index_entries_peak";
+/// Issue 43's goals for the prefix index.
+const MAX_BYTES_PER_ENTRY: f64 = 64.0;
+const FULL_PHASE_SHARE: f64 = 0.01;
 /// GIE's default `lruCapacityPerServer`.
 const GIE_DEFAULT_CAPACITY: f64 = 31250.0;
 const MIB: f64 = 1048576.0;
@@ -76,6 +81,8 @@ struct MemoryRow {
     rss: Vec<f64>,
     vm_total: Vec<f64>,
     vms: f64,
+    /// (block, pod) entries the prefix indexes held at most, summed over the VMs.
+    index_entries: f64,
     errors: usize,
 }
 
@@ -168,7 +175,7 @@ pub fn run(quick: bool) -> Part {
             "{}{}\n{}{}{}{}\n{}{}",
             intro(),
             markdown_table(&rows),
-            bounded_index_goal(&rows),
+            bounded_index_goal(&rows) + &compact_index_goals(&rows),
             rows.last().map(cost_per_block).unwrap_or_default(),
             large_intro(settle),
             large_table,
@@ -730,6 +737,7 @@ fn measure(endpoints: usize) -> MemoryRow {
         rss,
         vm_total,
         vms: filter_stat(&envoy, "vms"),
+        index_entries: filter_stat(&envoy, INDEX_ENTRIES_STAT),
         errors,
     };
     println!(
@@ -744,6 +752,11 @@ fn measure(endpoints: usize) -> MemoryRow {
 /// phases), each later phase adds under a tenth of what the first added. Not measured with
 /// too few phases, a missing figure, or nothing added at all (zero against zero).
 fn bounded_verdict(growth: &[f64]) -> Option<bool> {
+    bounded_within(growth, 0.1)
+}
+
+/// As [`bounded_verdict`], each later phase under `share` of what the first added.
+fn bounded_within(growth: &[f64], share: f64) -> Option<bool> {
     let (Some(&first), Some(later)) = (growth.first(), growth.get(FILLED_BY..)) else {
         return None;
     };
@@ -753,7 +766,62 @@ fn bounded_verdict(growth: &[f64]) -> Option<bool> {
     if first == 0.0 && later.iter().all(|&g| g == 0.0) {
         return None;
     }
-    Some(later.iter().all(|&g| g < first / 10.0))
+    Some(later.iter().all(|&g| g < first * share))
+}
+
+/// Issue 43's goals for the prefix index: bytes per indexed (block, pod) entry at 1,024
+/// endpoints (all the VMs grew by, over the entries their indexes held: an upper figure, as
+/// everything else the VMs allocated counts too), no growth once full, and the budget.
+fn compact_index_goals(rows: &[MemoryRow]) -> String {
+    let at_1024 = rows.iter().find(|r| r.endpoints == 1024);
+    let per_entry = at_1024.map(|r| {
+        let grown = r.vm_at_end() - r.vm_total.first().copied().unwrap_or(f64::NAN);
+        (grown * MIB / r.index_entries, r.index_entries)
+    });
+    let bytes = match per_entry {
+        Some((bytes, entries)) if bytes.is_finite() && entries > 0.0 => format!(
+            "{bytes:.0} bytes per entry: the VMs grew by {:.1} MiB for {entries:.0} entries",
+            at_1024.map_or(f64::NAN, |r| r.vm_at_end()
+                - r.vm_total.first().copied().unwrap_or(f64::NAN))
+        ),
+        _ => "1024 endpoints not run or no entries counted".into(),
+    };
+    let bytes_met = per_entry
+        .filter(|(bytes, entries)| bytes.is_finite() && *entries > 0.0)
+        .map(|(bytes, _)| bytes <= MAX_BYTES_PER_ENTRY);
+    let growth: Vec<String> = rows
+        .iter()
+        .map(|r| {
+            let growth = r.growth_per_phase();
+            format!(
+                "{} endpoints: {} MiB (1 % of the first: {:.2})",
+                r.endpoints,
+                joined(&growth, 1, ", "),
+                growth
+                    .first()
+                    .map_or(f64::NAN, |first| first * FULL_PHASE_SHARE)
+            )
+        })
+        .collect();
+    goal(
+        &format!("Prefix index: <= {MAX_BYTES_PER_ENTRY:.0} bytes per indexed (block, pod) entry at 1,024 endpoints"),
+        bytes_met,
+        &bytes,
+    ) + &goal(
+        &format!(
+            "once full (after phase {FILLED_BY}), each phase adds < 1 % of the first phase's growth"
+        ),
+        all_of(rows.iter().map(|r| bounded_within(&r.growth_per_phase(), FULL_PHASE_SHARE))),
+        &growth.join("; "),
+    ) + &goal(
+        "the budget holds whatever the config says",
+        None,
+        &format!(
+            "this part's pods stay under the budget ({} entries per VM); the unit test \
+             `the_budget_caps_the_pods_whatever_their_capacity_and_memory_stops_growing` checks it",
+            inference_picker_core::limits::PREFIX_INDEX_ENTRIES
+        ),
+    )
 }
 
 fn bounded_index_goal(rows: &[MemoryRow]) -> String {

@@ -255,8 +255,12 @@ pub const LRU_CAPACITY_PER_SERVER: CountBounds = CountBounds {
     min: 1,
     max: 1 << 21,
     unit: "blocks",
-    why: "~400 bytes of VM memory per block; 2,097,152 blocks exceed any GPU's KV cache",
+    why: "2,097,152 blocks exceed any GPU's KV cache; the prefix index's budget caps the pods' sum anyway",
 };
+
+/// (block, pod) entries one prefix index holds at most, whatever the pods' capacities add up
+/// to: 32 bytes each, so about 64 MiB per VM.
+pub const PREFIX_INDEX_ENTRIES: usize = 1 << 21;
 
 /// `affinityQueueLimit` of `prefix-cache-scorer` (0 disables).
 pub const AFFINITY_QUEUE_LIMIT: CountBounds = CountBounds {

@@ -161,6 +161,9 @@ fn the_prefix_scorers_home_picks_reach_its_own_counters() {
     };
     assert_eq!(counter("home_picks"), Some(3));
     assert_eq!(counter("home_spills").unwrap_or(0), 0);
+    // The three requests' blocks, on one pod: the index's size, as the stats show it.
+    let entries = counter("index_entries_peak").unwrap_or(0);
+    assert!((1..=64).contains(&entries), "{entries}");
 }
 
 #[test]

@@ -579,6 +579,8 @@ impl Scorer for PrefixCacheScorer {
     fn counters(&self, out: &mut dyn FnMut(&'static str, u64)) {
         out("home_picks", self.home_picks);
         out("home_spills", self.home_spills);
+        // Never falls, as a counter must not: the index's memory is this many entries.
+        out("index_entries_peak", self.index.peak_entries() as u64);
     }
 
     fn learn_served(&mut self, learned: &LearnedPrefix) {
