@@ -620,7 +620,8 @@ fn intro(quick: bool, coverage: &Coverage, best: &[f64]) -> String {
          port and whose `addresses` list every replica's peer address, its own included \
          (`syncInterval` and the rest at their defaults). Through those ports the replicas \
          share their requests in flight, their prefix placements and their share of the \
-         scrapes. The client sends request `n` to replica `n mod r`, as a round-robin L4 \
+         scrapes, by way of one of them, the hub (the first address whose replica is up), \
+         which calls every other replica and relays what each told it. The client sends request `n` to replica `n mod r`, as a round-robin L4 \
          balancer does, or (session hash) every turn of a conversation to the replica its id \
          hashes to. Every row starts fresh pods and gateways.\n\n\
          Beside them, on the same pods, loads and arrival seeds, each right after the sweep of \
