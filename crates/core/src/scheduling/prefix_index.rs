@@ -554,8 +554,10 @@ impl PrefixIndex {
             }
             let mut extended = false;
             for (slot, &candidate) in matched.iter_mut().zip(candidates) {
-                let held = u32::try_from(candidate).is_ok_and(|pod| self.holds(first, pod));
-                if *slot == depth && held {
+                // Only a candidate that held every block so far can extend its match.
+                let held = *slot == depth
+                    && u32::try_from(candidate).is_ok_and(|pod| self.holds(first, pod));
+                if held {
                     *slot += 1;
                     extended = true;
                 }
