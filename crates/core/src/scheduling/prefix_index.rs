@@ -183,9 +183,6 @@ impl PrefixIndex {
         self.peak
     }
 
-    /// Bytes one entry takes: its slab entry and about two table slots.
-    pub const ENTRY_BYTES: usize = std::mem::size_of::<Entry>() + 2 * std::mem::size_of::<u32>();
-
     /// The blocks `pod` may hold: its capacity, or its share of the budget when less.
     fn held_at_most(&self, pod: usize) -> usize {
         let share = self.budget / self.pods.len().max(1);
@@ -289,7 +286,12 @@ impl PrefixIndex {
 
     /// `pod`'s entry for `hash`.
     fn find(&self, hash: u64, pod: u32) -> Option<u32> {
-        let mut at = self.first_of(hash);
+        self.find_from(self.first_of(hash), pod)
+    }
+
+    /// `pod`'s entry in the block whose first entry is `first`.
+    fn find_from(&self, first: u32, pod: u32) -> Option<u32> {
+        let mut at = first;
         while let Some(entry) = self.entry(at) {
             if entry.pod == pod {
                 return Some(at);
@@ -531,18 +533,6 @@ impl PrefixIndex {
         }
     }
 
-    /// Whether `pod` holds the block whose first entry is `first`.
-    fn holds(&self, first: u32, pod: u32) -> bool {
-        let mut at = first;
-        while let Some(entry) = self.entry(at) {
-            if entry.pod == pod {
-                return true;
-            }
-            at = entry.same_next;
-        }
-        false
-    }
-
     /// For each candidate, the number of leading `hashes` it holds. Matching stops at the first
     /// block no candidate holds.
     pub fn match_lengths(&self, hashes: &[u64], candidates: &[usize], matched: &mut [usize]) {
@@ -556,7 +546,8 @@ impl PrefixIndex {
             for (slot, &candidate) in matched.iter_mut().zip(candidates) {
                 // Only a candidate that held every block so far can extend its match.
                 let held = *slot == depth
-                    && u32::try_from(candidate).is_ok_and(|pod| self.holds(first, pod));
+                    && u32::try_from(candidate)
+                        .is_ok_and(|pod| self.find_from(first, pod).is_some());
                 if held {
                     *slot += 1;
                     extended = true;
@@ -692,14 +683,18 @@ mod tests {
     #[test]
     fn the_budget_caps_the_pods_whatever_their_capacity_and_memory_stops_growing() {
         let mut index = PrefixIndex::with_budget(1_000, 256);
-        for round in 0..50u64 {
-            for pod in 0..8 {
-                let blocks: Vec<u64> = (0..40)
-                    .map(|b| round * 10_000 + pod as u64 * 100 + b)
-                    .collect();
-                index.insert(pod, &blocks);
+        // 40 new blocks a pod each round: far more than the budget leaves any of them.
+        let fill = |index: &mut PrefixIndex, rounds: std::ops::Range<u64>| {
+            for round in rounds {
+                for pod in 0..8 {
+                    let blocks: Vec<u64> = (0..40)
+                        .map(|b| round * 10_000 + pod as u64 * 100 + b)
+                        .collect();
+                    index.insert(pod, &blocks);
+                }
             }
-        }
+        };
+        fill(&mut index, 0..50);
         let held: usize = (0..8).map(|pod| index.len(pod)).sum();
         assert!(held <= 256, "{held}");
         assert!(
@@ -713,14 +708,7 @@ mod tests {
         );
         assert_eq!(index.allocated, 256);
         let table = index.table.len();
-        for round in 50..100u64 {
-            for pod in 0..8 {
-                let blocks: Vec<u64> = (0..40)
-                    .map(|b| round * 10_000 + pod as u64 * 100 + b)
-                    .collect();
-                index.insert(pod, &blocks);
-            }
-        }
+        fill(&mut index, 50..100);
         assert_eq!(index.allocated, 256);
         assert_eq!(index.table.len(), table, "a full index stops growing");
         assert_eq!(index.peak_entries(), 256);
