@@ -144,9 +144,15 @@ fn main() {
     let all = run == "all" || run == "quick";
     // A trial (some of the profile's rows, some quality cells or rates) prints its figures and
     // writes nothing: a report holds whole parts only.
-    let trial = ["BENCH_STEPS", "BENCH_ONLY", "BENCH_RATES", "BENCH_POOLS"]
-        .iter()
-        .any(|name| std::env::var(name).is_ok_and(|value| !value.is_empty()));
+    let trial = [
+        "BENCH_STEPS",
+        "BENCH_ONLY",
+        "BENCH_RATES",
+        "BENCH_POOLS",
+        "BENCH_INDEX_POOLS",
+    ]
+    .iter()
+    .any(|name| std::env::var(name).is_ok_and(|value| !value.is_empty()));
     for part in PARTS {
         if all || run == part.name {
             let started = std::time::Instant::now();

@@ -9,8 +9,18 @@ use crate::scheduling::LearnedPrefix;
 /// `endpoint: u32, hashes: u32, hash: u64...`. Binary rather than JSON: a busy tick carries
 /// hundreds of thousands of hashes, and readers copy and decode the whole value every tick.
 pub fn encode_batch(seq: u64, learned: &[LearnedPrefix]) -> Vec<u8> {
+    let mut bytes = Vec::new();
+    encode_batch_into(&mut bytes, seq, learned);
+    bytes
+}
+
+/// As [`encode_batch`], into `bytes` (cleared first), which keeps its capacity: a busy tick's
+/// batch is megabytes, and a buffer allocated afresh every tick at a size that follows the
+/// load leaves gaps that a VM's linear memory never gives back.
+pub fn encode_batch_into(bytes: &mut Vec<u8>, seq: u64, learned: &[LearnedPrefix]) {
     let hashes: usize = learned.iter().map(|l| l.hashes.len()).sum();
-    let mut bytes = Vec::with_capacity(12 + learned.len() * 8 + hashes * 8);
+    bytes.clear();
+    bytes.reserve(12 + learned.len() * 8 + hashes * 8);
     bytes.extend_from_slice(&seq.to_le_bytes());
     bytes.extend_from_slice(&saturating_u32(learned.len()).to_le_bytes());
     for prefix in learned {
@@ -20,7 +30,6 @@ pub fn encode_batch(seq: u64, learned: &[LearnedPrefix]) -> Vec<u8> {
             bytes.extend_from_slice(&hash.to_le_bytes());
         }
     }
-    bytes
 }
 
 fn saturating_u32(value: usize) -> u32 {

@@ -67,9 +67,10 @@ impl SharedKeys {
         format!("{}/load/{vm:x}", self.namespace)
     }
 
-    /// VM `vm`'s prefix-index picks.
-    pub fn prefix(&self, vm: u64) -> String {
-        format!("{}/prefix/{vm:x}", self.namespace)
+    /// VM `vm`'s prefix-index picks: one batch per slot, the slot its sequence modulo the
+    /// batches kept.
+    pub fn prefix(&self, vm: u64, slot: u64) -> String {
+        format!("{}/prefix/{vm:x}/{slot}", self.namespace)
     }
 
     /// VM `vm`'s flow-control summary (what it holds).

@@ -11,11 +11,10 @@ use crate::hash::hash_bytes;
 use crate::host::{HostError, SharedData};
 use crate::learned::Learned;
 use crate::metrics::EndpointMetrics;
-use crate::placement_batches::{decode_batches, encode_batch};
+use crate::placement_batches::{batch_seq, decode_batches, encode_batch_into};
 use crate::scheduling::LearnedPrefix;
 use crate::shared_keys::SharedKeys;
 use serde::{Deserialize, Serialize};
-use std::collections::VecDeque;
 
 /// What this VM does this tick.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -64,8 +63,9 @@ struct Membership {
     members: Members,
 }
 
-/// Batches a VM keeps published, so a reader that missed a few ticks still catches up.
-const KEPT_BATCHES: usize = 4;
+/// Batches a VM keeps published, each under a key of its own, so a reader that missed a few
+/// ticks still catches up and one that did not copies only the new one.
+pub(crate) const BATCH_SLOTS: u64 = 4;
 
 /// The pseudo-VM under whose keys the lease holder hands the other VMs what the Envoy's peers
 /// (other replicas) taught it: their in-flight counts and placements (see [`crate::peers`]).
@@ -89,9 +89,8 @@ pub struct Coordinator {
     applied_cas: Option<u32>,
     snapshot_decodes: u64,
     others: Vec<u64>,
-    prefix_key: String,
-    /// This VM's latest prefix batches, each encoded once (see [`encode_batch`]).
-    prefix_batches: VecDeque<Vec<u8>>,
+    /// The batch being published (see [`encode_batch_into`]).
+    batch: Vec<u8>,
     prefix_seq: u64,
     /// Per other VM: the last prefix batch replayed from it.
     prefix_seen: Vec<(u64, u64)>,
@@ -101,8 +100,7 @@ pub struct Coordinator {
     members_seq: u64,
     /// This Envoy's in-flight counts (every VM's own), as of the last exchange.
     envoy_in_flight: Vec<(u32, u64)>,
-    /// The relay's latest placement batches and their sequence (see [`PEERS_RELAY`]).
-    relay_batches: VecDeque<Vec<u8>>,
+    /// The relay's latest placement batch (see [`PEERS_RELAY`]).
     relay_seq: Option<u64>,
     /// See [`Coordinator::peer_replicas`].
     peer_replicas: Option<u32>,
@@ -127,15 +125,13 @@ impl Coordinator {
             snapshot_key: keys.snapshot(),
             vms_key: keys.vms(),
             load_key: keys.load(vm_id),
-            prefix_key: keys.prefix(vm_id),
-            prefix_batches: VecDeque::new(),
+            batch: Vec::new(),
             prefix_seq: 0,
             prefix_seen: Vec::new(),
             members_key: keys.members(),
             models_key: keys.models(),
             members_seq: 0,
             envoy_in_flight: Vec::new(),
-            relay_batches: VecDeque::new(),
             relay_seq: None,
             peer_replicas: None,
             keys,
@@ -373,25 +369,66 @@ impl Coordinator {
         if placements.is_empty() {
             return Ok(());
         }
-        let key = self.keys.prefix(PEERS_RELAY);
         let last = match self.relay_seq {
             Some(seq) => seq,
             // A lease that moved: go on from the relay's last batch, or readers skip ours.
-            None => match store.get(&key)? {
-                Some((bytes, _)) => decode_batches(&bytes, u64::MAX, &mut Vec::new()),
-                None => 0,
-            },
+            None => self.newest_published(store, PEERS_RELAY)?,
         };
         let seq = last + 1;
         self.relay_seq = Some(seq);
-        self.relay_batches.push_back(encode_batch(seq, placements));
-        while self.relay_batches.len() > KEPT_BATCHES {
-            self.relay_batches.pop_front();
-        }
-        let published: Vec<u8> = self.relay_batches.iter().flatten().copied().collect();
-        store.set(&key, &published, None)?;
+        self.publish_batch(store, PEERS_RELAY, seq, placements)?;
         self.note_seen(PEERS_RELAY, seq);
         Ok(())
+    }
+
+    /// Stores one batch of `vm`'s under the slot of its sequence.
+    fn publish_batch(
+        &mut self,
+        store: &impl SharedData,
+        vm: u64,
+        seq: u64,
+        placements: &[LearnedPrefix],
+    ) -> Result<(), HostError> {
+        encode_batch_into(&mut self.batch, seq, placements);
+        store
+            .set(&self.keys.prefix(vm, seq % BATCH_SLOTS), &self.batch, None)
+            .map(|_| ())
+    }
+
+    /// The newest sequence among `vm`'s kept batches (0 for none).
+    fn newest_published(&self, store: &impl SharedData, vm: u64) -> Result<u64, HostError> {
+        let mut newest = 0;
+        for slot in 0..BATCH_SLOTS {
+            if let Some((bytes, _)) = store.get(&self.keys.prefix(vm, slot))? {
+                newest = newest.max(batch_seq(&bytes).unwrap_or(0));
+            }
+        }
+        Ok(newest)
+    }
+
+    /// Appends `vm`'s batches newer than `seen` to `into`, one slot at a time in sequence
+    /// order; returns the newest read. A reader lapped by the writer skips what was
+    /// overwritten.
+    fn read_batches(
+        &self,
+        store: &impl SharedData,
+        vm: u64,
+        seen: u64,
+        into: &mut Vec<LearnedPrefix>,
+    ) -> Result<u64, HostError> {
+        let mut newest = seen;
+        for _ in 0..BATCH_SLOTS {
+            let next = newest + 1;
+            let Some((bytes, _)) = store.get(&self.keys.prefix(vm, next % BATCH_SLOTS))? else {
+                break;
+            };
+            match batch_seq(&bytes) {
+                Some(seq) if seq >= next => newest = decode_batches(&bytes, newest, into),
+                // Not written since the last reading.
+                _ => break,
+            }
+        }
+        Ok(newest)
     }
 
     fn note_seen(&mut self, vm: u64, seq: u64) {
@@ -437,25 +474,11 @@ impl Coordinator {
     ) -> Result<Exchanged, HostError> {
         if !own.is_empty() {
             self.prefix_seq += 1;
-            self.prefix_batches
-                .push_back(encode_batch(self.prefix_seq, own));
-            while self.prefix_batches.len() > KEPT_BATCHES {
-                self.prefix_batches.pop_front();
-            }
-            // Batch by batch (one copy each), not byte by byte.
-            let size = self.prefix_batches.iter().map(Vec::len).sum();
-            let mut published = Vec::with_capacity(size);
-            for batch in &self.prefix_batches {
-                published.extend_from_slice(batch);
-            }
-            store.set(&self.prefix_key, &published, None)?;
+            self.publish_batch(store, self.vm_id, self.prefix_seq, own)?;
         }
         let mut exchanged = Exchanged::default();
         let others = std::mem::take(&mut self.others);
         for &vm in others.iter().chain(std::iter::once(&PEERS_RELAY)) {
-            let Some((bytes, _)) = store.get(&self.keys.prefix(vm))? else {
-                continue;
-            };
             let seen = self
                 .prefix_seen
                 .iter()
@@ -466,7 +489,7 @@ impl Coordinator {
             } else {
                 &mut exchanged.from_vms
             };
-            let newest = decode_batches(&bytes, seen, into);
+            let newest = self.read_batches(store, vm, seen, into)?;
             self.note_seen(vm, newest);
         }
         self.others = others;
@@ -661,7 +684,7 @@ mod tests {
             "replayed once"
         );
         // A value cut short yields what was whole before the cut, and no panic.
-        let bytes = encode_batch(7, &[learned.clone(), learned.clone()]);
+        let bytes = crate::placement_batches::encode_batch(7, &[learned.clone(), learned.clone()]);
         let mut out = Vec::new();
         assert_eq!(decode_batches(&bytes[..bytes.len() - 3], 0, &mut out), 0);
         assert_eq!(out, std::slice::from_ref(&learned));
@@ -671,6 +694,50 @@ mod tests {
         out.clear();
         assert_eq!(decode_batches(&bytes, 7, &mut out), 7);
         assert!(out.is_empty(), "already seen");
+    }
+
+    #[test]
+    fn a_vm_that_missed_more_ticks_than_are_kept_reads_the_kept_batches_in_order() {
+        let store = FakeShared::default();
+        let mut a = Coordinator::new(SharedKeys::under("ns"), 1, 50);
+        let mut b = Coordinator::new(SharedKeys::under("ns"), 2, 50);
+        let (mut pool_a, mut pool_b) = (slot(), slot());
+        a.exchange_load(&store, &mut pool_a, 0).unwrap();
+        b.exchange_load(&store, &mut pool_b, 0).unwrap();
+        let pick = |n: u64| LearnedPrefix {
+            endpoint: 0,
+            hashes: vec![n],
+        };
+        b.exchange_prefixes(&store, &[]).unwrap();
+        let published = BATCH_SLOTS + 3;
+        for n in 1..=published {
+            a.exchange_prefixes(&store, &[pick(n)]).unwrap();
+        }
+        // Each batch sits under its own key: one tick's publishing copies one batch.
+        assert_eq!(
+            store
+                .get(&SharedKeys::under("ns").prefix(1, published % BATCH_SLOTS))
+                .unwrap()
+                .map(|(bytes, _)| bytes.len()),
+            Some(12 + 8 + 8)
+        );
+        let read: Vec<u64> = b
+            .exchange_prefixes(&store, &[])
+            .unwrap()
+            .from_vms
+            .iter()
+            .flat_map(|p| p.hashes.clone())
+            .collect();
+        // The overwritten ones are gone; the newest come in order and once.
+        assert_eq!(
+            read,
+            (published - BATCH_SLOTS + 2..=published).collect::<Vec<_>>()
+        );
+        a.exchange_prefixes(&store, &[pick(99)]).unwrap();
+        assert_eq!(
+            b.exchange_prefixes(&store, &[]).unwrap().from_vms,
+            vec![pick(99)]
+        );
     }
 
     #[test]

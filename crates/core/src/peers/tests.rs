@@ -282,13 +282,7 @@ fn in_flight_counts_and_placements_reach_every_replica() {
         assert_eq!(replica.in_flight(4), 3, "{}", replica.address);
     }
     for replica in &replicas[..2] {
-        let relayed = replica
-            .host
-            .shared
-            .get(&keys.prefix(crate::shared_state::PEERS_RELAY));
-        let mut placements = Vec::new();
-        let bytes = relayed.unwrap().expect("a relay batch").0;
-        crate::placement_batches::decode_batches(&bytes, 0, &mut placements);
+        let placements = relayed_placements(&replica.host.shared, &keys);
         assert_eq!(placements, vec![placement.clone()], "{}", replica.address);
     }
 }
@@ -475,6 +469,20 @@ fn a_peers_in_flight_claim_counts_only_up_to_what_the_pod_reports() {
 }
 
 /// Peer calls each replica made in the last round, by replica.
+/// The placements the lease holder relayed to the Envoy's other VMs, from every kept slot.
+fn relayed_placements(shared: &FakeShared, keys: &SharedKeys) -> Vec<LearnedPrefix> {
+    let mut placements = Vec::new();
+    for slot in 0..crate::shared_state::BATCH_SLOTS {
+        if let Some((bytes, _)) = shared
+            .get(&keys.prefix(crate::shared_state::PEERS_RELAY, slot))
+            .unwrap()
+        {
+            crate::placement_batches::decode_batches(&bytes, 0, &mut placements);
+        }
+    }
+    placements
+}
+
 fn calls_per_replica(replicas: &[Replica]) -> Vec<usize> {
     replicas.iter().map(|r| r.peer_calls().len()).collect()
 }
@@ -526,15 +534,7 @@ fn eight_replicas_sync_through_one_hub_with_two_calls_per_peer_an_interval() {
             replica.address
         );
     }
-    let relayed = replicas[4]
-        .host
-        .shared
-        .get(&keys.prefix(crate::shared_state::PEERS_RELAY))
-        .unwrap()
-        .expect("a relay batch")
-        .0;
-    let mut placements = Vec::new();
-    crate::placement_batches::decode_batches(&relayed, 0, &mut placements);
+    let placements = relayed_placements(&replicas[4].host.shared, &keys);
     assert!(placements.contains(&placement), "{placements:?}");
     // The hub relays it once: replica 4 passes nothing on.
     assert!(!replicas[4].driver.peers().unwrap().is_hub());
