@@ -842,9 +842,7 @@ fn compact_index_goals(rows: &[MemoryRow]) -> String {
         bytes_met,
         &bytes,
     ) + &goal(
-        &format!(
-            "once full, each phase adds < 1 % of the first phase's growth"
-        ),
+        "once full, each phase adds < 1 % of the first phase's growth",
         all_of(
             rows.iter()
                 .map(|r| bounded_within(&r.growth_per_phase(), r.full_after(), FULL_PHASE_SHARE)),
@@ -875,10 +873,8 @@ fn bounded_index_goal(rows: &[MemoryRow]) -> String {
         })
         .collect();
     goal(
-        &format!(
-            "the prefix index is bounded by its configured capacity (every phase after the \
-             index is full adds under a tenth of what the first added)"
-        ),
+        "the prefix index is bounded by its configured capacity (every phase after the \
+         index is full adds under a tenth of what the first added)",
         all_of(
             rows.iter()
                 .map(|r| bounded_verdict(&r.growth_per_phase(), r.full_after())),
@@ -941,16 +937,44 @@ mod tests {
 
     #[test]
     fn a_bounded_index_is_judged_on_every_phase_after_the_fill() {
-        assert_eq!(bounded_verdict(&[10.0, 8.0, 0.5, 0.9, 0.0]), Some(true));
+        let full = Some(2);
+        assert_eq!(
+            bounded_verdict(&[10.0, 8.0, 0.5, 0.9, 0.0], full),
+            Some(true)
+        );
         // The last phase alone is not enough: the fourth still grew.
-        assert_eq!(bounded_verdict(&[17.3, 10.6, 4.8, 22.6, 0.0]), Some(false));
+        assert_eq!(
+            bounded_verdict(&[17.3, 10.6, 4.8, 22.6, 0.0], full),
+            Some(false)
+        );
         // No floor: a small pool's growth is judged against its own first phase.
-        assert_eq!(bounded_verdict(&[0.4, 0.6, 0.3, 0.2, 0.2]), Some(false));
+        assert_eq!(
+            bounded_verdict(&[0.4, 0.6, 0.3, 0.2, 0.2], full),
+            Some(false)
+        );
         // Zero against zero is not measured; growth after none is not bounded.
-        assert_eq!(bounded_verdict(&[0.0, 0.0, 0.0, 0.0, 0.0]), None);
-        assert_eq!(bounded_verdict(&[0.0, 0.0, 0.0, 0.1, 0.0]), Some(false));
-        assert_eq!(bounded_verdict(&[1.0, f64::NAN, 0.0]), None);
-        assert_eq!(bounded_verdict(&[1.0, 0.5]), None);
+        assert_eq!(bounded_verdict(&[0.0, 0.0, 0.0, 0.0, 0.0], full), None);
+        assert_eq!(
+            bounded_verdict(&[0.0, 0.0, 0.0, 0.1, 0.0], full),
+            Some(false)
+        );
+        assert_eq!(bounded_verdict(&[1.0, f64::NAN, 0.0], full), None);
+        assert_eq!(bounded_verdict(&[1.0, 0.5], full), None);
+        // Judged from the phase the index is full, and not at all if it never is.
+        assert_eq!(
+            bounded_verdict(&[10.0, 8.0, 5.0, 0.5, 0.0], Some(3)),
+            Some(true)
+        );
+        assert_eq!(bounded_verdict(&[10.0, 8.0, 5.0, 0.5, 0.0], None), None);
+        assert_eq!(bounded_verdict(&[10.0, 8.0, 5.0, 0.5, 0.0], Some(5)), None);
+    }
+
+    #[test]
+    fn the_index_is_full_from_the_first_phase_its_entries_reach_every_share() {
+        assert_eq!(full_after(&[90.0, 99.0, 100.0, 100.0], 100.0), Some(3));
+        assert_eq!(full_after(&[100.0, 100.0], 100.0), Some(1));
+        assert_eq!(full_after(&[90.0, f64::NAN], 100.0), None);
+        assert_eq!(full_after(&[], 100.0), None);
     }
 
     #[test]
