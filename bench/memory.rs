@@ -7,7 +7,7 @@ use crate::procfs::rss_mib;
 use crate::report::{csv_table, goal, joined, markdown_table, Cell, Column, Part, Row};
 use crate::setup::filter_stat;
 use crate::support::{with_addresses, Envoy, EnvoyConfig, SimPool};
-use crate::workloads::distinct_completions;
+use crate::workloads::{distinct_completions, distinct_completions_from};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -25,6 +25,14 @@ const INDEX_ENTRIES_STAT: &str = "plugin.prefix-cache-scorer.index_entries_peak"
 /// Issue 43's goals for the prefix index.
 const MAX_BYTES_PER_ENTRY: f64 = 64.0;
 const FULL_PHASE_SHARE: f64 = 0.01;
+/// The budget row: pods, prompts of 1,000 blocks each (`maxPrefixBlocksToMatch` lets them
+/// all count), and the largest `lruCapacityPerServer` the config accepts, so the pods'
+/// capacities add up to 64 times the budget.
+const BUDGET_ENDPOINTS: usize = 64;
+const BUDGET_PROMPT_CHARS: usize = 64_000;
+const BUDGET_PROMPT_BLOCKS: usize = BUDGET_PROMPT_CHARS / 64;
+const BUDGET_CAPACITY: usize = inference_picker_core::limits::LRU_CAPACITY_PER_SERVER.max as usize;
+const BUDGET: usize = inference_picker_core::limits::PREFIX_INDEX_ENTRIES;
 /// GIE's default `lruCapacityPerServer`.
 const GIE_DEFAULT_CAPACITY: f64 = 31250.0;
 const MIB: f64 = 1048576.0;
@@ -43,11 +51,20 @@ fn intro() -> String {
          memory is the filter's `vm_memory_bytes` gauge (the linear memory of every VM of the \
          plugin, summed; wasm memory grows and never shrinks, so it is a high-water mark); per \
          VM divides by the VMs that route (the workers; the main thread's VM stays idle). If the \
-         index were unbounded, every phase would add about as much as the first.\n\n"
+         index were unbounded, every phase would add about as much as the first. The last \
+         row is the budget's: {BUDGET_ENDPOINTS} pods at the largest `lruCapacityPerServer` \
+         the config accepts ({BUDGET_CAPACITY}, so the pods could hold {BUDGET_ENDPOINTS} times \
+         the index's budget of {BUDGET} entries per VM), prompts of {BUDGET_PROMPT_CHARS} \
+         characters ({BUDGET_PROMPT_BLOCKS} blocks, all matched), each phase enough for twice \
+         the budget.\n\n"
     )
 }
 
 fn picker_config(capacity: usize) -> String {
+    picker_config_matching(capacity, 256)
+}
+
+fn picker_config_matching(capacity: usize, max_blocks: usize) -> String {
     format!(
         "apiVersion: inference.networking.x-k8s.io/v1alpha1
 kind: EndpointPickerConfig
@@ -55,7 +72,7 @@ plugins:
 - type: queue-scorer
 - type: kv-cache-utilization-scorer
 - type: prefix-cache-scorer
-  parameters: {{blockSizeTokens: 16, maxPrefixBlocksToMatch: 256, lruCapacityPerServer: {capacity}, autoTune: false}}
+  parameters: {{blockSizeTokens: 16, maxPrefixBlocksToMatch: {max_blocks}, lruCapacityPerServer: {capacity}, autoTune: false}}
 - type: max-score-picker
 schedulingProfiles:
 - name: default
@@ -74,6 +91,11 @@ pool:
 
 struct MemoryRow {
     endpoints: usize,
+    /// `lruCapacityPerServer` as configured.
+    capacity: usize,
+    /// The (block, pod) entries one VM's index holds when full: the pods' capacities, or the
+    /// budget's share of each when they exceed it.
+    full_per_vm: usize,
     requests: usize,
     /// Idle, then after each phase: Envoy's RSS and the VMs' memory, MiB.
     rss: Vec<f64>,
@@ -106,8 +128,7 @@ impl MemoryRow {
 
     /// The phases after which every VM's index held all the blocks its pods may hold.
     fn full_after(&self) -> Option<usize> {
-        let full = (self.endpoints * INDEX_CAPACITY) as f64 * self.vms;
-        full_after(&self.index_entries, full)
+        full_after(&self.index_entries, self.full_per_vm as f64 * self.vms)
     }
 }
 
@@ -119,6 +140,7 @@ fn full_after(entries: &[f64], full: f64) -> Option<usize> {
 impl Row for MemoryRow {
     const COLUMNS: &'static [Column] = &[
         Column::both("endpoints", "endpoints"),
+        Column::both("lruCapacityPerServer", "lru_capacity_per_server"),
         Column::both("requests", "requests"),
         Column::both(
             "Envoy RSS MiB: idle, after each phase",
@@ -144,6 +166,7 @@ impl Row for MemoryRow {
     fn cells(&self) -> Vec<Cell> {
         vec![
             Cell::Count(self.endpoints),
+            Cell::Count(self.capacity),
             Cell::Count(self.requests),
             Cell::Series(self.rss.clone(), 0),
             Cell::Series(self.vm_total.clone(), 1),
@@ -165,22 +188,33 @@ pub fn run(quick: bool) -> Part {
         .split(',')
         .filter_map(|n| n.trim().parse().ok())
         .collect();
-    // `BENCH_INDEX_POOLS=256` runs only those index rows (a trial too).
-    let index_only: Vec<usize> = std::env::var("BENCH_INDEX_POOLS")
-        .unwrap_or_default()
+    // `BENCH_INDEX_POOLS=256,budget` runs only those index rows (a trial too).
+    let index_trial = std::env::var("BENCH_INDEX_POOLS").unwrap_or_default();
+    let index_only: Vec<usize> = index_trial
         .split(',')
         .filter_map(|n| n.trim().parse().ok())
         .collect();
     let sizes: &[usize] = match (only.is_empty(), quick) {
-        _ if !index_only.is_empty() => &index_only,
+        _ if !index_trial.is_empty() => &index_only,
         (false, _) => &[],
         (true, true) => &[8, 256],
         (true, false) => &[8, 256, 1024],
     };
-    let rows: Vec<MemoryRow> = sizes.iter().map(|&n| measure(n)).collect();
+    let mut rows: Vec<MemoryRow> = sizes.iter().map(|&n| measure(n)).collect();
+    let index_goals = bounded_index_goal(&rows)
+        + &compact_index_goals(&rows)
+        + &rows.last().map(cost_per_block).unwrap_or_default();
+    let run_budget = if index_trial.is_empty() {
+        only.is_empty() && !quick
+    } else {
+        index_trial.split(',').any(|t| t.trim() == "budget")
+    };
+    let budget = run_budget.then(measure_budget);
+    let budget_text = budget_goal(budget.as_ref().map(|(row, log)| (row, log.as_str())));
+    rows.extend(budget.map(|(row, _)| row));
     println!("memory: large pools");
-    let trial = !only.is_empty() || !index_only.is_empty();
-    let pools: Vec<usize> = if !index_only.is_empty() {
+    let trial = !only.is_empty() || !index_trial.is_empty();
+    let pools: Vec<usize> = if !index_trial.is_empty() {
         Vec::new()
     } else if !only.is_empty() {
         only
@@ -207,8 +241,8 @@ pub fn run(quick: bool) -> Part {
             "{}{}\n{}{}{}{}\n{}{}",
             intro(),
             markdown_table(&rows),
-            bounded_index_goal(&rows) + &compact_index_goals(&rows),
-            rows.last().map(cost_per_block).unwrap_or_default(),
+            index_goals,
+            budget_text,
             large_intro(settle),
             large_table,
             large_pool_goals(&spread),
@@ -740,10 +774,50 @@ fn snapshot(envoy: &Envoy) -> (f64, f64) {
 }
 
 fn measure(endpoints: usize) -> MemoryRow {
-    let pods = SimPool::start(endpoints);
+    // Enough distinct prompts to fill every pod's share of the index, twice over.
+    let per_phase = (endpoints * INDEX_CAPACITY).div_ceil(BLOCKS_PER_PROMPT) * 2;
+    fill(Fill {
+        endpoints,
+        capacity: INDEX_CAPACITY,
+        full_per_vm: endpoints * INDEX_CAPACITY,
+        max_blocks: 256,
+        prompt_chars: PROMPT_CHARS,
+        per_phase,
+    })
+    .0
+}
+
+/// The budget row: the pods' configured capacities far above the budget; each phase sends
+/// prompts enough for twice the budget. Also returns Envoy's log.
+fn measure_budget() -> (MemoryRow, String) {
+    fill(Fill {
+        endpoints: BUDGET_ENDPOINTS,
+        capacity: BUDGET_CAPACITY,
+        full_per_vm: BUDGET / BUDGET_ENDPOINTS * BUDGET_ENDPOINTS,
+        max_blocks: BUDGET_PROMPT_BLOCKS,
+        prompt_chars: BUDGET_PROMPT_CHARS,
+        per_phase: BUDGET.div_ceil(BUDGET_PROMPT_BLOCKS) * 2,
+    })
+}
+
+/// One index row's run: `PHASES` phases of `per_phase` distinct prompts.
+struct Fill {
+    endpoints: usize,
+    capacity: usize,
+    full_per_vm: usize,
+    max_blocks: usize,
+    prompt_chars: usize,
+    per_phase: usize,
+}
+
+fn fill(run: Fill) -> (MemoryRow, String) {
+    let pods = SimPool::start(run.endpoints);
     let addresses: Vec<&str> = pods.addresses.iter().map(String::as_str).collect();
     let envoy = Envoy::start(
-        &with_addresses(&picker_config(INDEX_CAPACITY), &addresses),
+        &with_addresses(
+            &picker_config_matching(run.capacity, run.max_blocks),
+            &addresses,
+        ),
         2,
     );
     // Two scrape rounds, so every endpoint has metrics and stats.
@@ -754,19 +828,21 @@ fn measure(endpoints: usize) -> MemoryRow {
         vm_total.push(v);
     };
     record(snapshot(&envoy));
-    // Enough distinct prompts to fill every pod's share of the index, twice over.
-    let per_phase = (endpoints * INDEX_CAPACITY).div_ceil(BLOCKS_PER_PROMPT) * 2;
-    let bodies = distinct_completions(per_phase * PHASES, PROMPT_CHARS);
     let mut errors = 0;
-    for phase in bodies.chunks(per_phase) {
-        let results = closed_loop_over(&envoy.address(), 8, phase.len(), &|n| phase[n].as_str());
-        errors += phase.len() - results.iter().filter(|e| e.status == 200).count();
+    for phase in 0..PHASES {
+        // One phase's prompts at a time: the budget row's are hundreds of megabytes.
+        let bodies =
+            distinct_completions_from(phase * run.per_phase, run.per_phase, run.prompt_chars);
+        let results = closed_loop_over(&envoy.address(), 8, bodies.len(), &|n| bodies[n].as_str());
+        errors += bodies.len() - results.iter().filter(|e| e.status == 200).count();
         record(snapshot(&envoy));
         index_entries.push(filter_stat(&envoy, INDEX_ENTRIES_STAT));
     }
     let row = MemoryRow {
-        endpoints,
-        requests: per_phase * PHASES,
+        endpoints: run.endpoints,
+        capacity: run.capacity,
+        full_per_vm: run.full_per_vm,
+        requests: run.per_phase * PHASES,
         rss,
         vm_total,
         vms: filter_stat(&envoy, "vms"),
@@ -774,10 +850,10 @@ fn measure(endpoints: usize) -> MemoryRow {
         errors,
     };
     println!(
-        "  {:>5} endpoints: RSS {:.0?} MiB; VM memory {:.1?} MiB over {} VMs; index entries {:.0?}",
-        row.endpoints, row.rss, row.vm_total, row.vms, row.index_entries
+        "  {:>5} endpoints, capacity {}: RSS {:.0?} MiB; VM memory {:.1?} MiB over {} VMs; index entries {:.0?}",
+        row.endpoints, row.capacity, row.rss, row.vm_total, row.vms, row.index_entries
     );
-    row
+    (row, envoy.log())
 }
 
 /// Issue 5's goal ("the index is bounded by its configured capacity"), judged on what each
@@ -848,14 +924,6 @@ fn compact_index_goals(rows: &[MemoryRow]) -> String {
                 .map(|r| bounded_within(&r.growth_per_phase(), r.full_after(), FULL_PHASE_SHARE)),
         ),
         &growth.join("; "),
-    ) + &goal(
-        "the budget holds whatever the config says",
-        None,
-        &format!(
-            "this part's pods stay under the budget ({} entries per VM); the unit test \
-             `the_budget_caps_the_pods_whatever_their_capacity_and_memory_stops_growing` checks it",
-            inference_picker_core::limits::PREFIX_INDEX_ENTRIES
-        ),
     )
 }
 
@@ -881,6 +949,40 @@ fn bounded_index_goal(rows: &[MemoryRow]) -> String {
         ),
         &figures.join("; "),
     )
+}
+
+/// Issue 43's budget goal, from the budget row: every VM's index stopped at the budget (and
+/// reached it, or nothing was tested), memory stopped growing once it did, and the log named
+/// both the budget and the configured capacity. Not measured without the row or a full index.
+fn budget_goal(run: Option<(&MemoryRow, &str)>) -> String {
+    const TITLE: &str = "the budget holds whatever the config says";
+    let Some((row, log)) = run else {
+        return goal(TITLE, None, "the budget row did not run");
+    };
+    let per_vm = row.entries_at_end() / row.vms;
+    let growth = row.growth_per_phase();
+    let warned = log.contains(&format!("holds at most {BUDGET} blocks per VM"))
+        && log.contains(&format!("lruCapacityPerServer {}", row.capacity));
+    let held = per_vm <= BUDGET as f64;
+    let stopped = bounded_within(&growth, row.full_after(), FULL_PHASE_SHARE);
+    let verdict = stopped.map(|stopped| stopped && held && warned);
+    let figures = format!(
+        "{} pods at lruCapacityPerServer {} ask for {} entries; each VM's index held at most \
+         {per_vm:.0} (budget {BUDGET}), full after phase {}; growth per phase {} MiB (1 % of \
+         the first: {:.2}); {:.1} MiB per routing VM at the end; the log's warning naming both: {}",
+        row.endpoints,
+        row.capacity,
+        row.endpoints * row.capacity,
+        row.full_after()
+            .map_or("never".to_string(), |phase| phase.to_string()),
+        joined(&growth, 1, ", "),
+        growth
+            .first()
+            .map_or(f64::NAN, |first| first * FULL_PHASE_SHARE),
+        row.vm_at_end() / row.routing_vms(),
+        if warned { "present" } else { "absent" },
+    );
+    goal(TITLE, verdict, &figures)
 }
 
 /// Cost per block from the largest pool, extrapolated to GIE's default capacity.
@@ -975,6 +1077,40 @@ mod tests {
         assert_eq!(full_after(&[100.0, 100.0], 100.0), Some(1));
         assert_eq!(full_after(&[90.0, f64::NAN], 100.0), None);
         assert_eq!(full_after(&[], 100.0), None);
+    }
+
+    fn budget_row(entries: f64, vm_total: Vec<f64>) -> MemoryRow {
+        MemoryRow {
+            endpoints: BUDGET_ENDPOINTS,
+            capacity: BUDGET_CAPACITY,
+            full_per_vm: BUDGET,
+            requests: 100,
+            rss: vec![1.0; vm_total.len()],
+            index_entries: vec![entries; vm_total.len() - 1],
+            vm_total,
+            vms: 3.0,
+            errors: 0,
+        }
+    }
+
+    #[test]
+    fn the_budget_holds_when_the_index_stops_at_it_memory_stops_and_the_log_says_so() {
+        let warning = format!(
+            "the prefix index holds at most {BUDGET} blocks per VM; with 64 pods each holds at \
+             most 32768 rather than lruCapacityPerServer {BUDGET_CAPACITY}"
+        );
+        let full = BUDGET as f64 * 3.0;
+        let steady = budget_row(full, vec![4.0, 200.0, 200.0, 200.5, 200.5]);
+        assert!(budget_goal(Some((&steady, &warning))).contains("**met**"));
+        assert!(budget_goal(Some((&steady, "no warning"))).contains("**not met**"));
+        let growing = budget_row(full, vec![4.0, 200.0, 210.0, 220.0, 230.0]);
+        assert!(budget_goal(Some((&growing, &warning))).contains("**not met**"));
+        let over = budget_row(full * 2.0, vec![4.0, 200.0, 200.0, 200.0, 200.0]);
+        assert!(budget_goal(Some((&over, &warning))).contains("**not met**"));
+        // An index never full tested nothing.
+        let short = budget_row(full / 2.0, vec![4.0, 200.0, 200.0, 200.0, 200.0]);
+        assert!(budget_goal(Some((&short, &warning))).contains("**not measured**"));
+        assert!(budget_goal(None).contains("**not measured**"));
     }
 
     #[test]

@@ -300,8 +300,13 @@ pub fn padded_completion(bytes: usize) -> String {
 
 /// `count` completions whose prompts of exactly `chars` characters differ from the first.
 pub fn distinct_completions(count: usize, chars: usize) -> Vec<String> {
+    distinct_completions_from(0, count, chars)
+}
+
+/// As [`distinct_completions`], numbered from `first`: distinct from those of other numbers.
+pub fn distinct_completions_from(first: usize, count: usize, chars: usize) -> Vec<String> {
     let filler = "lorem ipsum dolor sit amet ".repeat(chars / 27 + 1);
-    (0..count)
+    (first..first + count)
         .map(|n| {
             let prompt = format!("{n:09} {filler}");
             one_token_completion(&prompt[..chars])

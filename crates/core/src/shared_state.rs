@@ -64,8 +64,12 @@ struct Membership {
 }
 
 /// Batches a VM keeps published, each under a key of its own, so a reader that missed a few
-/// ticks still catches up and one that did not copies only the new one.
-pub(crate) const BATCH_SLOTS: u64 = 4;
+/// ticks still catches up and one that did not copies only the new ones.
+pub(crate) const BATCH_SLOTS: u64 = 64;
+/// Block hashes per batch at most (256 KiB): a busy tick's placements are split into several,
+/// so no buffer on either side follows the load up to megabytes, leaving gaps that a VM's
+/// linear memory never gives back.
+const BATCH_HASHES: usize = 1 << 15;
 
 /// The pseudo-VM under whose keys the lease holder hands the other VMs what the Envoy's peers
 /// (other replicas) taught it: their in-flight counts and placements (see [`crate::peers`]).
@@ -374,25 +378,30 @@ impl Coordinator {
             // A lease that moved: go on from the relay's last batch, or readers skip ours.
             None => self.newest_published(store, PEERS_RELAY)?,
         };
-        let seq = last + 1;
+        let seq = self.publish_batches(store, PEERS_RELAY, last, placements)?;
         self.relay_seq = Some(seq);
-        self.publish_batch(store, PEERS_RELAY, seq, placements)?;
         self.note_seen(PEERS_RELAY, seq);
         Ok(())
     }
 
-    /// Stores one batch of `vm`'s under the slot of its sequence.
-    fn publish_batch(
+    /// Stores `placements` as `vm`'s batches after sequence `last`, each under the slot of its
+    /// sequence and at most [`BATCH_HASHES`] hashes; returns the last sequence used.
+    fn publish_batches(
         &mut self,
         store: &impl SharedData,
         vm: u64,
-        seq: u64,
-        placements: &[LearnedPrefix],
-    ) -> Result<(), HostError> {
-        encode_batch_into(&mut self.batch, seq, placements);
-        store
-            .set(&self.keys.prefix(vm, seq % BATCH_SLOTS), &self.batch, None)
-            .map(|_| ())
+        mut last: u64,
+        mut placements: &[LearnedPrefix],
+    ) -> Result<u64, HostError> {
+        while !placements.is_empty() {
+            let part = batch_length(placements);
+            let (batch, rest) = placements.split_at(part);
+            last += 1;
+            encode_batch_into(&mut self.batch, last, batch);
+            store.set(&self.keys.prefix(vm, last % BATCH_SLOTS), &self.batch, None)?;
+            placements = rest;
+        }
+        Ok(last)
     }
 
     /// The newest sequence among `vm`'s kept batches (0 for none).
@@ -407,8 +416,8 @@ impl Coordinator {
     }
 
     /// Appends `vm`'s batches newer than `seen` to `into`, one slot at a time in sequence
-    /// order; returns the newest read. A reader lapped by the writer skips what was
-    /// overwritten.
+    /// order; returns the newest read. A reader lapped by the writer goes on from the oldest
+    /// batch still kept.
     fn read_batches(
         &self,
         store: &impl SharedData,
@@ -416,14 +425,22 @@ impl Coordinator {
         seen: u64,
         into: &mut Vec<LearnedPrefix>,
     ) -> Result<u64, HostError> {
-        let mut newest = seen;
-        for _ in 0..BATCH_SLOTS {
+        let (mut newest, mut lapped) = (seen, false);
+        // One more than the slots: finding out it was lapped takes one reading.
+        for _ in 0..=BATCH_SLOTS {
             let next = newest + 1;
             let Some((bytes, _)) = store.get(&self.keys.prefix(vm, next % BATCH_SLOTS))? else {
                 break;
             };
             match batch_seq(&bytes) {
-                Some(seq) if seq >= next => newest = decode_batches(&bytes, newest, into),
+                Some(seq) if seq == next => newest = decode_batches(&bytes, newest, into),
+                Some(seq) if seq > next && !lapped => {
+                    lapped = true;
+                    let oldest_kept = self
+                        .newest_published(store, vm)?
+                        .saturating_sub(BATCH_SLOTS);
+                    newest = newest.max(oldest_kept);
+                }
                 // Not written since the last reading.
                 _ => break,
             }
@@ -472,10 +489,7 @@ impl Coordinator {
         store: &impl SharedData,
         own: &[LearnedPrefix],
     ) -> Result<Exchanged, HostError> {
-        if !own.is_empty() {
-            self.prefix_seq += 1;
-            self.publish_batch(store, self.vm_id, self.prefix_seq, own)?;
-        }
+        self.prefix_seq = self.publish_batches(store, self.vm_id, self.prefix_seq, own)?;
         let mut exchanged = Exchanged::default();
         let others = std::mem::take(&mut self.others);
         for &vm in others.iter().chain(std::iter::once(&PEERS_RELAY)) {
@@ -525,6 +539,20 @@ impl Coordinator {
 pub struct Exchanged {
     pub from_vms: Vec<LearnedPrefix>,
     pub from_peers: Vec<LearnedPrefix>,
+}
+
+/// How many of `placements` (at least one) go in the next batch: as many as fit in
+/// [`BATCH_HASHES`].
+fn batch_length(placements: &[LearnedPrefix]) -> usize {
+    let mut hashes = 0;
+    let fitting = placements
+        .iter()
+        .take_while(|p| {
+            hashes += p.hashes.len();
+            hashes <= BATCH_HASHES
+        })
+        .count();
+    fitting.max(1)
 }
 
 fn add_counts(sums: &mut [(u32, u64)], counts: &[(u32, u64)]) {
@@ -728,16 +756,28 @@ mod tests {
             .iter()
             .flat_map(|p| p.hashes.clone())
             .collect();
-        // The overwritten ones are gone; the newest come in order and once.
+        // The overwritten ones are gone; every kept one comes, in order and once.
         assert_eq!(
             read,
-            (published - BATCH_SLOTS + 2..=published).collect::<Vec<_>>()
+            (published - BATCH_SLOTS + 1..=published).collect::<Vec<_>>()
         );
         a.exchange_prefixes(&store, &[pick(99)]).unwrap();
         assert_eq!(
             b.exchange_prefixes(&store, &[]).unwrap().from_vms,
             vec![pick(99)]
         );
+        // A busy tick is split into batches of at most BATCH_HASHES, all read.
+        let big = |n: u64| LearnedPrefix {
+            endpoint: 1,
+            hashes: vec![n; BATCH_HASHES / 2 + 1],
+        };
+        let busy = [big(1), big(2), pick(3)];
+        a.exchange_prefixes(&store, &busy).unwrap();
+        for slot in 0..BATCH_SLOTS {
+            let stored = store.get(&SharedKeys::under("ns").prefix(1, slot)).unwrap();
+            assert!(stored.is_none_or(|(bytes, _)| bytes.len() <= 12 + 8 + 8 * BATCH_HASHES));
+        }
+        assert_eq!(b.exchange_prefixes(&store, &[]).unwrap().from_vms, busy);
     }
 
     #[test]
