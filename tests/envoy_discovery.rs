@@ -223,6 +223,11 @@ fn discovery_flow(
         list(&[("pod-a", "127.0.0.2", true), ("pod-b", "127.0.0.3", true)]),
     );
     until_served_by(&envoy, "pod-b", 10);
+    // Found after the configuration loaded, pod-b has its stats as a listed pod has (the
+    // module, which can define stats only while it loads, labels a family defined then).
+    eventually("pod-b's picks in the stats", Duration::from_secs(5), || {
+        envoy.endpoint_picks(&b.address) > 0
+    });
     // pod-a goes away; even with its queue empty it gets nothing more.
     a.admin("load", r#"{"background_waiting":0}"#);
     api.answer(200, list(&[("pod-b", "127.0.0.3", true)]));

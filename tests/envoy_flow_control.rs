@@ -9,7 +9,7 @@ mod support;
 use std::io::Write;
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
-use support::{eventually, free_port, series, with_endpoints, Envoy, Response, Sim, MODEL};
+use support::{eventually, free_port, with_endpoints, Envoy, Response, Sim, MODEL};
 
 const DROPPED_REASON: &str = "x-llm-d-request-dropped-reason";
 
@@ -328,9 +328,7 @@ fn a_client_that_disconnects_while_held_leaves_the_queue() {
         );
         let prometheus = envoy.admin_get("/stats/prometheus").text();
         assert!(
-            prometheus.contains(&series(
-                "inference_picker_flow_control_band_queue_size{priority=\"0\"} 0"
-            )),
+            prometheus.contains("inference_picker_flow_control_band_queue_size{priority=\"0\"} 0"),
             "the band is a label"
         );
         assert_eq!(blocker.join().expect("blocker").status, 200);

@@ -7,13 +7,13 @@ mod support;
 
 use std::time::Duration;
 use support::{
-    completion, eventually, picker_sample, shipped_picker_config, with_addresses, with_endpoints,
+    completion, eventually, sample, shipped_picker_config, with_addresses, with_endpoints,
     with_pool_keys, Envoy, Sim,
 };
 
 /// A picker series' value in `/stats/prometheus` (0 when absent).
 fn stat(envoy: &Envoy, series: &str) -> f64 {
-    picker_sample(&envoy.admin_get("/stats/prometheus").text(), series).unwrap_or(0.0)
+    sample(&envoy.admin_get("/stats/prometheus").text(), series).unwrap_or(0.0)
 }
 
 fn scrape_failures(envoy: &Envoy, sim: &Sim) -> f64 {

@@ -5,7 +5,7 @@ mod support;
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use support::{example_envoy, series, shipped_picker_config, with_endpoints, Envoy, Sim, MODEL};
+use support::{example_envoy, shipped_picker_config, with_endpoints, Envoy, Sim, MODEL};
 
 #[test]
 fn each_pod_is_scraped_about_once_per_interval_with_four_workers() {
@@ -116,7 +116,7 @@ fn in_flight(envoy: &Envoy) -> u64 {
         .admin_get("/stats/prometheus")
         .text()
         .lines()
-        .filter(|line| line.starts_with(&series("inference_picker_endpoint_in_flight{")))
+        .filter(|line| line.starts_with("inference_picker_endpoint_in_flight{"))
         .filter_map(|line| line.rsplit(' ').next()?.parse::<u64>().ok())
         .sum()
 }

@@ -3,9 +3,7 @@
 
 mod support;
 
-use support::{
-    completion, picker_sample, sample, shipped_picker_config, with_endpoints, Envoy, Sim,
-};
+use support::{completion, sample, shipped_picker_config, with_endpoints, Envoy, Sim};
 
 #[test]
 fn picks_decisions_and_scrapes_are_envoy_stats() {
@@ -27,48 +25,42 @@ fn picks_decisions_and_scrapes_are_envoy_stats() {
         "inference_picker_endpoint_picks{{endpoint=\"{}\"}}",
         b.address
     );
-    assert_eq!(picker_sample(&text, &picks_a), Some(7.0), "{text}");
-    assert_eq!(picker_sample(&text, &picks_b), Some(0.0), "{text}");
+    assert_eq!(sample(&text, &picks_a), Some(7.0), "{text}");
+    assert_eq!(sample(&text, &picks_b), Some(0.0), "{text}");
     assert_eq!(
-        picker_sample(&text, "inference_picker_decisions{outcome=\"routed\"}"),
+        sample(&text, "inference_picker_decisions{outcome=\"routed\"}"),
         Some(7.0)
     );
     assert_eq!(
-        picker_sample(&text, "inference_picker_decisions{outcome=\"400\"}"),
+        sample(&text, "inference_picker_decisions{outcome=\"400\"}"),
         Some(1.0)
     );
     let scrapes = format!(
         "inference_picker_endpoint_scrape_success{{endpoint=\"{}\"}}",
         a.address
     );
-    assert!(
-        picker_sample(&text, &scrapes).unwrap_or(0.0) >= 3.0,
-        "{text}"
-    );
+    assert!(sample(&text, &scrapes).unwrap_or(0.0) >= 3.0, "{text}");
     let age = format!(
         "inference_picker_endpoint_metrics_age_ms{{endpoint=\"{}\"}}",
         a.address
     );
-    assert!(
-        picker_sample(&text, &age).is_some_and(|ms| ms < 2000.0),
-        "{text}"
-    );
+    assert!(sample(&text, &age).is_some_and(|ms| ms < 2000.0), "{text}");
     assert!(
         text.contains("inference_picker_scheduling_time_us_bucket"),
         "{text}"
     );
     // Pool-wide scrape health: both fresh, a round's duration, nothing refused by the host.
     assert_eq!(
-        picker_sample(&text, "inference_picker_endpoints_fresh{}"),
+        sample(&text, "inference_picker_endpoints_fresh{}"),
         Some(2.0),
         "{text}"
     );
     assert!(
-        picker_sample(&text, "inference_picker_scrape_round_ms{}").is_some(),
+        sample(&text, "inference_picker_scrape_round_ms{}").is_some(),
         "{text}"
     );
     assert_eq!(
-        picker_sample(&text, "inference_picker_scrapes_unsent{}"),
+        sample(&text, "inference_picker_scrapes_unsent{}"),
         Some(0.0),
         "{text}"
     );
@@ -81,6 +73,6 @@ fn picks_decisions_and_scrapes_are_envoy_stats() {
     // The prefix scorer's own counters, labelled with the plugin's name.
     for counter in ["home_picks", "home_spills"] {
         let series = format!("inference_picker_plugin_{counter}{{plugin=\"prefix-cache-scorer\"}}");
-        assert!(picker_sample(&text, &series).is_some(), "{series}: {text}");
+        assert!(sample(&text, &series).is_some(), "{series}: {text}");
     }
 }

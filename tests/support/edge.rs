@@ -29,16 +29,6 @@ impl Edge {
         }
     }
 
-    /// What Envoy puts before the picker's series in `/stats/prometheus`: nothing for the wasm
-    /// filter's (Envoy strips its `wasmcustom` namespace), `envoy_wasmcustom_` for the module's
-    /// (Envoy 1.40 strips no dynamic module's namespace).
-    pub fn prometheus_prefix(self) -> &'static str {
-        match self {
-            Edge::Wasm => "",
-            Edge::Module => "envoy_wasmcustom_",
-        }
-    }
-
     /// Envoy's logger for the picker's lines.
     pub fn log_component(self) -> &'static str {
         match self {
@@ -48,22 +38,12 @@ impl Edge {
     }
 }
 
-/// A picker series (`inference_picker_...`) as this run's `/stats/prometheus` names it.
-pub fn series(name: &str) -> String {
-    format!("{}{name}", Edge::current().prometheus_prefix())
-}
-
 /// The value of a series (`name{labels}`) in `/stats/prometheus` text.
 pub fn sample(text: &str, series: &str) -> Option<f64> {
     text.lines()
         .find(|line| line.starts_with(series))
         .and_then(|line| line.rsplit(' ').next())
         .and_then(|value| value.parse().ok())
-}
-
-/// The value of a picker series (`inference_picker_...{labels}`), as this run names it.
-pub fn picker_sample(text: &str, name: &str) -> Option<f64> {
-    sample(text, &series(name))
 }
 
 /// The directory Envoy loads `libinference_picker_module.so` from.
@@ -76,6 +56,20 @@ pub fn module_dir() -> PathBuf {
         module.display()
     );
     dir
+}
+
+/// The runtime envoy/envoy-module.yaml sets: Envoy 1.40 strips a dynamic module's
+/// `metrics_namespace` in `/stats/prometheus` only with this flag on.
+fn module_runtime() -> Value {
+    let yaml = r#"
+layers:
+- name: static
+  static_layer:
+    envoy.reloadable_features.dynamic_modules_strip_custom_stat_prefix: true
+- name: admin
+  admin_layer: {}
+"#;
+    serde_yaml::from_str(yaml).expect("the runtime parses")
 }
 
 /// The module's filter carrying `picker_config`, as envoy/envoy-module.yaml writes it.
@@ -100,8 +94,12 @@ typed_config:
 /// `config` (an Envoy bootstrap written for the wasm filter) for the module: each listener's
 /// wasm filter becomes the module's, with the same picker configuration; the
 /// header_to_metadata step the module does itself goes; the pool clusters' override_host reads
-/// the metadata the module writes instead of the header.
+/// the metadata the module writes instead of the header; the runtime flag that gives the
+/// module's series the wasm filter's names in `/stats/prometheus` is on.
 pub fn to_module_edge(config: &mut Value) {
+    if let Some(bootstrap) = config.as_mapping_mut() {
+        bootstrap.insert("layered_runtime".into(), module_runtime());
+    }
     for listener in items(config, &["static_resources", "listeners"]) {
         for chain in items(listener, &["filter_chains"]) {
             for network_filter in items(chain, &["filters"]) {

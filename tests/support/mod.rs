@@ -22,7 +22,7 @@ pub mod load;
 pub mod processes;
 pub mod wait;
 
-pub use edge::{module_dir, picker_sample, sample, series, to_module_edge, Edge};
+pub use edge::{module_dir, sample, to_module_edge, Edge};
 pub use envoy_config::{
     cluster_members, example_config, is_pool_cluster, lb_endpoint, picker_config_of,
     shipped_envoy_config, shipped_picker_config, static_cluster, with_addresses, with_endpoints,

@@ -1,7 +1,7 @@
 //! Real processes on loopback: simulated pods ([`Sim`]) and Envoy ([`Envoy`]), started per test
 //! and stopped by pid when their handle drops; ports and temporary directories.
 
-use super::edge::{module_dir, sample, series, to_module_edge, Edge};
+use super::edge::{module_dir, sample, to_module_edge, Edge};
 use super::envoy_config::{picker_config_of, with_endpoints, EnvoyConfig};
 use super::http::{request, try_request, Response};
 use super::wait::eventually;
@@ -612,9 +612,7 @@ impl Envoy {
     /// over Envoy's workers; 0 before its first pick. Each worker adds its picks to it on its
     /// tick, not per request.
     pub fn endpoint_picks(&self, address: &str) -> u64 {
-        let series = series(&format!(
-            "inference_picker_endpoint_picks{{endpoint=\"{address}\"}}"
-        ));
+        let series = format!("inference_picker_endpoint_picks{{endpoint=\"{address}\"}}");
         sample(&self.admin_get("/stats/prometheus").text(), &series).map_or(0, |n| n as u64)
     }
 

@@ -309,10 +309,12 @@ impl<H: Metrics> Stats<H> {
         }
     }
 
-    /// Defines now every stat this pool's stats would define later (each endpoint's, the
-    /// plugins' counters, and with `host_calls` the host-call counters), for a host that
-    /// creates stats only while it loads the configuration (Envoy's dynamic modules).
+    /// Defines now every stat this pool's stats would define later (the endpoint stats'
+    /// families for endpoints to come, each listed endpoint's, the plugins' counters, and with
+    /// `host_calls` the host-call counters), for a host that creates stats only while it loads
+    /// the configuration (Envoy's dynamic modules).
     pub fn define_all(&self, slot: &PoolSlot, host_calls: bool) {
+        endpoint_families(&self.host, &self.prefix);
         while self
             .endpoints
             .try_borrow()
@@ -604,16 +606,43 @@ fn stat_segment(name: &str) -> String {
         .collect()
 }
 
+/// Each endpoint's stats, in [`EndpointStats`]' order.
+const ENDPOINT_STATS: [(&str, MetricKind); 5] = [
+    ("picks", MetricKind::Counter),
+    ("scrape_success", MetricKind::Counter),
+    ("scrape_failure", MetricKind::Counter),
+    ("metrics_age_ms", MetricKind::Gauge),
+    ("in_flight", MetricKind::Gauge),
+];
+
 fn endpoint_stats(host: &impl Metrics, prefix: &str, address: &str) -> Option<EndpointStats> {
-    let stat =
-        |kind, what: &str| define(host, kind, &format!("{prefix}.endpoint.{address}.{what}"));
+    let [picks, scrape_success, scrape_failure, metrics_age_ms, in_flight] =
+        ENDPOINT_STATS.map(|(what, kind)| {
+            match host.define_endpoint(kind, prefix, what, address) {
+                Ok(id) => Some(id),
+                Err(error) => {
+                    log::warn!("inference-picker: defining {address}'s stat {what}: {error}");
+                    None
+                }
+            }
+        });
     Some(EndpointStats {
-        picks: stat(MetricKind::Counter, "picks")?,
-        scrape_success: stat(MetricKind::Counter, "scrape_success")?,
-        scrape_failure: stat(MetricKind::Counter, "scrape_failure")?,
-        metrics_age_ms: stat(MetricKind::Gauge, "metrics_age_ms")?,
-        in_flight: stat(MetricKind::Gauge, "in_flight")?,
+        picks: picks?,
+        scrape_success: scrape_success?,
+        scrape_failure: scrape_failure?,
+        metrics_age_ms: metrics_age_ms?,
+        in_flight: in_flight?,
     })
+}
+
+/// Readies every endpoint stat's family, for endpoints discovered after the configuration
+/// loaded on a host that defines stats only while it loads.
+fn endpoint_families(host: &impl Metrics, prefix: &str) {
+    for (what, kind) in ENDPOINT_STATS {
+        if let Err(error) = host.define_endpoint_family(kind, prefix, what) {
+            log::warn!("inference-picker: defining the endpoint stat {what}: {error}");
+        }
+    }
 }
 
 #[cfg(test)]

@@ -23,9 +23,24 @@ pub struct HostState {
     pub ticker: Arc<Ticker>,
     /// The stream whose hook runs and the streams flow control holds.
     pub streams: Arc<Mutex<Streams>>,
-    /// Our stat ids are indices here: each stat's kind and Envoy's id for it.
-    stats: Mutex<Vec<(MetricKind, usize)>>,
+    /// Our stat ids are indices here.
+    stats: Mutex<Vec<Stat>>,
+    /// The endpoint stats' families (`{prefix}.endpoint.{what}`, labeled `endpoint`): Envoy's
+    /// ids, by name. Defined while the configuration loads; endpoints label them later.
+    families: Mutex<Vec<(String, usize)>>,
 }
+
+/// One stat as the core knows it: its kind, Envoy's id, and for an endpoint's stat the
+/// `endpoint` label of the family that id names.
+#[derive(Clone)]
+struct Stat {
+    kind: MetricKind,
+    envoy_id: usize,
+    endpoint: Option<Arc<str>>,
+}
+
+/// The label of every endpoint stat family, as the wasm filter's `stats_tags` rules name it.
+const ENDPOINT_LABEL: &str = "endpoint";
 
 #[derive(Clone)]
 pub struct NativeHost {
@@ -41,13 +56,72 @@ impl NativeHost {
                 ticker,
                 streams: Arc::default(),
                 stats: Mutex::new(Vec::new()),
+                families: Mutex::new(Vec::new()),
             }),
         }
     }
 
-    fn stat(&self, id: u32) -> Option<(MetricKind, usize)> {
+    fn stat(&self, id: u32) -> Option<Stat> {
         let index = usize::try_from(id).ok()?;
-        lock(&self.state.stats).get(index).copied()
+        lock(&self.state.stats).get(index).cloned()
+    }
+
+    /// Envoy's id for stat `name` with these labels, defined now (Envoy refuses once the
+    /// configuration has loaded).
+    fn define_in_envoy(
+        &self,
+        kind: MetricKind,
+        name: &str,
+        labels: &[&str],
+    ) -> Result<usize, HostError> {
+        const CALL: &str = "http_filter_config_define_stat";
+        count(HostCall::Metric);
+        let envoy = envoy().ok_or(failed(CALL))?;
+        let define = match kind {
+            MetricKind::Counter => envoy.http_filter_config_define_counter,
+            MetricKind::Gauge => envoy.http_filter_config_define_gauge,
+            MetricKind::Histogram => envoy.http_filter_config_define_histogram,
+        };
+        let mut labels: Vec<ModuleBuffer> = labels
+            .iter()
+            .map(|label| ModuleBuffer::of(label.as_bytes()))
+            .collect();
+        let mut envoy_id = 0usize;
+        // SAFETY: Envoy's config pointer; the name and labels are read during the call.
+        let result = unsafe {
+            define(
+                self.state.config.0,
+                ModuleBuffer::of(name.as_bytes()),
+                labels.as_mut_ptr(),
+                labels.len(),
+                &mut envoy_id,
+            )
+        };
+        if result == abi::METRICS_SUCCESS {
+            Ok(envoy_id)
+        } else {
+            Err(HostError {
+                call: CALL,
+                status: result,
+            })
+        }
+    }
+
+    /// Envoy's id for the endpoint family `name`, defined on first use.
+    fn family(&self, kind: MetricKind, name: &str) -> Result<usize, HostError> {
+        let mut families = lock(&self.state.families);
+        if let Some((_, id)) = families.iter().find(|(family, _)| family == name) {
+            return Ok(*id);
+        }
+        let id = self.define_in_envoy(kind, name, &[ENDPOINT_LABEL])?;
+        families.push((name.to_owned(), id));
+        Ok(id)
+    }
+
+    fn push(&self, stat: Stat) -> Result<u32, HostError> {
+        let mut stats = lock(&self.state.stats);
+        stats.push(stat);
+        u32::try_from(stats.len() - 1).map_err(|_| failed("http_filter_config_define_stat"))
     }
 }
 
@@ -109,62 +183,69 @@ impl Metrics for NativeHost {
     /// Stats are defined while Envoy loads the config; Envoy freezes them after (a later
     /// definition fails, and the core goes without that stat).
     fn define(&self, kind: MetricKind, name: &str) -> Result<u32, HostError> {
-        const CALL: &str = "http_filter_config_define_stat";
-        count(HostCall::Metric);
-        let envoy = envoy().ok_or(failed(CALL))?;
-        let define = match kind {
-            MetricKind::Counter => envoy.http_filter_config_define_counter,
-            MetricKind::Gauge => envoy.http_filter_config_define_gauge,
-            MetricKind::Histogram => envoy.http_filter_config_define_histogram,
-        };
-        let mut envoy_id = 0usize;
-        let name = ModuleBuffer::of(name.as_bytes());
-        // SAFETY: Envoy's config pointer; no labels; the name is read during the call.
-        let result = unsafe {
-            define(
-                self.state.config.0,
-                name,
-                std::ptr::null_mut(),
-                0,
-                &mut envoy_id,
-            )
-        };
-        if result != abi::METRICS_SUCCESS {
-            return Err(HostError {
-                call: CALL,
-                status: result,
-            });
-        }
-        let mut stats = lock(&self.state.stats);
-        stats.push((kind, envoy_id));
-        u32::try_from(stats.len() - 1).map_err(|_| failed(CALL))
+        let envoy_id = self.define_in_envoy(kind, name, &[])?;
+        self.push(Stat {
+            kind,
+            envoy_id,
+            endpoint: None,
+        })
+    }
+
+    /// The family `{prefix}.endpoint.{what}` labeled with `address`: in `/stats/prometheus`
+    /// the same series as the wasm filter's, for listed and discovered endpoints alike.
+    fn define_endpoint(
+        &self,
+        kind: MetricKind,
+        prefix: &str,
+        what: &str,
+        address: &str,
+    ) -> Result<u32, HostError> {
+        let envoy_id = self.family(kind, &format!("{prefix}.endpoint.{what}"))?;
+        let id = self.push(Stat {
+            kind,
+            envoy_id,
+            endpoint: Some(address.into()),
+        })?;
+        // Envoy makes a labeled stat on its first update: at 0 now, as a named one is.
+        self.increment(id, 0)?;
+        Ok(id)
+    }
+
+    fn define_endpoint_family(
+        &self,
+        kind: MetricKind,
+        prefix: &str,
+        what: &str,
+    ) -> Result<(), HostError> {
+        self.family(kind, &format!("{prefix}.endpoint.{what}"))
+            .map(|_| ())
     }
 
     fn increment(&self, id: u32, offset: i64) -> Result<(), HostError> {
         const CALL: &str = "http_filter_config_increment_stat";
         count(HostCall::Metric);
         let envoy = envoy().ok_or(failed(CALL))?;
-        let (kind, envoy_id) = self.stat(id).ok_or(failed(CALL))?;
-        let update = match (kind, offset >= 0) {
+        let stat = self.stat(id).ok_or(failed(CALL))?;
+        let update = match (stat.kind, offset >= 0) {
             (MetricKind::Counter, true) => envoy.http_filter_config_increment_counter,
             (MetricKind::Gauge, true) => envoy.http_filter_config_increment_gauge,
             (MetricKind::Gauge, false) => envoy.http_filter_config_decrement_gauge,
             _ => return Err(failed(CALL)),
         };
-        self.update_stat(CALL, update, envoy_id, offset.unsigned_abs())
+        self.update_stat(CALL, update, &stat, offset.unsigned_abs())
     }
 
     fn record(&self, id: u32, value: u64) -> Result<(), HostError> {
         const CALL: &str = "http_filter_config_record_stat";
         count(HostCall::Metric);
         let envoy = envoy().ok_or(failed(CALL))?;
-        let (kind, envoy_id) = self.stat(id).ok_or(failed(CALL))?;
-        let update = match kind {
+        let stat = self.stat(id).ok_or(failed(CALL))?;
+        let update = match stat.kind {
             MetricKind::Gauge => envoy.http_filter_config_set_gauge,
             MetricKind::Histogram => envoy.http_filter_config_record_histogram_value,
             MetricKind::Counter => return Err(failed(CALL)),
         };
-        self.update_stat(CALL, update, envoy_id, value)
+        self.update_stat(CALL, update, &stat, value)
     }
 }
 
@@ -176,20 +257,21 @@ impl NativeHost {
         &self,
         call: &'static str,
         update: StatUpdate,
-        envoy_id: usize,
+        stat: &Stat,
         value: u64,
     ) -> Result<(), HostError> {
-        // SAFETY: Envoy's config pointer and a stat Envoy defined on it; no labels. Stats are
-        // thread-safe in Envoy, so any thread may update them.
-        let result = unsafe {
-            update(
-                self.state.config.0,
-                envoy_id,
-                std::ptr::null_mut(),
-                0,
-                value,
-            )
+        let mut label = stat
+            .endpoint
+            .as_deref()
+            .map(|address| ModuleBuffer::of(address.as_bytes()));
+        let (labels, count) = match label.as_mut() {
+            Some(label) => (label as *mut ModuleBuffer, 1),
+            None => (std::ptr::null_mut(), 0),
         };
+        // SAFETY: Envoy's config pointer and a stat Envoy defined on it, with its family's one
+        // label when it has one (read during the call). Stats are thread-safe in Envoy, so any
+        // thread may update them.
+        let result = unsafe { update(self.state.config.0, stat.envoy_id, labels, count, value) };
         if result == abi::METRICS_SUCCESS {
             Ok(())
         } else {

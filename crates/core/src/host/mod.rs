@@ -162,6 +162,30 @@ pub enum MetricKind {
 pub trait Metrics {
     /// Defines (or finds) a stat; Envoy prefixes its name with `wasmcustom.`.
     fn define(&self, kind: MetricKind, name: &str) -> Result<u32, HostError>;
+    /// Defines (or finds) endpoint `address`'s stat `what` in the pool whose stats start with
+    /// `prefix`. By default the stat `{prefix}.endpoint.{address}.{what}`, whose address the
+    /// shipped `stats_tags` rules turn into the `endpoint` label. A host that can define stats
+    /// only while the configuration loads labels a family defined then instead
+    /// ([`Metrics::define_endpoint_family`]), so an endpoint discovered later has its stats too.
+    fn define_endpoint(
+        &self,
+        kind: MetricKind,
+        prefix: &str,
+        what: &str,
+        address: &str,
+    ) -> Result<u32, HostError> {
+        self.define(kind, &format!("{prefix}.endpoint.{address}.{what}"))
+    }
+    /// Readies `{prefix}.endpoint.{what}` for endpoints to come, on a host that defines stats
+    /// only while the configuration loads; nothing where a stat can be defined at any time.
+    fn define_endpoint_family(
+        &self,
+        _kind: MetricKind,
+        _prefix: &str,
+        _what: &str,
+    ) -> Result<(), HostError> {
+        Ok(())
+    }
     fn increment(&self, id: u32, offset: i64) -> Result<(), HostError>;
     /// Sets a gauge or records a histogram sample.
     fn record(&self, id: u32, value: u64) -> Result<(), HostError>;

@@ -95,7 +95,8 @@ impl<H: VmHost> WorkerVm<H> {
     }
 
     /// Defines every stat at once, for a host that creates stats only while it loads the
-    /// configuration (Envoy's dynamic modules); endpoints discovered later go without.
+    /// configuration (Envoy's dynamic modules); endpoints discovered later label the families
+    /// defined now.
     pub fn define_all_stats(&self) {
         for (index, stats) in self.stats.iter().enumerate() {
             if let Some(slot) = self.router.slot(index) {
