@@ -346,9 +346,71 @@ fn a_pod_whose_metrics_answer_in_3_s_keeps_its_share_while_another_is_loaded() {
     assert!(stale.contains(&a.address), "{stale}");
 }
 
-/// Serves `listener` through Envoy's file-based LDS: written aside, then moved into place.
+/// An Envoy whose listener comes from file-based LDS, so a test can update its picker
+/// configuration while requests flow.
+struct LdsGateway {
+    envoy: Envoy,
+    /// The listener as written for the wasm filter (the module's form is derived on writing).
+    listener: serde_yaml::Value,
+    path: String,
+    workers: u32,
+    _dir: support::TempDir,
+}
+
+impl LdsGateway {
+    fn start(sims: &[&Sim], workers: u32) -> LdsGateway {
+        let dir = support::TempDir::new("lds");
+        let path = dir.0.join("lds.yaml").display().to_string();
+        let kept = std::sync::Mutex::new(serde_yaml::Value::Null);
+        let envoy = Envoy::start_with(&config(sims, ""), workers, |config| {
+            let listener = config.take_listeners().remove(0);
+            write_lds(&listener, &path);
+            *kept.lock().unwrap() = listener;
+            config["node"] = serde_yaml::from_str("{id: gateway, cluster: inference}").unwrap();
+            config["dynamic_resources"] = serde_yaml::from_str(&format!(
+                "{{lds_config: {{path_config_source: {{path: '{path}'}}, resource_api_version: V3}}}}"
+            ))
+            .unwrap();
+        });
+        let listener = kept.into_inner().unwrap();
+        LdsGateway {
+            envoy,
+            listener,
+            path,
+            workers,
+            _dir: dir,
+        }
+    }
+
+    /// Serves the listener with `change` made to its picker configuration, and waits until
+    /// every worker has taken it.
+    fn update(&mut self, change: impl FnOnce(&str) -> String) {
+        let mut listener = Listener(self.listener.clone());
+        let before = listener.picker_config();
+        let updated = change(&before);
+        assert_ne!(updated, before, "the update changes the configuration");
+        listener.set_picker_config(&updated);
+        self.listener = listener.value().clone();
+        let taken_before = listeners_taken(&self.envoy);
+        write_lds(&self.listener, &self.path);
+        eventually(
+            "every worker to take the updated listener",
+            Duration::from_secs(10),
+            || listeners_taken(&self.envoy) >= taken_before + f64::from(self.workers),
+        );
+    }
+}
+
+/// Serves `listener` (written for the wasm filter, in this run's edge) through Envoy's
+/// file-based LDS: written aside, then moved into place.
 fn write_lds(listener: &serde_yaml::Value, path: &str) {
-    let mut resource = listener.clone();
+    let mut bootstrap: serde_yaml::Value = serde_yaml::from_str("{static_resources: {}}").unwrap();
+    bootstrap["static_resources"]["listeners"] =
+        serde_yaml::Value::Sequence(vec![listener.clone()]);
+    if support::Edge::current() == support::Edge::Module {
+        support::to_module_edge(&mut bootstrap);
+    }
+    let mut resource = bootstrap["static_resources"]["listeners"][0].clone();
     resource["@type"] = "type.googleapis.com/envoy.config.listener.v3.Listener".into();
     let document = serde_yaml::Value::Mapping(
         [(
@@ -370,89 +432,135 @@ fn listeners_taken(envoy: &Envoy) -> f64 {
         .unwrap_or(0.0)
 }
 
+/// Requests sent one after another until stopped (20 s at most): how many, how many failed.
+struct SteadyLoad {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    sent: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    failed: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    thread: std::thread::JoinHandle<()>,
+}
+
+impl SteadyLoad {
+    fn start(address: String) -> SteadyLoad {
+        use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+        use std::sync::Arc;
+        let stop = Arc::new(AtomicBool::new(false));
+        let (sent, failed) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+        let thread = {
+            let (stop, sent, failed) = (stop.clone(), sent.clone(), failed.clone());
+            std::thread::spawn(move || {
+                let deadline = std::time::Instant::now() + Duration::from_secs(20);
+                let mut n = 0;
+                while !stop.load(Ordering::Relaxed) && std::time::Instant::now() < deadline {
+                    let response = support::try_request(
+                        &address,
+                        "POST",
+                        "/v1/completions",
+                        &[("content-type", "application/json")],
+                        completion(n).as_bytes(),
+                    );
+                    sent.fetch_add(1, Ordering::Relaxed);
+                    if !response.is_ok_and(|r| r.status == 200) {
+                        failed.fetch_add(1, Ordering::Relaxed);
+                    }
+                    n += 1;
+                }
+            })
+        };
+        SteadyLoad {
+            stop,
+            sent,
+            failed,
+            thread,
+        }
+    }
+
+    fn sent(&self) -> usize {
+        self.sent.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Waits until `more` requests beyond those sent so far went out.
+    fn wait_for_more(&self, more: usize, what: &str) {
+        let from = self.sent();
+        eventually(what, Duration::from_secs(10), || self.sent() >= from + more);
+    }
+
+    /// Stops it: (sent, failed).
+    fn finish(self) -> (usize, usize) {
+        use std::sync::atomic::Ordering;
+        self.stop.store(true, Ordering::Relaxed);
+        self.thread.join().unwrap();
+        (
+            self.sent.load(Ordering::Relaxed),
+            self.failed.load(Ordering::Relaxed),
+        )
+    }
+}
+
 #[test]
 fn a_config_update_keeps_serving_throughout() {
-    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-    use std::sync::Arc;
     let a = Sim::start("pod-a", &[]);
     let b = Sim::start("pod-b", &[]);
-    let dir = support::TempDir::new("lds");
-    let lds = dir.0.join("lds.yaml");
-    let lds_path = lds.display().to_string();
-    let listener = Arc::new(std::sync::Mutex::new(serde_yaml::Value::Null));
-    let kept = listener.clone();
-    let workers: u32 = 2;
-    let envoy = Envoy::start_with(&config(&[&a, &b], ""), workers, |config| {
-        let listener = config.take_listeners().remove(0);
-        write_lds(&listener, &lds_path);
-        *kept.lock().unwrap() = listener;
-        config["node"] = serde_yaml::from_str("{id: gateway, cluster: inference}").unwrap();
-        config["dynamic_resources"] = serde_yaml::from_str(&format!(
-            "{{lds_config: {{path_config_source: {{path: '{lds_path}'}}, resource_api_version: V3}}}}"
-        ))
-        .unwrap();
-    });
+    let mut gateway = LdsGateway::start(&[&a, &b], 2);
     a.wait_for_scrapes(3);
-
-    let stop = Arc::new(AtomicBool::new(false));
-    let (sent, failed) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
-    let load = {
-        let (stop, sent, failed, address) =
-            (stop.clone(), sent.clone(), failed.clone(), envoy.address());
-        std::thread::spawn(move || {
-            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
-            let mut n = 0;
-            while !stop.load(Ordering::Relaxed) && std::time::Instant::now() < deadline {
-                let response = support::try_request(
-                    &address,
-                    "POST",
-                    "/v1/completions",
-                    &[("content-type", "application/json")],
-                    completion(n).as_bytes(),
-                );
-                sent.fetch_add(1, Ordering::Relaxed);
-                if !response.is_ok_and(|r| r.status == 200) {
-                    failed.fetch_add(1, Ordering::Relaxed);
-                }
-                n += 1;
-            }
-        })
-    };
-    eventually(
-        "requests to flow before the update",
-        Duration::from_secs(10),
-        || sent.load(Ordering::Relaxed) >= 20,
-    );
+    let load = SteadyLoad::start(gateway.envoy.address());
+    load.wait_for_more(20, "requests to flow before the update");
     // A new picker configuration (another scrape interval), applied while requests flow.
-    let mut listener = Listener(listener.lock().unwrap().clone());
-    let updated = listener.picker_config().replace(
-        "refreshMetricsInterval: 50ms",
-        "refreshMetricsInterval: 40ms",
-    );
-    listener.set_picker_config(&updated);
-    let taken_before = listeners_taken(&envoy);
-    write_lds(listener.value(), &lds.display().to_string());
+    gateway.update(|config| {
+        config.replace(
+            "refreshMetricsInterval: 50ms",
+            "refreshMetricsInterval: 40ms",
+        )
+    });
     assert!(
-        envoy.wait_for_log_line("scraping every 40ms").is_some(),
+        gateway
+            .envoy
+            .wait_for_log_line("scraping every 40ms")
+            .is_some(),
         "the new configuration was applied:\n{}",
-        envoy.log()
+        gateway.envoy.log()
     );
-    eventually(
-        "every worker to take the updated listener",
-        Duration::from_secs(10),
-        || listeners_taken(&envoy) >= taken_before + f64::from(workers),
-    );
-    let updated_at = sent.load(Ordering::Relaxed);
-    eventually(
-        "requests to keep flowing after the update",
-        Duration::from_secs(10),
-        || sent.load(Ordering::Relaxed) > updated_at + 20,
-    );
-    stop.store(true, Ordering::Relaxed);
-    load.join().unwrap();
-    let (sent, failed) = (sent.load(Ordering::Relaxed), failed.load(Ordering::Relaxed));
+    load.wait_for_more(20, "requests to keep flowing after the update");
+    let (sent, failed) = load.finish();
     assert_eq!(
         failed, 0,
         "{failed} of {sent} requests failed across the update"
+    );
+}
+
+/// The pods' scrapes per second, over both pods, counted at the pods for `window`.
+fn scrape_rate(pods: &[&Sim], window: Duration) -> f64 {
+    let count = || pods.iter().map(|pod| pod.metrics_scrapes()).sum::<u64>();
+    let before = count();
+    // A time window, not a wait: the rate is what the pods saw during it.
+    std::thread::sleep(window);
+    (count() - before) as f64 / window.as_secs_f64()
+}
+
+/// An update that changes only how the picker weighs its scorers keeps the pool's shared state:
+/// the old configuration (alive while its listener drains, ten minutes by default) and the new
+/// one share it, so the pods are scraped once, not once per configuration, and the requests
+/// the old one holds in flight count for the new one.
+#[test]
+fn a_reweighing_update_shares_the_pool_state_and_scrapes_once() {
+    let a = Sim::start("pod-a", &[]);
+    let b = Sim::start("pod-b", &[]);
+    let mut gateway = LdsGateway::start(&[&a, &b], 2);
+    a.wait_for_scrapes(3);
+    let load = SteadyLoad::start(gateway.envoy.address());
+    load.wait_for_more(20, "requests to flow before the update");
+    let window = Duration::from_secs(2);
+    let before = scrape_rate(&[&a, &b], window);
+    gateway.update(|config| config.replace("weight: 0.15", "weight: 0.1"));
+    load.wait_for_more(20, "requests to flow after the update");
+    let during = scrape_rate(&[&a, &b], window);
+    let (sent, failed) = load.finish();
+    assert_eq!(
+        failed, 0,
+        "{failed} of {sent} requests failed across the update"
+    );
+    assert!(
+        during <= before * 1.2,
+        "scrapes per second while the old configuration drains: {during:.1} against {before:.1} before the update"
     );
 }

@@ -1,8 +1,7 @@
-//! Every shared-data key, built here and nowhere else. A configuration's keys live under one
-//! namespace: a configuration update starts a fresh one, so old VMs' leases and ledgers do not
-//! interfere; so does a build that shares data in another format.
-
-use crate::hash::hash_bytes;
+//! Every shared-data key, built here and nowhere else. A pool's keys live under one namespace,
+//! named by what its shared data means ([`crate::config::NamedPool::shared_identity`]): an
+//! update that only re-weighs the scorers keeps it, any other starts a fresh one so old VMs'
+//! leases and ledgers do not interfere; so does a build that shares data in another format.
 
 /// The version of what VMs share (values and block hashes): a VM of another version uses
 /// other keys.
@@ -15,10 +14,10 @@ pub struct SharedKeys {
 }
 
 impl SharedKeys {
-    /// The keys of `pool` (named when the configuration lists several) under the configuration
-    /// `text`.
-    pub fn for_config(text: &[u8], pool: Option<&str>) -> Self {
-        let base = format!("inference-picker/{SHARED_FORMAT}/{:x}", hash_bytes(0, text));
+    /// The keys of `pool` (named when the configuration lists several) of this shared
+    /// identity.
+    pub fn for_pool(identity: u64, pool: Option<&str>) -> Self {
+        let base = format!("inference-picker/{SHARED_FORMAT}/{identity:x}");
         let namespace = match pool {
             Some(name) => format!("{base}/{name}"),
             None => base,

@@ -70,6 +70,22 @@ pub struct NamedPool {
     pub config: FilterConfig,
     /// The pool's effective document, when asked for (the config checker).
     pub effective: Option<Value>,
+    /// What the pool's VMs share is kept under this: see [`shared_identity`].
+    pub shared_identity: u64,
+}
+
+/// What a pool's VMs share (members, metrics, the scraper's lease, flow control's ledgers,
+/// requests in flight, prefix placements) means the same under every document that differs
+/// only in its scheduling profiles (which scorers run, and their weights). Such documents
+/// share it: an update that only re-weighs the scorers keeps what was learned, and while the
+/// old configuration drains the pods are scraped once, not once per configuration.
+fn shared_identity(document: &Value) -> u64 {
+    let mut document = document.clone();
+    if let Some(map) = document.as_mapping_mut() {
+        map.remove("schedulingProfiles");
+    }
+    let text = serde_yaml::to_string(&document).unwrap_or_default();
+    crate::hash::hash_bytes(0, text.as_bytes())
 }
 
 /// Parses and validates a single-pool YAML or JSON document (a `pools` list is refused: see
@@ -106,6 +122,7 @@ pub fn load_set(text: &str, seed: u64, with_effective: bool) -> Result<PoolSet, 
             models: None,
             config,
             effective,
+            shared_identity: shared_identity(&document),
         };
         return Ok(PoolSet {
             pools: vec![pool],
@@ -116,6 +133,7 @@ pub fn load_set(text: &str, seed: u64, with_effective: bool) -> Result<PoolSet, 
     let mut loaded = Vec::with_capacity(entries.len());
     for (i, entry) in entries.into_iter().enumerate() {
         let in_pool = |error: ConfigError| within_pool(i, &entry.name, error);
+        let identity = shared_identity(&entry.document);
         let raw: RawConfig = serde_yaml::from_value(entry.document)
             .map_err(|error| in_pool(ConfigError::Syntax(error.to_string())))?;
         // Each pool breaks ties with its own sequence.
@@ -126,6 +144,7 @@ pub fn load_set(text: &str, seed: u64, with_effective: bool) -> Result<PoolSet, 
             models: entry.models,
             config,
             effective,
+            shared_identity: identity,
         });
     }
     let catch_alls = loaded.iter().filter(|p| p.serves_any_model()).count();

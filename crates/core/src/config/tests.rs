@@ -566,3 +566,46 @@ fn peers_need_a_port_a_secret_and_someone_to_call() {
         .unwrap_or_default();
     assert!(error.contains("leave it at 1 with pool.peers"), "{error}");
 }
+
+/// The shared identity of each pool `text` loads.
+fn identities(text: &str) -> Vec<u64> {
+    load_set(text, 1, false)
+        .unwrap()
+        .pools
+        .iter()
+        .map(|pool| pool.shared_identity)
+        .collect()
+}
+
+#[test]
+fn re_weighing_the_scorers_keeps_the_shared_identity_and_other_changes_do_not() {
+    let weighed = |weight: &str| {
+        format!(
+            "plugins:\n- type: queue-scorer\n- type: prefix-cache-scorer\nschedulingProfiles:\n- name: default\n  plugins:\n  - pluginRef: queue-scorer\n    weight: {weight}\n  - pluginRef: prefix-cache-scorer\n    weight: 3\n{POOL}"
+        )
+    };
+    let base = identities(&weighed("2"));
+    assert_eq!(identities(&weighed("1")), base, "weights only");
+    assert_eq!(
+        identities(&format!("# a comment\n{}", weighed("2"))),
+        base,
+        "comments are not meaning"
+    );
+    let prefix_tuned = weighed("2").replace(
+        "- type: prefix-cache-scorer\n",
+        "- type: prefix-cache-scorer\n  parameters: {blockSize: 32}\n",
+    );
+    assert_ne!(identities(&prefix_tuned), base, "a plugin's parameters");
+    let other_pool = weighed("2").replace("10.0.0.1:8000", "10.0.0.3:8000");
+    assert_ne!(identities(&other_pool), base, "the pool's members");
+}
+
+#[test]
+fn each_pool_of_a_set_has_its_own_shared_identity() {
+    let set = identities(POOLS);
+    assert!(set.len() > 1);
+    let mut distinct = set.clone();
+    distinct.sort_unstable();
+    distinct.dedup();
+    assert_eq!(distinct.len(), set.len(), "{set:?}");
+}

@@ -39,7 +39,7 @@ pub fn configure(text: &[u8], vm_seed: u64) -> Result<Configured, String> {
         }
         let interval_ms = duration_ms(pool.config.pool.refresh_metrics_interval);
         // Each pool elects its own scraper and keeps its own shared state.
-        let keys = SharedKeys::for_config(text.as_bytes(), many.then_some(pool.name.as_str()));
+        let keys = SharedKeys::for_pool(pool.shared_identity, many.then_some(pool.name.as_str()));
         let coordinator = Coordinator::new(keys.clone(), vm_seed, interval_ms);
         let models = pool.router_models();
         let peers = pool.config.pool.peers.clone().map(Peers::new);
