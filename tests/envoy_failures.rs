@@ -505,6 +505,8 @@ fn a_config_update_keeps_serving_throughout() {
     a.wait_for_scrapes(3);
     let load = SteadyLoad::start(gateway.envoy.address());
     load.wait_for_more(20, "requests to flow before the update");
+    let window = Duration::from_secs(2);
+    let before = scrape_rate(&[&a, &b], window);
     // A new picker configuration (another scrape interval), applied while requests flow.
     gateway.update(|config| {
         config.replace(
@@ -521,10 +523,23 @@ fn a_config_update_keeps_serving_throughout() {
         gateway.envoy.log()
     );
     load.wait_for_more(20, "requests to keep flowing after the update");
+    // Once the old listener has drained (2 s in tests), its VMs leave the shared state: the
+    // pods are scraped by the new configuration alone.
+    eventually(
+        "the old configuration to retire",
+        Duration::from_secs(15),
+        || gateway.envoy.log().contains("configuration retired"),
+    );
+    let after = scrape_rate(&[&a, &b], window);
     let (sent, failed) = load.finish();
     assert_eq!(
         failed, 0,
         "{failed} of {sent} requests failed across the update"
+    );
+    // 40 ms instead of 50: 1.25 times the scrapes; both configurations would make 2.25.
+    assert!(
+        after <= before * 1.25 * 1.2,
+        "scrapes per second after the drain: {after:.1} against {before:.1} before the update"
     );
 }
 

@@ -512,6 +512,9 @@ impl Envoy {
                 &concurrency.to_string(),
                 "--disable-hot-restart",
             ])
+            // A listener updated through LDS drains in 2 s, not Envoy's default 10 minutes, so
+            // a test sees the old configuration go.
+            .args(["--drain-time-s", "2"])
             .args([
                 "-l",
                 "info",

@@ -513,6 +513,62 @@ impl Coordinator {
     /// Makes sure this VM is in the shared list of VMs and refreshes the list of the others.
     /// A racing writer that overwrote our entry is caught by reading back on the next attempt
     /// (create-if-absent cannot be a CAS: a CAS of `None` overwrites).
+    /// This VM leaves the pool's shared state for good (its configuration is gone): it leaves
+    /// the registry, so no VM reads its keys again; hands back the lease if it holds it, so a
+    /// VM of the configuration that follows scrapes at once; and empties its own keys (its
+    /// placement batches are the largest values a pool shares). Returns the keys emptied.
+    pub fn retire(&mut self, store: &impl SharedData) -> Result<usize, HostError> {
+        self.unregister(store)?;
+        self.release_lease(store)?;
+        let mut emptied = 0;
+        let own = (0..BATCH_SLOTS)
+            .map(|slot| self.keys.prefix(self.vm_id, slot))
+            .chain([self.load_key.clone()]);
+        for key in own {
+            if store.get(&key)?.is_some_and(|(bytes, _)| !bytes.is_empty()) {
+                store.set(&key, &[], None)?;
+                emptied += 1;
+            }
+        }
+        Ok(emptied)
+    }
+
+    fn unregister(&mut self, store: &impl SharedData) -> Result<(), HostError> {
+        for _ in 0..CAS_ATTEMPTS {
+            let Some((bytes, cas)) = store.get(&self.vms_key)? else {
+                return Ok(());
+            };
+            let mut vms: Vec<u64> = serde_json::from_slice(&bytes).unwrap_or_default();
+            if !vms.contains(&self.vm_id) {
+                return Ok(());
+            }
+            vms.retain(|&vm| vm != self.vm_id);
+            let bytes = serde_json::to_vec(&vms).unwrap_or_default();
+            if store.set(&self.vms_key, &bytes, Some(cas))? {
+                return Ok(());
+            }
+        }
+        Ok(())
+    }
+
+    /// An expired lease in place of ours (only if it is still ours).
+    fn release_lease(&mut self, store: &impl SharedData) -> Result<(), HostError> {
+        let Some((bytes, cas)) = store.get(&self.lease_key)? else {
+            return Ok(());
+        };
+        let ours = serde_json::from_slice::<Lease>(&bytes).is_ok_and(|l| l.owner == self.vm_id);
+        if ours {
+            let expired = Lease {
+                owner: self.vm_id,
+                expires_ms: 0,
+            };
+            let bytes = serde_json::to_vec(&expired).unwrap_or_default();
+            store.set(&self.lease_key, &bytes, Some(cas))?;
+        }
+        self.role = Role::Follower;
+        Ok(())
+    }
+
     fn register(&mut self, store: &impl SharedData) -> Result<(), HostError> {
         for _ in 0..CAS_ATTEMPTS {
             let current = store.get(&self.vms_key)?;
@@ -625,6 +681,38 @@ mod tests {
         assert_eq!(b.elect(&store, ends - 1).unwrap().0, Role::Follower);
         assert_eq!(b.elect(&store, ends).unwrap(), (Role::Scraper, true));
         assert_eq!(a.elect(&store, ends + 10).unwrap(), (Role::Follower, true));
+    }
+
+    #[test]
+    fn a_retired_vm_hands_back_the_lease_leaves_the_registry_and_empties_its_keys() {
+        let store = FakeShared::default();
+        let mut old = Coordinator::new(SharedKeys::under("ns"), 1, 50);
+        let mut new = Coordinator::new(SharedKeys::under("ns"), 2, 50);
+        let (mut pool_old, mut pool_new) = (slot(), slot());
+        pool_old.data.add_in_flight(0, 100);
+        old.exchange_load(&store, &mut pool_old, 1000).unwrap();
+        new.exchange_load(&store, &mut pool_new, 1000).unwrap();
+        let learned = LearnedPrefix {
+            endpoint: 1,
+            hashes: vec![7, 8, 9],
+        };
+        old.exchange_prefixes(&store, &[learned]).unwrap();
+        assert_eq!(old.elect(&store, 1000).unwrap(), (Role::Scraper, true));
+        assert_eq!(new.elect(&store, 1000).unwrap().0, Role::Follower);
+
+        // Its batch and its in-flight counts.
+        assert_eq!(old.retire(&store).unwrap(), 2);
+        assert_eq!(old.role(), Role::Follower);
+        // The lease is free at once, not after MIN_LEASE_MS.
+        assert_eq!(new.elect(&store, 1001).unwrap(), (Role::Scraper, true));
+        new.exchange_load(&store, &mut pool_new, 1001).unwrap();
+        assert!(new.others().is_empty(), "{:?}", new.others());
+        assert_eq!(pool_new.data.pool().endpoints[0].total_in_flight(), 0);
+        assert!(store
+            .get(&SharedKeys::under("ns").prefix(1, 1))
+            .unwrap()
+            .is_some_and(|(bytes, _)| bytes.is_empty()));
+        assert_eq!(old.retire(&store).unwrap(), 0, "nothing left to empty");
     }
 
     #[test]

@@ -78,6 +78,15 @@ impl TickDriver {
         self.coordinator.as_ref()
     }
 
+    /// This VM's configuration is gone: it leaves the pool's shared state (see
+    /// [`Coordinator::retire`]). Returns the keys it emptied.
+    pub fn retire(&mut self, store: &impl SharedData) -> Result<usize, HostError> {
+        match &mut self.coordinator {
+            Some(coordinator) => coordinator.retire(store),
+            None => Ok(0),
+        }
+    }
+
     pub fn on_tick(
         &mut self,
         host: &(impl SharedData + HttpCallouts + Clock),

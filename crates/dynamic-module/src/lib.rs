@@ -233,6 +233,8 @@ extern "C" fn envoy_dynamic_module_on_http_filter_config_destroy(config: *const 
     // SAFETY: the pointer `config_new` returned, destroyed once.
     let picker = unsafe { Box::from_raw(config.cast::<Arc<ConfigVm>>().cast_mut()) };
     picker.host.state.ticker.stop();
+    // No tick runs any more: the VM leaves the pool's shared state.
+    picker.run(None, WorkerVm::retire);
 }
 
 #[no_mangle]

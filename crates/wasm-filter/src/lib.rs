@@ -48,6 +48,14 @@ impl PickerRoot {
     }
 }
 
+/// Envoy deletes a root context when its plugin configuration goes (after the listener that
+/// used it drained): its VM leaves the pool's shared state.
+impl Drop for PickerRoot {
+    fn drop(&mut self) {
+        self.with_vm(WorkerVm::retire);
+    }
+}
+
 impl Context for PickerRoot {
     /// The answer is read here, within the cap the VM gives for that call, and handed over.
     fn on_http_call_response(&mut self, token: u32, headers: usize, body_size: usize, _: usize) {
@@ -76,6 +84,8 @@ impl RootContext for PickerRoot {
         drop(previous);
         match configured {
             Ok(vm) => {
+                // A configuration replaced in place: the old VM leaves the shared state.
+                self.with_vm(WorkerVm::retire);
                 self.vm = Some(Rc::new(RefCell::new(vm)));
                 true
             }

@@ -130,6 +130,26 @@ impl<H: VmHost> WorkerVm<H> {
         }
     }
 
+    /// The configuration is gone (the edge drops this VM): each pool's coordinator leaves the
+    /// shared state, so the pool's other VMs stop reading this one's keys, a VM of the next
+    /// configuration takes the scrape lease at once, and what this one published is freed.
+    pub fn retire(&mut self) {
+        for (index, pool) in self.pools.iter_mut().enumerate() {
+            let name = self
+                .router
+                .slot(index)
+                .map_or("-", |slot| slot.name.as_str());
+            match pool.ticks.driver.retire(&self.host) {
+                Ok(emptied) => log::info!(
+                    "inference-picker: pool {name}: configuration retired; this VM left the shared state ({emptied} keys emptied)"
+                ),
+                Err(error) => {
+                    log::warn!("inference-picker: pool {name}: leaving the shared state: {error}")
+                }
+            }
+        }
+    }
+
     /// The timer: each pool's full tick (scrapes, shared state, stats) when it is due, and
     /// flow control's exchange and releases in pools where requests wait.
     pub fn on_tick(&mut self) {
