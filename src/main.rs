@@ -140,7 +140,7 @@ fn explain(args: &[String]) -> Result<(), String> {
     let _ = log::set_logger(&WARNINGS).map(|()| log::set_max_level(log::LevelFilter::Warn));
     let host = FakeVm::default();
     host.clock.advance(START_MS);
-    let mut vm = WorkerVm::configure(host.clone(), ROOT_ID, text.as_bytes(), None)
+    let mut vm = WorkerVm::configure(host.clone(), ROOT_ID, text.as_bytes())
         .map_err(|error| format!("{}: {error}", args.config))?;
     let pool = chosen_pool(vm.router(), &args, body.as_deref())?;
     feed_metrics(&host, &mut vm, pool, &args)?;

@@ -507,6 +507,8 @@ fn a_config_update_keeps_serving_throughout() {
     load.wait_for_more(20, "requests to flow before the update");
     let window = Duration::from_secs(2);
     let before = scrape_rate(&[&a, &b], window);
+    let memory = |envoy: &Envoy| envoy.stat("wasmcustom.inference_picker.vm_memory_bytes");
+    let memory_before = memory(&gateway.envoy).expect("vm_memory_bytes");
     // A new picker configuration (another scrape interval), applied while requests flow.
     gateway.update(|config| {
         config.replace(
@@ -535,6 +537,13 @@ fn a_config_update_keeps_serving_throughout() {
     assert_eq!(
         failed, 0,
         "{failed} of {sent} requests failed across the update"
+    );
+    // The new configuration's VMs live in the same VMs (the same process for the module):
+    // the memory they share is counted once, not once per configuration.
+    let memory_after = memory(&gateway.envoy).expect("vm_memory_bytes");
+    assert!(
+        memory_after < memory_before * 1.5,
+        "vm_memory_bytes {memory_after} after the update against {memory_before} before"
     );
     // 40 ms instead of 50: 1.25 times the scrapes; both configurations would make 2.25.
     assert!(

@@ -5,7 +5,7 @@
 use crate::datalayer::{CalloutOutcome, Scraped};
 use crate::endpoint::Health;
 use crate::error_response::{Dropped, RequestError};
-use crate::host::{HostCall, MetricKind, Metrics};
+use crate::host::{HostCall, MemoryReported, MetricKind, Metrics};
 use crate::peers::PeerCounts;
 use crate::router::{PoolSlot, STATS_PREFIX};
 use crate::shared_state::Role;
@@ -508,22 +508,19 @@ impl<H: Metrics> Stats<H> {
         self.scrape(index, false);
     }
 
-    /// Adds this VM's growth in linear memory since it last reported (`reported`, which
-    /// outlives reconfigurations) to the gauge all VMs share. Wasm memory never shrinks.
-    pub fn vm_memory(&self, bytes: u64, reported: &mut u64) {
-        let (Some(id), Ok(growth)) = (
-            self.vm_memory_bytes,
-            i64::try_from(bytes.saturating_sub(*reported)),
-        ) else {
+    /// Adds the change in this address space's memory since it last reported (`reported`,
+    /// the host's, which outlives configurations) to the gauge all VMs share.
+    pub fn vm_memory(&self, bytes: u64, reported: &MemoryReported) {
+        let Some(id) = self.vm_memory_bytes else {
             return;
         };
-        if growth <= 0 || self.host.increment(id, growth).is_err() {
+        let Some((change, first)) = reported.take_change(bytes) else {
             return;
-        }
-        if *reported == 0 {
+        };
+        let _ = self.host.increment(id, change);
+        if first {
             self.bump(self.vms);
         }
-        *reported = bytes;
     }
 
     /// Adds the host calls made since the last report (`counts` in [`HostCall::ALL`] order) to

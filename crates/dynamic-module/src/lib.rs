@@ -208,7 +208,7 @@ fn configure(config_envoy: EnvoyPtr, text: &[u8]) -> Result<Arc<ConfigVm>, Strin
     let envoy = abi::envoy().ok_or("the module's callbacks are not loaded")?;
     let ticker = Ticker::new();
     let host = NativeHost::new(config_envoy, ticker.clone());
-    let vm = WorkerVm::configure(host.clone(), ROOT_ID, text, None)?;
+    let vm = WorkerVm::configure(host.clone(), ROOT_ID, text)?;
     // Envoy freezes a module's stats once this hook returns.
     vm.define_all_stats();
     // SAFETY: Envoy's config pointer, on the main thread within its config hook.

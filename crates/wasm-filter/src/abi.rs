@@ -6,7 +6,7 @@
 use inference_picker_core::error_response::{ErrorShape, RequestError};
 use inference_picker_core::host::{
     encode_header_map, level_filter, CalloutAnswer, Clock, HeaderPairs, HostCall, HostError,
-    HostLogger, HttpCallouts, HttpHost, MetricKind, Metrics, SharedData, VmHost,
+    HostLogger, HttpCallouts, HttpHost, MemoryReported, MetricKind, Metrics, SharedData, VmHost,
 };
 use inference_picker_core::protocol::{
     DROPPED_REASON_HEADER, SUBSET_HINT_KEY, SUBSET_HINT_NAMESPACE,
@@ -284,6 +284,12 @@ impl VmHost for EnvoyHost {
     fn memory_bytes(&self) -> u64 {
         let pages = u64::try_from(core::arch::wasm32::memory_size(0)).unwrap_or(0);
         pages.saturating_mul(65536)
+    }
+
+    /// One per VM instance, shared by every configuration (root context) in it.
+    fn memory_reported(&self) -> &MemoryReported {
+        static REPORTED: MemoryReported = MemoryReported::new();
+        &REPORTED
     }
 
     fn take_host_calls(&self) -> [u64; HostCall::ALL.len()] {

@@ -78,11 +78,7 @@ impl RootContext for PickerRoot {
                 return false;
             }
         };
-        let previous = self.vm.as_ref().and_then(|vm| vm.try_borrow().ok());
-        let configured =
-            WorkerVm::configure(EnvoyHost, self.context_id, &text, previous.as_deref());
-        drop(previous);
-        match configured {
+        match WorkerVm::configure(EnvoyHost, self.context_id, &text) {
             Ok(vm) => {
                 // A configuration replaced in place: the old VM leaves the shared state.
                 self.with_vm(WorkerVm::retire);

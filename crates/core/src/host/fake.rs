@@ -2,7 +2,8 @@
 //! semantics, HTTP callouts whose answers the test delivers, and a settable clock.
 
 use super::{
-    Clock, HostCall, HostError, HttpCallouts, HttpHost, MetricKind, Metrics, SharedData, VmHost,
+    Clock, HostCall, HostError, HttpCallouts, HttpHost, MemoryReported, MetricKind, Metrics,
+    SharedData, VmHost,
 };
 use std::cell::{Cell, RefCell};
 use std::collections::{HashMap, HashSet};
@@ -331,6 +332,7 @@ pub struct FakeVmState {
     /// The period the VM last set for its tick.
     pub tick_period_ms: Cell<Option<u32>>,
     pub memory_bytes: Cell<u64>,
+    pub memory_reported: MemoryReported,
     streams: RefCell<HashMap<u32, Rc<FakeHost>>>,
     /// Streams whose end ran: they are gone to the VM.
     closed: RefCell<HashSet<u32>>,
@@ -468,6 +470,10 @@ impl VmHost for FakeVm {
 
     fn memory_bytes(&self) -> u64 {
         self.memory_bytes.get()
+    }
+
+    fn memory_reported(&self) -> &MemoryReported {
+        &self.memory_reported
     }
 
     fn take_host_calls(&self) -> [u64; HostCall::ALL.len()] {

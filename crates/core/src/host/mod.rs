@@ -145,6 +145,29 @@ impl CalloutAnswer {
     }
 }
 
+/// The memory of one address space (a wasm VM's linear memory, or the module's process)
+/// already added to the shared `vm_memory_bytes` gauge. It belongs to the address space, not
+/// to a configuration: when Envoy replaces a configuration, the new one's VM in the same
+/// address space adds only what the memory grew since, so the gauge counts it once.
+#[derive(Debug, Default)]
+pub struct MemoryReported(std::sync::atomic::AtomicU64);
+
+impl MemoryReported {
+    pub const fn new() -> Self {
+        MemoryReported(std::sync::atomic::AtomicU64::new(0))
+    }
+
+    /// Takes `bytes` as reported: the change not yet in the gauge (a wasm VM's memory only
+    /// grows; the module's heap also shrinks, when a configuration Envoy dropped is freed),
+    /// and whether this is the address space's first report; `None` when nothing changed.
+    pub fn take_change(&self, bytes: u64) -> Option<(i64, bool)> {
+        let previous = self.0.swap(bytes, std::sync::atomic::Ordering::Relaxed);
+        let change = i128::from(bytes) - i128::from(previous);
+        let change = i64::try_from(change).unwrap_or(if change > 0 { i64::MAX } else { i64::MIN });
+        (change != 0).then_some((change, previous == 0))
+    }
+}
+
 /// The host's wall clock.
 pub trait Clock {
     fn now_ms(&self) -> Result<u64, HostError>;
@@ -208,6 +231,9 @@ pub trait VmHost: SharedData + HttpCallouts + Metrics + Clock + Clone {
     fn now_ns(&self) -> Result<u64, HostError>;
     /// This VM's linear memory, in bytes.
     fn memory_bytes(&self) -> u64;
+    /// How much of that memory is already in the shared `vm_memory_bytes` gauge: kept by the
+    /// host, per address space (a wasm VM, the module's process), not per configuration.
+    fn memory_reported(&self) -> &MemoryReported;
     /// Host calls by kind since the last take, in [`HostCall::ALL`] order.
     fn take_host_calls(&self) -> [u64; HostCall::ALL.len()];
     /// Re-reads the host's log level (an operator may change it at run time).

@@ -37,20 +37,12 @@ pub struct WorkerVm<H: VmHost> {
     tick_ms: u32,
     /// Ticking every [`FLOW_TICK_MS`] because requests wait somewhere in this Envoy.
     fast_ticking: bool,
-    /// This VM's linear memory as last added to the shared `vm_memory_bytes` gauge.
-    vm_memory_reported: u64,
 }
 
 impl<H: VmHost> WorkerVm<H> {
-    /// Loads the plugin configuration, defines the stats and starts the tick; `previous` is
-    /// the VM this one replaces on a configuration update. The error says what to fix (and
-    /// the previous VM stays).
-    pub fn configure(
-        host: H,
-        root_id: u32,
-        text: &[u8],
-        previous: Option<&Self>,
-    ) -> Result<Self, String> {
+    /// Loads the plugin configuration, defines the stats and starts the tick. The error says
+    /// what to fix (and a VM this one was to replace stays).
+    pub fn configure(host: H, root_id: u32, text: &[u8]) -> Result<Self, String> {
         let started_ns = host.now_ns().unwrap_or(0);
         // Each VM needs its own tie-breaking sequence, or all workers pick alike.
         let seed = hash_bytes(started_ns, &root_id.to_le_bytes());
@@ -89,8 +81,6 @@ impl<H: VmHost> WorkerVm<H> {
             pools,
             tick_ms: configured.tick_ms,
             fast_ticking: false,
-            // What this VM already added to the gauge every VM shares stays added.
-            vm_memory_reported: previous.map_or(0, |vm| vm.vm_memory_reported),
         })
     }
 
@@ -155,7 +145,7 @@ impl<H: VmHost> WorkerVm<H> {
     pub fn on_tick(&mut self) {
         let now_ms = self.host.now_ms().unwrap_or(0);
         if let Some(stats) = self.stats.first() {
-            stats.vm_memory(self.host.memory_bytes(), &mut self.vm_memory_reported);
+            stats.vm_memory(self.host.memory_bytes(), self.host.memory_reported());
             stats.host_calls(&self.host.take_host_calls());
         }
         // A tick that arrives a little early must not skip a whole interval.

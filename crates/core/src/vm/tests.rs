@@ -35,7 +35,7 @@ const BODY: &str = r#"{"model":"m","prompt":"hello"}"#;
 fn configured(config: &str) -> (FakeVm, WorkerVm<FakeVm>) {
     let host = FakeVm::default();
     host.clock.0.set(1_000_000);
-    let vm = WorkerVm::configure(host.clone(), ROOT, config.as_bytes(), None).unwrap();
+    let vm = WorkerVm::configure(host.clone(), ROOT, config.as_bytes()).unwrap();
     (host, vm)
 }
 
@@ -100,11 +100,11 @@ fn configuring_starts_the_tick_at_the_pool_interval_and_a_bad_config_says_why() 
     let (host, vm) = configured(TWO_PODS);
     assert_eq!(host.tick_period_ms.get(), Some(50));
     assert_eq!(vm.period_ms(), 50);
-    let error = WorkerVm::configure(FakeVm::default(), ROOT, b"pool: [", None)
+    let error = WorkerVm::configure(FakeVm::default(), ROOT, b"pool: [")
         .err()
         .unwrap();
     assert!(!error.is_empty());
-    let error = WorkerVm::configure(FakeVm::default(), ROOT, &[0xff, 0xfe], None)
+    let error = WorkerVm::configure(FakeVm::default(), ROOT, &[0xff, 0xfe])
         .err()
         .unwrap();
     assert!(error.contains("UTF-8"), "{error}");
@@ -275,8 +275,8 @@ fn a_configuration_update_adds_only_new_memory_to_the_shared_gauge() {
     vm.on_tick();
     let gauge = "inference_picker.vm_memory_bytes";
     assert_eq!(host.metrics.value(gauge), Some(4 << 20));
-    let mut updated =
-        WorkerVm::configure(host.clone(), ROOT, TWO_PODS.as_bytes(), Some(&vm)).unwrap();
+    // Envoy's next configuration: a new root context in the same address space.
+    let mut updated = WorkerVm::configure(host.clone(), ROOT + 1, TWO_PODS.as_bytes()).unwrap();
     host.memory_bytes.set(5 << 20);
     host.clock.advance(INTERVAL_MS);
     updated.on_tick();
