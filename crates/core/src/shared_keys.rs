@@ -1,7 +1,8 @@
 //! Every shared-data key, built here and nowhere else. A pool's keys live under one namespace,
 //! named by what its shared data means ([`crate::config::NamedPool::shared_identity`]): an
-//! update that only re-weighs the scorers keeps it, any other starts a fresh one so old VMs'
-//! leases and ledgers do not interfere; so does a build that shares data in another format.
+//! update that only re-tunes how endpoints are chosen keeps it, any other starts a fresh one so
+//! old VMs' leases and ledgers do not interfere; so does a build that shares data in another
+//! format.
 
 /// The version of what VMs share (values and block hashes): a VM of another version uses
 /// other keys.

@@ -8,8 +8,7 @@ use crate::stream::{NativeStream, Streams};
 use crate::support::{count, failed, lock, shared, take_counts, wall_clock_ns};
 use crate::ticker::Ticker;
 use inference_picker_core::host::{
-    Clock, HostCall, HostError, HttpCallouts, MemoryReported, MetricKind, Metrics, SharedData,
-    VmHost,
+    Clock, HostCall, HostError, HttpCallouts, MetricKind, Metrics, SharedData, VmHost,
 };
 use std::sync::{Arc, Mutex};
 use std::thread::ThreadId;
@@ -317,12 +316,6 @@ impl VmHost for NativeHost {
     /// its own allocations).
     fn memory_bytes(&self) -> u64 {
         crate::memory::live_bytes()
-    }
-
-    /// One per process (the module's heap is the process's), shared by every configuration.
-    fn memory_reported(&self) -> &MemoryReported {
-        static REPORTED: MemoryReported = MemoryReported::new();
-        &REPORTED
     }
 
     fn take_host_calls(&self) -> [u64; HostCall::ALL.len()] {

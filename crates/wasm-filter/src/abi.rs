@@ -6,7 +6,7 @@
 use inference_picker_core::error_response::{ErrorShape, RequestError};
 use inference_picker_core::host::{
     encode_header_map, level_filter, CalloutAnswer, Clock, HeaderPairs, HostCall, HostError,
-    HostLogger, HttpCallouts, HttpHost, MemoryReported, MetricKind, Metrics, SharedData, VmHost,
+    HostLogger, HttpCallouts, HttpHost, MetricKind, Metrics, SharedData, VmHost,
 };
 use inference_picker_core::protocol::{
     DROPPED_REASON_HEADER, SUBSET_HINT_KEY, SUBSET_HINT_NAMESPACE,
@@ -286,18 +286,8 @@ impl VmHost for EnvoyHost {
         pages.saturating_mul(65536)
     }
 
-    /// One per VM instance, shared by every configuration (root context) in it.
-    fn memory_reported(&self) -> &MemoryReported {
-        static REPORTED: MemoryReported = MemoryReported::new();
-        &REPORTED
-    }
-
     fn take_host_calls(&self) -> [u64; HostCall::ALL.len()] {
-        let mut counts = [0; HostCall::ALL.len()];
-        for (count, counter) in counts.iter_mut().zip(&CALLS) {
-            *count = counter.swap(0, Ordering::Relaxed);
-        }
-        counts
+        std::array::from_fn(|kind| CALLS.get(kind).map_or(0, |c| c.swap(0, Ordering::Relaxed)))
     }
 
     fn sync_log_level(&self) {

@@ -40,16 +40,13 @@ struct PickerRoot {
 impl PickerRoot {
     fn with_vm(&self, callback: impl FnOnce(&mut WorkerVm<EnvoyHost>)) {
         let _entered = abi::enter(self.context_id);
-        if let Some(vm) = &self.vm {
-            if let Ok(mut vm) = vm.try_borrow_mut() {
-                callback(&mut vm);
-            }
+        if let Some(mut vm) = self.vm.as_ref().and_then(|vm| vm.try_borrow_mut().ok()) {
+            callback(&mut vm);
         }
     }
 }
 
-/// Envoy deletes a root context when its plugin configuration goes (after the listener that
-/// used it drained): its VM leaves the pool's shared state.
+/// Envoy deletes a root context when its configuration goes: its VM leaves the shared state.
 impl Drop for PickerRoot {
     fn drop(&mut self) {
         self.with_vm(WorkerVm::retire);

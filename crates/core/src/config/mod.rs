@@ -76,16 +76,36 @@ pub struct NamedPool {
 
 /// What a pool's VMs share (members, metrics, the scraper's lease, flow control's ledgers,
 /// requests in flight, prefix placements) means the same under every document that differs
-/// only in its scheduling profiles (which scorers run, and their weights). Such documents
-/// share it: an update that only re-weighs the scorers keeps what was learned, and while the
-/// old configuration drains the pods are scraped once, not once per configuration.
+/// only in how endpoints are chosen: the scheduling profiles (which plugins run, their
+/// weights) and the plugins that only choose (filters, scorers, pickers, profile handlers and
+/// deciders that produce no data). Such documents share it: an update that re-tunes the
+/// choice keeps what was learned, and while the old configuration drains the pods are scraped
+/// once, not once per configuration. The pool, the data layer, flow control, the saturation
+/// detector and every plugin that produces data (the prefix scorer's placements among them)
+/// stay in the identity.
 fn shared_identity(document: &Value) -> u64 {
     let mut document = document.clone();
     if let Some(map) = document.as_mapping_mut() {
         map.remove("schedulingProfiles");
+        if let Some(plugins) = map.get_mut("plugins").and_then(Value::as_sequence_mut) {
+            plugins.retain(|plugin| !only_chooses(plugin));
+        }
     }
     let text = serde_yaml::to_string(&document).unwrap_or_default();
     crate::hash::hash_bytes(0, text.as_bytes())
+}
+
+/// A `plugins` entry of a registered type that only chooses among endpoints.
+fn only_chooses(plugin: &Value) -> bool {
+    use crate::scheduling::plugins::{spec, Kind};
+    let Some(spec) = plugin.get("type").and_then(Value::as_str).and_then(spec) else {
+        return false;
+    };
+    let choosing = matches!(
+        spec.kind,
+        Kind::Filter | Kind::Scorer | Kind::Picker | Kind::ProfileHandler | Kind::PdDecider
+    );
+    choosing && spec.produces.is_empty()
 }
 
 /// Parses and validates a single-pool YAML or JSON document (a `pools` list is refused: see

@@ -578,7 +578,7 @@ fn identities(text: &str) -> Vec<u64> {
 }
 
 #[test]
-fn re_weighing_the_scorers_keeps_the_shared_identity_and_other_changes_do_not() {
+fn re_tuning_the_choice_keeps_the_shared_identity_and_other_changes_do_not() {
     let weighed = |weight: &str| {
         format!(
             "plugins:\n- type: queue-scorer\n- type: prefix-cache-scorer\nschedulingProfiles:\n- name: default\n  plugins:\n  - pluginRef: queue-scorer\n    weight: {weight}\n  - pluginRef: prefix-cache-scorer\n    weight: 3\n{POOL}"
@@ -591,11 +591,26 @@ fn re_weighing_the_scorers_keeps_the_shared_identity_and_other_changes_do_not() 
         base,
         "comments are not meaning"
     );
+    let added_scorer = weighed("2").replace(
+        "- type: queue-scorer\n",
+        "- type: queue-scorer\n- type: lora-affinity-scorer\n",
+    );
+    assert_eq!(
+        identities(&added_scorer),
+        base,
+        "a scorer that produces no data"
+    );
     let prefix_tuned = weighed("2").replace(
         "- type: prefix-cache-scorer\n",
         "- type: prefix-cache-scorer\n  parameters: {blockSize: 32}\n",
     );
-    assert_ne!(identities(&prefix_tuned), base, "a plugin's parameters");
+    assert_ne!(
+        identities(&prefix_tuned),
+        base,
+        "the parameters of a plugin whose placements are shared"
+    );
+    let interval = format!("{}  refreshMetricsInterval: 20ms\n", weighed("2"));
+    assert_ne!(identities(&interval), base, "how the pool is scraped");
     let other_pool = weighed("2").replace("10.0.0.1:8000", "10.0.0.3:8000");
     assert_ne!(identities(&other_pool), base, "the pool's members");
 }

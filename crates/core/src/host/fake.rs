@@ -472,6 +472,7 @@ impl VmHost for FakeVm {
         self.memory_bytes.get()
     }
 
+    /// Each fake VM its own address space (tests run side by side in one process).
     fn memory_reported(&self) -> &MemoryReported {
         &self.memory_reported
     }

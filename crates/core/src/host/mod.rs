@@ -231,9 +231,13 @@ pub trait VmHost: SharedData + HttpCallouts + Metrics + Clock + Clone {
     fn now_ns(&self) -> Result<u64, HostError>;
     /// This VM's linear memory, in bytes.
     fn memory_bytes(&self) -> u64;
-    /// How much of that memory is already in the shared `vm_memory_bytes` gauge: kept by the
-    /// host, per address space (a wasm VM, the module's process), not per configuration.
-    fn memory_reported(&self) -> &MemoryReported;
+    /// How much of that memory is already in the shared `vm_memory_bytes` gauge: kept per
+    /// address space, not per configuration. A static is exactly that: one per wasm VM
+    /// instance, one per process for the module.
+    fn memory_reported(&self) -> &MemoryReported {
+        static REPORTED: MemoryReported = MemoryReported::new();
+        &REPORTED
+    }
     /// Host calls by kind since the last take, in [`HostCall::ALL`] order.
     fn take_host_calls(&self) -> [u64; HostCall::ALL.len()];
     /// Re-reads the host's log level (an operator may change it at run time).
