@@ -562,9 +562,8 @@ fn scrape_rate(pods: &[&Sim], window: Duration) -> f64 {
 }
 
 /// An update that changes only how the picker weighs its scorers keeps the pool's shared state:
-/// the old configuration (alive while its listener drains, ten minutes by default) and the new
-/// one share it, so the pods are scraped once, not once per configuration, and the requests
-/// the old one holds in flight count for the new one.
+/// the old configuration (alive while its listener drains: 2 s in tests, ten minutes by
+/// default) and the new one share it, so the pods are scraped once, not once per configuration.
 #[test]
 fn a_reweighing_update_shares_the_pool_state_and_scrapes_once() {
     let a = Sim::start("pod-a", &[]);
@@ -573,11 +572,15 @@ fn a_reweighing_update_shares_the_pool_state_and_scrapes_once() {
     a.wait_for_scrapes(3);
     let load = SteadyLoad::start(gateway.envoy.address());
     load.wait_for_more(20, "requests to flow before the update");
-    let window = Duration::from_secs(2);
-    let before = scrape_rate(&[&a, &b], window);
+    let before = scrape_rate(&[&a, &b], Duration::from_secs(2));
     gateway.update(|config| config.replace("weight: 0.15", "weight: 0.1"));
+    // Measured at once, while both configurations are alive (the old one has not retired).
+    let during = scrape_rate(&[&a, &b], Duration::from_secs(1));
+    assert!(
+        !gateway.envoy.log().contains("configuration retired"),
+        "the window must fall within the drain"
+    );
     load.wait_for_more(20, "requests to flow after the update");
-    let during = scrape_rate(&[&a, &b], window);
     let (sent, failed) = load.finish();
     assert_eq!(
         failed, 0,

@@ -120,8 +120,7 @@ pub const MIN_LEASE_MS: u64 = 500;
 const CAS_ATTEMPTS: usize = 8;
 
 impl Coordinator {
-    /// `namespace` separates configurations (a config update starts a fresh one); `vm_id` must
-    /// differ between VMs.
+    /// `keys` name the pool's namespace (see [`SharedKeys`]); `vm_id` must differ between VMs.
     pub fn new(keys: SharedKeys, vm_id: u64, interval_ms: u64) -> Self {
         Coordinator {
             vm_id,
@@ -510,27 +509,30 @@ impl Coordinator {
         Ok(exchanged)
     }
 
-    /// Makes sure this VM is in the shared list of VMs and refreshes the list of the others.
-    /// A racing writer that overwrote our entry is caught by reading back on the next attempt
-    /// (create-if-absent cannot be a CAS: a CAS of `None` overwrites).
     /// This VM leaves the pool's shared state for good (its configuration is gone): it leaves
     /// the registry, so no VM reads its keys again; hands back the lease if it holds it, so a
     /// VM of the configuration that follows scrapes at once; and empties its own keys (its
-    /// placement batches are the largest values a pool shares). Returns the keys emptied.
+    /// placement batches are the largest values a pool shares). Each step is tried whatever
+    /// the others did. Returns the keys emptied, or the first error.
     pub fn retire(&mut self, store: &impl SharedData) -> Result<usize, HostError> {
-        self.unregister(store)?;
-        self.release_lease(store)?;
+        let left = self.unregister(store);
+        let released = self.release_lease(store);
         let mut emptied = 0;
+        let mut first_error = None;
         let own = (0..BATCH_SLOTS)
             .map(|slot| self.keys.prefix(self.vm_id, slot))
-            .chain([self.load_key.clone()]);
+            .chain([self.load_key.clone(), self.keys.flow_summary(self.vm_id)]);
         for key in own {
-            if store.get(&key)?.is_some_and(|(bytes, _)| !bytes.is_empty()) {
-                store.set(&key, &[], None)?;
-                emptied += 1;
+            match empty(store, &key) {
+                Ok(true) => emptied += 1,
+                Ok(false) => {}
+                Err(error) => {
+                    first_error.get_or_insert(error);
+                }
             }
         }
-        Ok(emptied)
+        left.and(released)?;
+        first_error.map_or(Ok(emptied), Err)
     }
 
     fn unregister(&mut self, store: &impl SharedData) -> Result<(), HostError> {
@@ -569,6 +571,9 @@ impl Coordinator {
         Ok(())
     }
 
+    /// Makes sure this VM is in the shared list of VMs and refreshes the list of the others.
+    /// A racing writer that overwrote our entry is caught by reading back on the next attempt
+    /// (create-if-absent cannot be a CAS: a CAS of `None` overwrites).
     fn register(&mut self, store: &impl SharedData) -> Result<(), HostError> {
         for _ in 0..CAS_ATTEMPTS {
             let current = store.get(&self.vms_key)?;
@@ -626,6 +631,15 @@ fn read<T: serde::de::DeserializeOwned>(
     Ok(store
         .get(key)?
         .and_then(|(bytes, _)| serde_json::from_slice(&bytes).ok()))
+}
+
+/// Empties `key` if it holds anything: whether it did.
+fn empty(store: &impl SharedData, key: &str) -> Result<bool, HostError> {
+    if store.get(key)?.is_some_and(|(bytes, _)| !bytes.is_empty()) {
+        store.set(key, &[], None)?;
+        return Ok(true);
+    }
+    Ok(false)
 }
 
 /// Publishes a value, overwriting whatever is there: only its owner writes the key.

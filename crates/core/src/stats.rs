@@ -514,10 +514,7 @@ impl<H: Metrics> Stats<H> {
         let Some(id) = self.vm_memory_bytes else {
             return;
         };
-        let Some((change, first)) = reported.take_change(bytes) else {
-            return;
-        };
-        let _ = self.host.increment(id, change);
+        let first = reported.report(bytes, |change| self.host.increment(id, change).is_ok());
         if first {
             self.bump(self.vms);
         }

@@ -78,9 +78,10 @@ pub struct NamedPool {
 /// requests in flight, prefix placements) means the same under every document that differs
 /// only in how endpoints are chosen: the scheduling profiles (which plugins run, their
 /// weights) and the plugins that only choose (filters, scorers, pickers, profile handlers and
-/// deciders that produce no data). Such documents share it: an update that re-tunes the
-/// choice keeps what was learned, and while the old configuration drains the pods are scraped
-/// once, not once per configuration. The pool, the data layer, flow control, the saturation
+/// deciders that produce no data). Such documents share it: after an update that re-tunes the
+/// choice, the new VMs read the metrics, in-flight counts and recent placements the old ones
+/// share, and while the old configuration drains the pods are scraped once, not once per
+/// configuration. The pool, the data layer, flow control, the saturation
 /// detector and every plugin that produces data (the prefix scorer's placements among them)
 /// stay in the identity.
 fn shared_identity(document: &Value) -> u64 {

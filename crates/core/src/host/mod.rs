@@ -157,14 +157,21 @@ impl MemoryReported {
         MemoryReported(std::sync::atomic::AtomicU64::new(0))
     }
 
-    /// Takes `bytes` as reported: the change not yet in the gauge (a wasm VM's memory only
-    /// grows; the module's heap also shrinks, when a configuration Envoy dropped is freed),
-    /// and whether this is the address space's first report; `None` when nothing changed.
-    pub fn take_change(&self, bytes: u64) -> Option<(i64, bool)> {
-        let previous = self.0.swap(bytes, std::sync::atomic::Ordering::Relaxed);
+    /// Reports `bytes` through `add`, which adds a change to the gauge: the change not yet
+    /// in it (a wasm VM's memory only grows; the module's heap also shrinks, when a
+    /// configuration Envoy dropped is freed). Taken as reported only once `add` succeeds, so
+    /// a failed host call is retried with the next report. Returns whether this was the
+    /// address space's first report.
+    pub fn report(&self, bytes: u64, add: impl FnOnce(i64) -> bool) -> bool {
+        use std::sync::atomic::Ordering::Relaxed;
+        let previous = self.0.load(Relaxed);
         let change = i128::from(bytes) - i128::from(previous);
         let change = i64::try_from(change).unwrap_or(if change > 0 { i64::MAX } else { i64::MIN });
-        (change != 0).then_some((change, previous == 0))
+        if change == 0 || !add(change) {
+            return false;
+        }
+        self.0.store(bytes, Relaxed);
+        previous == 0
     }
 }
 
