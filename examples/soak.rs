@@ -52,14 +52,6 @@ fn envoy_stat(envoy: &Envoy, name: &str) -> u64 {
         .unwrap_or(0)
 }
 
-/// The filter's picks of `address`, summed over the workers.
-fn picks(envoy: &Envoy, address: &str) -> u64 {
-    envoy_stat(
-        envoy,
-        &format!("wasmcustom.inference_picker.endpoint.{address}.picks"),
-    )
-}
-
 const RETRIES: &str = "cluster.inference_pool.upstream_rq_retry";
 
 /// One response: when it arrived, its status (0: none) and the pod that served it.
@@ -194,9 +186,9 @@ fn main() {
             death.describe()
         );
         std::thread::sleep(Duration::from_millis(500));
-        let gone_from = picks(&envoy, &addresses[pod]);
+        let gone_from = envoy.endpoint_picks(&addresses[pod]);
         std::thread::sleep((at + Duration::from_secs(2)).saturating_duration_since(Instant::now()));
-        let picks_while_gone = picks(&envoy, &addresses[pod]).saturating_sub(gone_from);
+        let picks_while_gone = envoy.endpoint_picks(&addresses[pod]).saturating_sub(gone_from);
         if death != Death::Refuse {
             sims[pod] = Sim::start_at(&format!("pod-{}", pod + 1), port, &fast);
         }

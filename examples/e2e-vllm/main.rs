@@ -237,23 +237,22 @@ fn score_of(decision: &str, address: &str, scorer: &str) -> Option<f64> {
 }
 
 /// The filter's stats from Envoy's `/stats?filter=inference_picker`, by name.
-fn filter_stats(envoy: &Envoy) -> BTreeMap<String, String> {
+/// The filter's series in `/stats/prometheus` (`name{label="value"}`: both edges name them
+/// alike there), with their values.
+fn filter_stats(envoy: &Envoy) -> BTreeMap<String, u64> {
     envoy
-        .admin_get("/stats?filter=inference_picker")
+        .admin_get("/stats/prometheus")
         .text()
         .lines()
-        .filter_map(|line| line.split_once(": "))
-        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .filter(|line| line.starts_with("inference_picker_"))
+        .filter_map(|line| line.rsplit_once(' '))
+        .filter_map(|(series, value)| Some((series.to_string(), value.parse::<f64>().ok()? as u64)))
         .collect()
 }
 
-fn stat(stats: &BTreeMap<String, String>, address: &str, what: &str) -> u64 {
-    stats
-        .get(&format!(
-            "wasmcustom.inference_picker.endpoint.{address}.{what}"
-        ))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0)
+fn stat(stats: &BTreeMap<String, u64>, address: &str, what: &str) -> u64 {
+    let series = format!("inference_picker_endpoint_{what}{{endpoint=\"{address}\"}}");
+    stats.get(&series).copied().unwrap_or(0)
 }
 
 fn run(setup: &Setup, report: &mut Report) -> Result<(), String> {
@@ -1095,9 +1094,9 @@ fn check_stats(rig: &mut Rig, report: &mut Report) {
     let stats = filter_stats(&rig.envoy);
     let result = (|| {
         let routed: u64 = stats
-            .get("wasmcustom.inference_picker.decisions.routed")
-            .and_then(|v| v.parse().ok())
-            .ok_or("no decisions.routed stat")?;
+            .get("inference_picker_decisions{outcome=\"routed\"}")
+            .copied()
+            .ok_or("no decisions routed series")?;
         // What Envoy's access log says the filter decided, per endpoint.
         let mut logged: BTreeMap<String, u64> = BTreeMap::new();
         for line in rig.envoy.access_log(0) {
@@ -1144,5 +1143,5 @@ fn check_stats(rig: &mut Rig, report: &mut Report) {
         }
         Ok(detail)
     })();
-    report.check("stats (/stats?filter=inference_picker)", result);
+    report.check("stats (/stats/prometheus)", result);
 }
