@@ -188,7 +188,9 @@ fn main() {
         std::thread::sleep(Duration::from_millis(500));
         let gone_from = envoy.endpoint_picks(&addresses[pod]);
         std::thread::sleep((at + Duration::from_secs(2)).saturating_duration_since(Instant::now()));
-        let picks_while_gone = envoy.endpoint_picks(&addresses[pod]).saturating_sub(gone_from);
+        let picks_while_gone = envoy
+            .endpoint_picks(&addresses[pod])
+            .saturating_sub(gone_from);
         if death != Death::Refuse {
             sims[pod] = Sim::start_at(&format!("pod-{}", pod + 1), port, &fast);
         }

@@ -7,6 +7,26 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use support::{example_envoy, shipped_picker_config, with_endpoints, Envoy, Sim, MODEL};
 
+/// Envoy configures its workers' VMs at once, and two can read the same time: each VM's id
+/// still differs (two with one id count each other's requests in flight as their own and never
+/// see them, so flow control and the scorers read half the load).
+#[test]
+fn every_vm_of_an_envoy_has_its_own_id() {
+    let a = Sim::start("pod-a", &[]);
+    let envoy = Envoy::start(&with_endpoints(&shipped_picker_config(), &[&a]), 4);
+    a.wait_for_scrapes(3);
+    let log = envoy.log();
+    let ids: Vec<&str> = log
+        .lines()
+        .filter_map(|line| line.split_once(", VM id ").map(|(_, id)| id.trim()))
+        .collect();
+    assert!(!ids.is_empty(), "{log}");
+    let mut distinct = ids.clone();
+    distinct.sort_unstable();
+    distinct.dedup();
+    assert_eq!(distinct.len(), ids.len(), "{ids:?}");
+}
+
 #[test]
 fn each_pod_is_scraped_about_once_per_interval_with_four_workers() {
     let a = Sim::start("pod-a", &[]);

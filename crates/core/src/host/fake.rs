@@ -472,6 +472,11 @@ impl VmHost for FakeVm {
         self.memory_bytes.get()
     }
 
+    /// Tests pick the same way on every run: each fake VM's id comes from its clock and root id.
+    fn entropy(&self) -> u64 {
+        0
+    }
+
     /// Each fake VM its own address space (tests run side by side in one process).
     fn memory_reported(&self) -> &MemoryReported {
         &self.memory_reported

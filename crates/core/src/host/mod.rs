@@ -236,6 +236,15 @@ pub trait VmHost: SharedData + HttpCallouts + Metrics + Clock + Clone {
     fn set_tick_period_ms(&self, period_ms: u32) -> Result<(), HostError>;
     /// A nanosecond clock, to time decisions and the configuration.
     fn now_ns(&self) -> Result<u64, HostError>;
+    /// A random number, for this VM's id with the clock and the root id: Envoy configures
+    /// the workers' VMs at once, and two of them can read the same time (two workers with
+    /// one id each count the other's requests in flight as their own, and never see them).
+    fn entropy(&self) -> u64 {
+        use std::hash::{BuildHasher, Hasher};
+        std::collections::hash_map::RandomState::new()
+            .build_hasher()
+            .finish()
+    }
     /// This VM's linear memory, in bytes.
     fn memory_bytes(&self) -> u64;
     /// How much of that memory is already in the shared `vm_memory_bytes` gauge: kept per

@@ -44,8 +44,9 @@ impl<H: VmHost> WorkerVm<H> {
     /// what to fix (and a VM this one was to replace stays).
     pub fn configure(host: H, root_id: u32, text: &[u8]) -> Result<Self, String> {
         let started_ns = host.now_ns().unwrap_or(0);
-        // Each VM needs its own tie-breaking sequence, or all workers pick alike.
-        let seed = hash_bytes(started_ns, &root_id.to_le_bytes());
+        // Each VM needs its own tie-breaking sequence and its own id in the shared state, or
+        // all workers pick alike and count as one.
+        let seed = hash_bytes(started_ns ^ host.entropy(), &root_id.to_le_bytes());
         let configured = configure::configure(text, seed)?;
         host.set_tick_period_ms(configured.tick_ms)
             .map_err(|error| format!("cannot start the metrics tick: {error}"))?;
