@@ -497,14 +497,20 @@ impl SteadyLoad {
     }
 }
 
-#[test]
-fn a_config_update_keeps_serving_throughout() {
+/// Two pods behind an LDS-served gateway (two workers), requests flowing.
+fn two_pods_under_load() -> (Sim, Sim, LdsGateway, SteadyLoad) {
     let a = Sim::start("pod-a", &[]);
     let b = Sim::start("pod-b", &[]);
-    let mut gateway = LdsGateway::start(&[&a, &b], 2);
+    let gateway = LdsGateway::start(&[&a, &b], 2);
     a.wait_for_scrapes(3);
     let load = SteadyLoad::start(gateway.envoy.address());
     load.wait_for_more(20, "requests to flow before the update");
+    (a, b, gateway, load)
+}
+
+#[test]
+fn a_config_update_keeps_serving_throughout() {
+    let (a, b, mut gateway, load) = two_pods_under_load();
     let window = Duration::from_secs(2);
     let before = scrape_rate(&[&a, &b], window);
     let memory = |envoy: &Envoy| envoy.stat("wasmcustom.inference_picker.vm_memory_bytes");
@@ -566,12 +572,7 @@ fn scrape_rate(pods: &[&Sim], window: Duration) -> f64 {
 /// default) and the new one share it, so the pods are scraped once, not once per configuration.
 #[test]
 fn a_reweighing_update_shares_the_pool_state_and_scrapes_once() {
-    let a = Sim::start("pod-a", &[]);
-    let b = Sim::start("pod-b", &[]);
-    let mut gateway = LdsGateway::start(&[&a, &b], 2);
-    a.wait_for_scrapes(3);
-    let load = SteadyLoad::start(gateway.envoy.address());
-    load.wait_for_more(20, "requests to flow before the update");
+    let (a, b, mut gateway, load) = two_pods_under_load();
     let before = scrape_rate(&[&a, &b], Duration::from_secs(2));
     gateway.update(|config| config.replace("weight: 0.15", "weight: 0.1"));
     // Measured at once, while both configurations are alive (the old one has not retired).
