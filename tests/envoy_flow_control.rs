@@ -210,6 +210,47 @@ fn held_requests_leave_by_priority_then_take_turns_between_tenants() {
     );
 }
 
+/// With several bands and no usage limit configured, band 0 leaves free the slots the
+/// interactive band needs at the rate it is arriving: an interactive request then starts at
+/// once while band 0's wait.
+#[test]
+fn by_default_a_lower_band_keeps_slots_free_for_a_higher_band_that_is_sending() {
+    let sim = pod("pod-a", 8);
+    let envoy = start(&flow_config(&[&sim], 8, ""), &[&sim], 1);
+    let interactive = [("x-gateway-inference-objective", "interactive")];
+    for n in 0..6 {
+        let response = post(&envoy, &format!("interactive {n}"), 1, &interactive);
+        assert_eq!(response.status, 200, "{}", response.text());
+    }
+    let running = || sim.stats()["running"].as_u64().unwrap_or(0);
+    std::thread::scope(|scope| {
+        let envoy = &envoy;
+        let standard: Vec<_> = (0..8)
+            .map(|n| scope.spawn(move || post(envoy, &format!("standard {n}"), 150, &[])))
+            .collect();
+        // Half the arrivals were interactive: two of the 8 slots stay free (the cap, a
+        // quarter of the pool), so 6 standard requests run and 2 wait in Envoy.
+        eventually("6 running and 2 held", Duration::from_secs(5), || {
+            running() == 6 && flow_stat(envoy, "band.0.queue_size") == 2.0
+        });
+        std::thread::sleep(Duration::from_millis(200));
+        assert_eq!(running(), 6, "the kept slots stay free");
+        let started = Instant::now();
+        let response = post(envoy, "interactive late", 1, &interactive);
+        assert_eq!(response.status, 200, "{}", response.text());
+        assert!(
+            started.elapsed() < Duration::from_secs(1),
+            "the interactive request took a kept slot at once ({:?}), not one freed by the \
+             1.5 s standard requests",
+            started.elapsed()
+        );
+        for request in standard {
+            let response = request.join().expect("request thread");
+            assert_eq!(response.status, 200, "{}", response.text());
+        }
+    });
+}
+
 /// Waits until the pod runs a request.
 fn wait_until_in_flight(sim: &Sim) {
     eventually("the blocker to start", Duration::from_secs(10), || {

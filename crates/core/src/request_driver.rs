@@ -3,6 +3,7 @@
 
 use crate::director::{Prepared, Routed};
 use crate::error_response::RequestError;
+use crate::flow_control::queue::Queue;
 use crate::flow_control::{Arrival, DEFAULT_FAIRNESS_ID};
 use crate::request::{ApiKind, RequestHeaders};
 use crate::router::{Decided, PoolRouter, PoolSlot};
@@ -329,12 +330,13 @@ impl RequestDriver {
                 self.request_id
             ),
             Outcome::Held => log::debug!(
-                "inference-picker: held request_id={} waiting_here={} pool_saturation={:.2} (flow control: the pool is saturated or others wait first)",
+                "inference-picker: held request_id={} waiting_here={} pool_saturation={:.2} kept_for_higher_bands={} (flow control: the pool is saturated, others wait first, or the free slots are kept for higher bands)",
                 self.request_id,
                 slot.queue.as_ref().map_or(0, |queue| queue.control().local_len()),
                 slot.director
                     .pool_saturation(&slot.data, host.now_ms())
                     .unwrap_or(f64::NAN),
+                slot.queue.as_ref().map_or(0, Queue::last_kept),
             ),
         }
     }

@@ -2,9 +2,11 @@
 //! and per-band limits, TTLs, band templates and policy references.
 
 use crate::duration::serde_go;
+use crate::flow_control::reserve::ReserveConfig;
 use crate::scheduling::flow_policy::{Fairness, FlowPolicy, Ordering, UsageLimit};
 use crate::scheduling::plugins::flow_control::{
-    fcfs_ordering_policy, global_strict_fairness_policy, static_usage_limit_policy,
+    fcfs_ordering_policy, global_strict_fairness_policy, priority_reserve_policy,
+    static_usage_limit_policy,
 };
 use serde::Deserialize;
 use serde_yaml::Value;
@@ -76,6 +78,8 @@ pub struct FlowControlConfig {
     pub no_endpoint_ttl: Option<Duration>,
     /// Every band, highest priority first; band 0 always exists.
     pub bands: Vec<BandConfig>,
+    /// With `priority-reserve-policy`: the room each band keeps for the bands above it.
+    pub reserve: Option<ReserveConfig>,
 }
 
 impl FlowControlConfig {
@@ -113,9 +117,9 @@ pub fn build(
         ));
     }
     let usage_limit = match &raw.usage_limit_policy_plugin_ref {
-        None => UsageLimit::Static { threshold: 1.0 },
+        None => None,
         Some(name) => match lookup(name) {
-            Some(FlowPolicy::UsageLimit(limit)) => limit,
+            Some(FlowPolicy::UsageLimit(limit)) => Some(limit),
             _ => {
                 return Err(not_a(
                     "flowControl.usageLimitPolicyPluginRef",
@@ -163,6 +167,16 @@ pub fn build(
     }
     bands.sort_by_key(|band| std::cmp::Reverse(band.priority));
     let priorities: Vec<i32> = bands.iter().map(|b| b.priority).collect();
+    // Without a usage limit configured, several bands keep room for the higher ones.
+    let usage_limit = usage_limit.unwrap_or(if bands.len() > 1 {
+        priority_reserve_policy::default_limit()
+    } else {
+        UsageLimit::Static { threshold: 1.0 }
+    });
+    let reserve = match usage_limit {
+        UsageLimit::Reserve(reserve) => Some(reserve),
+        _ => None,
+    };
     for (band, ceiling) in bands.iter_mut().zip(usage_limit.ceilings(&priorities)) {
         band.ceiling = ceiling;
     }
@@ -173,6 +187,7 @@ pub fn build(
         request_ttl,
         no_endpoint_ttl: raw.no_endpoint_request_ttl.map_or(request_ttl, ttl),
         bands,
+        reserve,
     })
 }
 
@@ -276,7 +291,7 @@ pub fn parse_quantity(text: &str) -> Result<u64, String> {
         .ok_or_else(|| format!("{text:?} is too large"))
 }
 
-/// llm-d's default policies, available without a `plugins` entry.
+/// llm-d's default policies, and ours, available without a `plugins` entry.
 pub fn default_policy(name: &str) -> Option<FlowPolicy> {
     match name {
         global_strict_fairness_policy::TYPE => Some(FlowPolicy::Fairness(Fairness::GlobalStrict)),
@@ -284,6 +299,9 @@ pub fn default_policy(name: &str) -> Option<FlowPolicy> {
         static_usage_limit_policy::TYPE => Some(FlowPolicy::UsageLimit(UsageLimit::Static {
             threshold: 1.0,
         })),
+        priority_reserve_policy::TYPE => Some(FlowPolicy::UsageLimit(
+            priority_reserve_policy::default_limit(),
+        )),
         _ => None,
     }
 }

@@ -757,6 +757,57 @@ fn holdback_keeps_the_last_capacity_for_the_higher_band() {
     );
 }
 
+/// The default usage limit with several bands keeps free the slots the higher band needs at
+/// the rate it arrives, and runs every slot while only the lower band sends.
+#[test]
+fn the_default_reserve_keeps_slots_for_a_higher_band_only_while_it_arrives() {
+    let store = crate::host::fake::FakeShared::default();
+    let config = FLOW.replace("maxConcurrency: 1", "maxConcurrency: 16");
+    let fresh = || {
+        let mut director = Rooms::new(load(&config, 7).unwrap());
+        scrape(&mut director, 0, 0, 0.0);
+        director.on_tick(1000);
+        director
+    };
+    let admit = |director: &mut Rooms, id: u32, priority: i32, now: u64| {
+        let prepared = director
+            .prepare(ApiKind::Completions, Some(BODY), RequestHeaders::default())
+            .unwrap();
+        let arrival = Arrival {
+            priority,
+            ..flow_arrival(id)
+        };
+        match director.admit(prepared, arrival, now, &store) {
+            Admission::Now(prepared) => Some(director.route_prepared(*prepared).unwrap()),
+            _ => None,
+        }
+    };
+    let taken_by_band_0 = |director: &mut Rooms, now: u64| {
+        (100..)
+            .take(17)
+            .take_while(|&id| admit(director, id, 0, now).is_some())
+            .count()
+    };
+    // Only band 0 has sent: every slot is its.
+    let mut quiet = fresh();
+    assert_eq!(taken_by_band_0(&mut quiet, 1000), 16);
+    // One request in three is band 5 (each served at once): band 0 keeps two slots free
+    // (one would be taken a quarter of the time, two 8 %).
+    let mut mixed = fresh();
+    let mut now = 1000;
+    for id in 1..=60 {
+        now += 10;
+        let priority = if id % 3 == 0 { 5 } else { 0 };
+        let routed = admit(&mut mixed, id, priority, now).unwrap();
+        mixed.release(&routed);
+    }
+    assert_eq!(taken_by_band_0(&mut mixed, now), 14);
+    assert_eq!(mixed.queue().last_kept(), 2, "the held line says why");
+    assert!(admit(&mut mixed, 200, 5, now).is_some());
+    assert!(admit(&mut mixed, 201, 5, now).is_some());
+    assert!(admit(&mut mixed, 202, 5, now).is_none(), "the pool is full");
+}
+
 /// `body` with a pool of two endpoints.
 fn load_with_pool(body: &str) -> Result<FilterConfig, crate::config::ConfigError> {
     let pool = "pool:\n  endpoints:\n  - address: 10.0.0.1:8000\n  - address: 10.0.0.2:8000\n";

@@ -14,6 +14,7 @@
 
 pub mod ledger;
 pub mod queue;
+pub mod reserve;
 
 pub use crate::config::flow_control::{BandConfig, FlowControlConfig};
 
@@ -25,6 +26,7 @@ use crate::scheduling::plugins::flow_control::{
     global_strict_fairness_policy, round_robin_fairness_policy,
 };
 use crate::shared_keys::SharedKeys;
+use reserve::Demand;
 use serde::{Deserialize, Serialize};
 
 /// The flow of requests that name no fairness id (llm-d's name for it).
@@ -122,6 +124,8 @@ pub struct FlowControl {
     /// when that changes, as llm-d's do).
     has_endpoints: bool,
     endpoints_changed_ms: u64,
+    /// Arrivals per band and dispatches, for `priority-reserve-policy`.
+    demand: Demand,
 }
 
 /// Local counts per band, for the gauges: `(band, requests, bytes)`.
@@ -141,6 +145,7 @@ impl FlowControl {
             others: Vec::new(),
             has_endpoints: true,
             endpoints_changed_ms: 0,
+            demand: Demand::default(),
         }
     }
 
@@ -198,6 +203,29 @@ impl FlowControl {
 
     pub fn config(&self) -> &FlowControlConfig {
         &self.config
+    }
+
+    /// A request of `priority` arrived (every one, held or not).
+    pub fn arrived(&mut self, priority: i32, now_ms: u64) {
+        if let Some(reserve) = self.config.reserve {
+            let band = self.config.band(priority).map_or(0, |b| b.priority);
+            self.demand.arrived(band, reserve.window_ms, now_ms);
+        }
+    }
+
+    /// A request went to an endpoint (straight away or out of the queue).
+    pub fn dispatched(&mut self, now_ms: u64) {
+        if let Some(reserve) = self.config.reserve {
+            self.demand.dispatched(reserve.window_ms, now_ms);
+        }
+    }
+
+    /// The slots `band` leaves free for higher bands, of a pool of `slots`.
+    pub fn kept_for_higher(&mut self, band: i32, slots: f64, now_ms: u64) -> u32 {
+        match self.config.reserve {
+            Some(reserve) => self.demand.kept_for_higher(&reserve, band, slots, now_ms),
+            None => 0,
+        }
     }
 
     /// Whether any band orders by the TTFT objective header (so it is worth reading).

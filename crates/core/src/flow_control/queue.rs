@@ -49,6 +49,8 @@ pub struct Queue {
     dispatched: HashMap<u32, Routed>,
     /// Refusals of held requests waiting for a root callback to send them.
     deferred: Vec<Release>,
+    /// The slots the last gate check kept for higher bands (for the log).
+    last_kept: u32,
 }
 
 impl Queue {
@@ -58,7 +60,13 @@ impl Queue {
             held: HashMap::new(),
             dispatched: HashMap::new(),
             deferred: Vec::new(),
+            last_kept: 0,
         }
+    }
+
+    /// The slots the last gate check kept free for higher bands (`priority-reserve-policy`).
+    pub fn last_kept(&self) -> u32 {
+        self.last_kept
     }
 
     pub fn control(&self) -> &FlowControl {
@@ -83,13 +91,53 @@ impl Queue {
     }
 
     /// Flow control's gate for a band: the pool's saturation is below the band's ceiling (the
-    /// usage limit). Also tells the queue whether the pool has an endpoint at all (which TTL
+    /// usage limit), and with `priority-reserve-policy` the band leaves the slots it keeps for
+    /// higher bands. Also tells the queue whether the pool has an endpoint at all (which TTL
     /// applies).
     fn has_room(&mut self, director: &Director, data: &DataLayer, band: i32, now_ms: u64) -> bool {
         let saturation = director.pool_saturation(data, now_ms);
         self.control.set_has_endpoints(saturation.is_some(), now_ms);
+        let Some(saturation) = saturation else {
+            return false;
+        };
         let ceiling = self.control.config().band(band).map_or(1.0, |b| b.ceiling);
-        saturation.is_some_and(|s| s < ceiling)
+        saturation < ceiling.min(self.reserve_ceiling(data, band, saturation, now_ms))
+    }
+
+    /// The saturation below which `band` leaves the slots it keeps for higher bands free: one
+    /// request's share of the saturation is measured as the saturation over the requests in
+    /// flight (whatever the detector counts), so `kept` slots are `kept` such shares, and the
+    /// band may dispatch while fewer than the pool's slots minus `kept` are taken.
+    fn reserve_ceiling(
+        &mut self,
+        data: &DataLayer,
+        band: i32,
+        saturation: f64,
+        now_ms: u64,
+    ) -> f64 {
+        self.last_kept = 0;
+        if self.control.config().reserve.is_none() || saturation <= 0.0 {
+            return 1.0;
+        }
+        let in_flight: u32 = data
+            .pool()
+            .endpoints
+            .iter()
+            .filter(|endpoint| endpoint.routable(now_ms))
+            .map(|endpoint| endpoint.total_in_flight())
+            .sum();
+        if in_flight == 0 {
+            return 1.0;
+        }
+        let per_request = saturation / f64::from(in_flight);
+        let kept = self
+            .control
+            .kept_for_higher(band, 1.0 / per_request, now_ms);
+        self.last_kept = kept;
+        if kept == 0 {
+            return 1.0;
+        }
+        1.0 - (f64::from(kept) + 0.5) * per_request
     }
 
     /// Flow control's say on a parsed request: pick now (room in its band and nothing waiting
@@ -103,13 +151,16 @@ impl Queue {
         store: &dyn SharedData,
     ) -> Admission {
         let priority = arrival.priority;
+        self.control.arrived(priority, now_ms);
         let room = self.has_room(director, data, priority, now_ms);
         if room && self.control.clear_for(priority, now_ms) {
+            self.control.dispatched(now_ms);
             return Admission::Now(Box::new(prepared));
         }
         // Engaged: what the other VMs hold decides whether this one may pass them.
         self.refresh(store);
         if room && self.control.clear_for(priority, now_ms) {
+            self.control.dispatched(now_ms);
             return Admission::Now(Box::new(prepared));
         }
         let (id, request_id) = (arrival.id, arrival.request_id.clone());
@@ -172,6 +223,7 @@ impl Queue {
                 continue;
             };
             let body_size = prepared.body_size;
+            self.control.dispatched(now_ms);
             out.push(match director.route_prepared(data, prepared) {
                 Ok(routed) => Release::Routed {
                     id: left.id,

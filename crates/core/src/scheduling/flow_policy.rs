@@ -1,6 +1,8 @@
 //! Flow control's policies as plain data: what `flowControl` configures per band. The
 //! plugins that configure them, and their behaviour, are in `plugins::flow_control`.
 
+use crate::flow_control::reserve::ReserveConfig;
+
 /// A configured flow-control policy.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum FlowPolicy {
@@ -18,6 +20,9 @@ pub enum UsageLimit {
     /// `min` (the lowest), by the bands' rank or (`by_value`) their priority values, so
     /// lower bands leave room that only higher ones may take.
     Holdback { min: f64, max: f64, by_value: bool },
+    /// `priority-reserve-policy`: no fixed ceiling; each band leaves free the slots the
+    /// bands above it need at the rate they arrive (`crate::flow_control::reserve`).
+    Reserve(ReserveConfig),
 }
 
 impl UsageLimit {
@@ -25,6 +30,7 @@ impl UsageLimit {
     pub fn ceilings(self, priorities: &[i32]) -> Vec<f64> {
         let (min, max, by_value) = match self {
             UsageLimit::Static { threshold } => return vec![threshold; priorities.len()],
+            UsageLimit::Reserve(_) => return vec![1.0; priorities.len()],
             UsageLimit::Holdback { min, max, by_value } => (min, max, by_value),
         };
         let (Some(&top), Some(&bottom)) = (priorities.first(), priorities.last()) else {

@@ -73,6 +73,7 @@ const REGISTRY: &[&PluginSpec] = &[
     &flow_control::slo_deadline_ordering_policy::SPEC,
     &flow_control::static_usage_limit_policy::SPEC,
     &flow_control::priority_holdback_policy::SPEC,
+    &flow_control::priority_reserve_policy::SPEC,
     &data_producer::approx_prefix_cache_producer::SPEC,
     &data_producer::inflight_load_producer::SPEC,
     &data_producer::predicted_latency_producer::SPEC,

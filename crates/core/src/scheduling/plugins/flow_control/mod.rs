@@ -6,6 +6,7 @@ pub mod edf_ordering_policy;
 pub mod fcfs_ordering_policy;
 pub mod global_strict_fairness_policy;
 pub mod priority_holdback_policy;
+pub mod priority_reserve_policy;
 pub mod round_robin_fairness_policy;
 pub mod slo_deadline_ordering_policy;
 pub mod static_usage_limit_policy;
