@@ -2,8 +2,7 @@
 //! and per-band limits, TTLs, band templates and policy references.
 
 use crate::duration::serde_go;
-use crate::flow_control::reserve::ReserveConfig;
-use crate::scheduling::flow_policy::{Fairness, FlowPolicy, Ordering, UsageLimit};
+use crate::scheduling::flow_policy::{Fairness, FlowPolicy, Ordering, ReserveConfig, UsageLimit};
 use crate::scheduling::plugins::flow_control::{
     fcfs_ordering_policy, global_strict_fairness_policy, priority_reserve_policy,
     static_usage_limit_policy,

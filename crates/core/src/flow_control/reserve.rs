@@ -11,16 +11,7 @@
 //! `r` is the smallest that brings this to `waitShare` or below, at most `maxShare` of the
 //! pool, and none while no higher-band request came within the window.
 
-/// The policy's settings.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct ReserveConfig {
-    /// The share of higher-band arrivals that may find every slot taken.
-    pub wait_share: f64,
-    /// At most this share of the pool's slots is kept.
-    pub max_share: f64,
-    /// Arrivals and dispatches older than about this weigh little.
-    pub window_ms: u64,
-}
+pub use crate::scheduling::flow_policy::ReserveConfig;
 
 /// Decayed counts of this VM's arrivals per band and of its dispatches (a VM sees its share
 /// of the Envoy's traffic: the ratios hold Envoy-wide).

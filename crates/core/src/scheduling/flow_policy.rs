@@ -1,8 +1,6 @@
 //! Flow control's policies as plain data: what `flowControl` configures per band. The
 //! plugins that configure them, and their behaviour, are in `plugins::flow_control`.
 
-use crate::flow_control::reserve::ReserveConfig;
-
 /// A configured flow-control policy.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum FlowPolicy {
@@ -52,6 +50,17 @@ impl UsageLimit {
             })
             .collect()
     }
+}
+
+/// `priority-reserve-policy`'s settings (applied by `crate::flow_control::reserve`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ReserveConfig {
+    /// The share of higher-band arrivals that may find every slot taken.
+    pub wait_share: f64,
+    /// At most this share of the pool's slots is kept.
+    pub max_share: f64,
+    /// Arrivals and dispatches older than about this weigh little.
+    pub window_ms: u64,
 }
 
 /// Which flow of a band goes next.

@@ -8,8 +8,7 @@
 //! `window` (2s: how far back arrivals count).
 
 use crate::duration::serde_go;
-use crate::flow_control::reserve::ReserveConfig;
-use crate::scheduling::flow_policy::{FlowPolicy, UsageLimit};
+use crate::scheduling::flow_policy::{FlowPolicy, ReserveConfig, UsageLimit};
 use crate::scheduling::plugins::spec::{effective, Kind, PluginSpec};
 use crate::scheduling::Plugin;
 use serde_yaml::Value;
