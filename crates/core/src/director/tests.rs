@@ -702,6 +702,27 @@ fn flow_control_holds_while_saturated_and_releases_as_requests_end() {
     );
 }
 
+/// A request of `priority` through flow control: routed if it may go now, `None` if held.
+fn admit_flow(
+    director: &mut Rooms,
+    store: &dyn SharedData,
+    id: u32,
+    priority: i32,
+    now: u64,
+) -> Option<Routed> {
+    let prepared = director
+        .prepare(ApiKind::Completions, Some(BODY), RequestHeaders::default())
+        .unwrap();
+    let arrival = Arrival {
+        priority,
+        ..flow_arrival(id)
+    };
+    match director.admit(prepared, arrival, now, store) {
+        Admission::Now(prepared) => Some(director.route_prepared(*prepared).unwrap()),
+        _ => None,
+    }
+}
+
 #[test]
 fn holdback_keeps_the_last_capacity_for_the_higher_band() {
     let store = crate::host::fake::FakeShared::default();
@@ -728,17 +749,7 @@ fn holdback_keeps_the_last_capacity_for_the_higher_band() {
         .collect();
     assert_eq!(ceilings, vec![(5, 1.0), (0, 0.75), (-1, 0.5)]);
     let admit = |director: &mut Rooms, id: u32, priority: i32| {
-        let prepared = director
-            .prepare(ApiKind::Completions, Some(BODY), RequestHeaders::default())
-            .unwrap();
-        let arrival = Arrival {
-            priority,
-            ..flow_arrival(id)
-        };
-        match director.admit(prepared, arrival, 1000, &store) {
-            Admission::Now(prepared) => Some(director.route_prepared(*prepared).unwrap()),
-            _ => None,
-        }
+        admit_flow(director, &store, id, priority, 1000)
     };
     // Band 0 stops at 3 of 4 slots (0.75); band 5 may take the fourth.
     for id in 1..=3 {
@@ -770,17 +781,7 @@ fn the_default_reserve_keeps_slots_for_a_higher_band_only_while_it_arrives() {
         director
     };
     let admit = |director: &mut Rooms, id: u32, priority: i32, now: u64| {
-        let prepared = director
-            .prepare(ApiKind::Completions, Some(BODY), RequestHeaders::default())
-            .unwrap();
-        let arrival = Arrival {
-            priority,
-            ..flow_arrival(id)
-        };
-        match director.admit(prepared, arrival, now, &store) {
-            Admission::Now(prepared) => Some(director.route_prepared(*prepared).unwrap()),
-            _ => None,
-        }
+        admit_flow(director, &store, id, priority, now)
     };
     let taken_by_band_0 = |director: &mut Rooms, now: u64| {
         (100..)
