@@ -12,9 +12,10 @@ use crate::support::{
 };
 use crate::workloads::padded_completion;
 use inference_picker_core::host::HostCall;
+use inference_picker_core::stats::GAUGE_PERIOD_MS;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 const INTRO: &str = "## 8. One request's cost, step by step\n\n\
      Envoy's CPU per request and the latency a request sees, as the picker's work is added one \
@@ -512,27 +513,37 @@ fn streamed(quick: bool) -> Vec<StreamRow> {
 /// Host calls per request by kind, through the picker (the filter's own `host_calls`
 /// counters over `count` requests, less what its ticks make meanwhile).
 fn host_calls_per_request(envoy: &Envoy, count: usize) -> (String, f64) {
-    let counts = || -> Vec<f64> {
-        // The counters reach the stats on the filter's ticks.
-        std::thread::sleep(Duration::from_millis(300));
+    let read = || -> Vec<f64> {
         HostCall::ALL
             .iter()
             .map(|call| filter_stat(envoy, &format!("host_calls.{}", call.name())))
             .map(|v| if v.is_nan() { 0.0 } else { v })
             .collect()
     };
-    let idle_before = counts();
-    let idle_after = counts();
+    // The filter reports its counters once per gauge period: each reading is taken right
+    // after a report (the counters moved), so a window spans whole periods.
+    let after_report = |last: &[f64]| -> (Vec<f64>, Instant) {
+        let deadline = Instant::now() + Duration::from_millis(3 * GAUGE_PERIOD_MS);
+        loop {
+            let now = read();
+            if now.as_slice() != last || Instant::now() >= deadline {
+                return (now, Instant::now());
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    };
+    let (idle_before, idle_from) = after_report(&read());
+    let (idle_after, idle_to) = after_report(&idle_before);
     let body = padded_completion(1024);
-    let started = std::time::Instant::now();
     let _ = closed_loop(&envoy.address(), 1, count, &body);
-    let busy = started.elapsed().as_secs_f64();
-    let after = counts();
+    let (after, reported) = after_report(&read());
+    let idle_seconds = (idle_to - idle_from).as_secs_f64().max(1e-3);
     let idle_rate: Vec<f64> = idle_after
         .iter()
         .zip(&idle_before)
-        .map(|(a, b)| (a - b) / 0.3)
+        .map(|(a, b)| (a - b) / idle_seconds)
         .collect();
+    let busy = (reported - idle_to).as_secs_f64();
     let idle: Vec<String> = HostCall::ALL
         .iter()
         .zip(&idle_rate)
@@ -547,7 +558,7 @@ fn host_calls_per_request(envoy: &Envoy, count: usize) -> (String, f64) {
         .zip(&after)
         .zip(idle_after.iter().zip(&idle_rate))
     {
-        let per_request = ((after - before - idle * (busy + 0.3)) / count as f64).max(0.0);
+        let per_request = ((after - before - idle * busy) / count as f64).max(0.0);
         if per_request >= 0.05 {
             total += per_request;
             rows.push_str(&format!("| `{}` | {per_request:.1} |\n", call.name()));

@@ -12,8 +12,9 @@ use crate::shared_state::Role;
 use crate::tick_driver::TickOutcome;
 use std::cell::{Cell, RefCell};
 
-/// How often the scraper sets the per-endpoint gauges (at most; each tick if longer).
-const GAUGE_PERIOD_MS: u64 = 1000;
+/// How often the scraper sets the per-endpoint gauges, and each VM reports its memory and
+/// host-call counts (at most; each tick if longer): every report is a host call of its own.
+pub const GAUGE_PERIOD_MS: u64 = 1000;
 
 /// Endpoints whose stats are defined per call of [`Stats::cover`].
 pub const COVER_BATCH: usize = 1024;

@@ -11,7 +11,7 @@ use crate::host::{CalloutAnswer, HttpHost, VmHost};
 use crate::request::ApiKind;
 use crate::request_driver::{Next, Outcome, RequestDriver};
 use crate::router::PoolRouter;
-use crate::stats::{QueueExit, Stats};
+use crate::stats::{QueueExit, Stats, GAUGE_PERIOD_MS};
 use crate::vm::releases::{release_held, ticks_fast, Callback, FLOW_TICK_MS};
 use configure::PoolTicks;
 
@@ -37,6 +37,9 @@ pub struct WorkerVm<H: VmHost> {
     tick_ms: u32,
     /// Ticking every [`FLOW_TICK_MS`] because requests wait somewhere in this Envoy.
     fast_ticking: bool,
+    /// When this VM last reported its memory and host calls and read Envoy's log level
+    /// (`None`: not yet).
+    vm_reported_ms: Option<u64>,
 }
 
 impl<H: VmHost> WorkerVm<H> {
@@ -82,6 +85,7 @@ impl<H: VmHost> WorkerVm<H> {
             pools,
             tick_ms: configured.tick_ms,
             fast_ticking: false,
+            vm_reported_ms: None,
         })
     }
 
@@ -145,14 +149,10 @@ impl<H: VmHost> WorkerVm<H> {
     /// flow control's exchange and releases in pools where requests wait.
     pub fn on_tick(&mut self) {
         let now_ms = self.host.now_ms().unwrap_or(0);
-        if let Some(stats) = self.stats.first() {
-            stats.vm_memory(self.host.memory_bytes(), self.host.memory_reported());
-            stats.host_calls(&self.host.take_host_calls());
-        }
+        self.report_vm(now_ms);
         // A tick that arrives a little early must not skip a whole interval.
         let slack = u64::from(self.period_ms() / 2);
         let mut models_changed = false;
-        let mut log_level_synced = false;
         for (index, pool) in self.pools.iter_mut().enumerate() {
             let Some(slot) = self.router.slot_mut(index) else {
                 continue;
@@ -166,10 +166,6 @@ impl<H: VmHost> WorkerVm<H> {
             // catch up on their full tick.
             let waiting = slot.flow_waiting(now_ms);
             if full {
-                if !log_level_synced {
-                    self.host.sync_log_level();
-                    log_level_synced = true;
-                }
                 let outcome = pool.ticks.driver.on_tick(&self.host, slot);
                 if let Some(stats) = stats {
                     stats.after_tick(slot, &outcome);
@@ -189,6 +185,24 @@ impl<H: VmHost> WorkerVm<H> {
             self.router.refresh_learned_models();
         }
         self.pace_ticks(now_ms);
+    }
+
+    /// The VM's memory and host calls to the stats, and Envoy's log level (a user may raise
+    /// it at run time), on the first tick and then once per [`GAUGE_PERIOD_MS`]: each is a
+    /// host call, and a replica ticks tens of times a second.
+    fn report_vm(&mut self, now_ms: u64) {
+        let due = self
+            .vm_reported_ms
+            .is_none_or(|at| now_ms.saturating_sub(at) >= GAUGE_PERIOD_MS);
+        if !due {
+            return;
+        }
+        self.vm_reported_ms = Some(now_ms);
+        self.host.sync_log_level();
+        if let Some(stats) = self.stats.first() {
+            stats.vm_memory(self.host.memory_bytes(), self.host.memory_reported());
+            stats.host_calls(&self.host.take_host_calls());
+        }
     }
 
     /// The pool that sent call `token` (its data layer, or its tick driver to a peer).

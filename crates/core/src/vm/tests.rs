@@ -269,6 +269,32 @@ fn a_request_before_the_configuration_is_answered_503_in_its_api_shape() {
 }
 
 #[test]
+fn the_vm_reports_its_memory_once_a_second_not_on_every_tick() {
+    let (host, mut vm) = configured(TWO_PODS);
+    let gauge = "inference_picker.vm_memory_bytes";
+    host.memory_bytes.set(4 << 20);
+    vm.on_tick();
+    assert_eq!(
+        host.metrics.value(gauge),
+        Some(4 << 20),
+        "the first tick reports"
+    );
+    host.memory_bytes.set(5 << 20);
+    for _ in 0..(1_000 / INTERVAL_MS - 1) {
+        host.clock.advance(INTERVAL_MS);
+        vm.on_tick();
+    }
+    assert_eq!(
+        host.metrics.value(gauge),
+        Some(4 << 20),
+        "the ticks within the second make no report"
+    );
+    host.clock.advance(INTERVAL_MS);
+    vm.on_tick();
+    assert_eq!(host.metrics.value(gauge), Some(5 << 20), "a second on");
+}
+
+#[test]
 fn a_configuration_update_adds_only_new_memory_to_the_shared_gauge() {
     let (host, mut vm) = configured(TWO_PODS);
     host.memory_bytes.set(4 << 20);
