@@ -232,7 +232,7 @@ wasm-micro: toolchain
 	$(CARGO) build --release --target wasm32-unknown-unknown --manifest-path bench/wasm-micro/Cargo.toml --target-dir target/wasm-micro
 
 ## bench-profile: one request's cost step by step: Envoy CPU per stage, V8 time per step, host calls by kind, perf
-bench-profile: build sim envoy profile-filter wasm-micro
+bench-profile: build sim envoy extproc profile-filter wasm-micro
 	$(CARGO) run --release --example bench -- profile
 
 ## bench-pools: one filter serving 1 vs 100 pools: per-request latency and Envoy CPU

@@ -6,7 +6,7 @@ use crate::hop::{added_latency_goal, module_added_latency_goal};
 use crate::load::{all_of, closed_loop, percentile, sorted};
 use crate::procfs::cpu_seconds;
 use crate::report::{csv_table, goal, markdown_table, Cell, Column, Part, Row};
-use crate::setup::{filter_stat, plain_envoy};
+use crate::setup::{ext_proc_envoy, filter_stat, plain_envoy, ExtProcPicker};
 use crate::support::{
     repo, shipped_picker_config, static_cluster, with_endpoints, Edge, Envoy, EnvoyConfig, Sim,
 };
@@ -66,7 +66,10 @@ const IDLE: &str =
     "Envoy's CPU with no request in flight (3 s per gateway, 1 s quick): the timer side, \
      which the per-request figures above also carry. (t1) and (t2) are the stage filter \
      ticking every 50 ms with nothing to do, and fetching both pods' `/metrics` on every tick \
-     in every VM (the body copied in, not parsed); the picker fetches them from one VM.\n\n";
+     in every VM (the body copied in, not parsed); the picker fetches them from one VM. (x) \
+     is the central design between requests: an Envoy with `ext_proc` in the filter's place \
+     and the picker process it calls (part 2's, scraping the same pods at the shipped \
+     interval), both processes' CPU. Per pod: the same over the pods scraped.\n\n";
 
 const ROUNDS: usize = 8;
 /// The shipped Envoy config; the dynamic module's row runs it with the module's filter swapped
@@ -323,19 +326,39 @@ fn standard_error(values: &[f64]) -> f64 {
 }
 
 /// Envoy's CPU per second with no request in flight: the filter's ticks (scrapes, shared
-/// state, stats), which every request's CPU figure above also carries.
-fn idle_cpu_ms_per_s(steps: &[Step], quick: bool) -> String {
+/// state, stats), which every request's CPU figure above also carries; then the central
+/// design between requests: Envoy with `ext_proc` and the picker process, both counted.
+fn idle_cpu_ms_per_s(steps: &[Step], sims: &[&Sim], quick: bool) -> String {
     let window = Duration::from_secs(if quick { 1 } else { 3 });
-    let mut table = String::from("| gateway | Envoy CPU ms per idle second |\n|---|---:|\n");
-    for step in steps {
-        let before = cpu_seconds(step.envoy.pid());
+    let pods = sims.len().max(1) as f64;
+    let mut table =
+        String::from("| gateway | CPU ms per idle second | per pod |\n|---|---:|---:|\n");
+    let mut row = |name: &str, pids: &[u32]| {
+        let used = || pids.iter().map(|&pid| cpu_seconds(pid)).sum::<f64>();
+        let before = used();
         std::thread::sleep(window);
-        let per_second = (cpu_seconds(step.envoy.pid()) - before) * 1000.0 / window.as_secs_f64();
-        println!("  {:<36} idle CPU {per_second:.1} ms/s", step.name);
-        table.push_str(&format!("| {} | {per_second:.1} |\n", step.name));
+        let per_second = (used() - before) * 1000.0 / window.as_secs_f64();
+        println!("  {name:<36} idle CPU {per_second:.1} ms/s");
+        table.push_str(&format!(
+            "| {name} | {per_second:.1} | {:.2} |\n",
+            per_second / pods
+        ));
+    };
+    for step in steps {
+        row(step.name, &[step.envoy.pid()]);
     }
+    let picker = ExtProcPicker::start(&with_endpoints(&shipped_picker_config(), sims));
+    let envoy = ext_proc_envoy(sims, &picker, 2);
+    for sim in sims {
+        // Scraped by the picker process, as it scrapes in every row of part 2.
+        sim.wait_for_scrapes(6);
+    }
+    row(EXT_PROC_IDLE, &[envoy.pid(), picker.pid()]);
     table
 }
+
+/// The central design's row of the idle table.
+const EXT_PROC_IDLE: &str = "(x) Envoy + the ext_proc picker (both processes)";
 
 fn measure(steps: &[Step], body_bytes: usize, quick: bool) -> Vec<StepRow> {
     let body = padded_completion(body_bytes);
@@ -906,7 +929,7 @@ pub fn run(quick: bool) -> Part {
             sim.wait_for_scrapes(6);
         }
     }
-    let idle = idle_cpu_ms_per_s(&steps, quick);
+    let idle = idle_cpu_ms_per_s(&steps, &refs, quick);
     let mut rows = measure(&steps, 1024, quick);
     rows.extend(measure(&steps, LARGE_BODY, quick));
     let micro = micro_steps();
