@@ -543,22 +543,25 @@ fn host_calls_per_request(envoy: &Envoy, count: usize) -> (String, f64) {
             .map(|v| if v.is_nan() { 0.0 } else { v })
             .collect()
     };
-    // The filter reports its counters once per gauge period: each reading is taken right
-    // after a report (the counters moved), so a window spans whole periods.
+    // Every VM reports its counters on the first tick of each clock second: a reading taken
+    // just after the counters moved, and a tick later (the other VMs' reports of that second),
+    // covers whole seconds for all of them.
     let after_report = |last: &[f64]| -> (Vec<f64>, Instant) {
         let deadline = Instant::now() + Duration::from_millis(3 * GAUGE_PERIOD_MS);
-        loop {
-            let now = read();
-            if now.as_slice() != last || Instant::now() >= deadline {
-                return (now, Instant::now());
-            }
+        while read().as_slice() == last && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(10));
         }
+        let reported = Instant::now();
+        std::thread::sleep(Duration::from_millis(200));
+        (read(), reported)
     };
     let (idle_before, idle_from) = after_report(&read());
-    let (idle_after, idle_to) = after_report(&idle_before);
+    std::thread::sleep(Duration::from_millis(2 * GAUGE_PERIOD_MS));
+    let (idle_after, idle_to) = after_report(&read());
     let body = padded_completion(1024);
     let _ = closed_loop(&envoy.address(), 1, count, &body);
+    // Every VM has reported since the loop ended, then the next report.
+    std::thread::sleep(Duration::from_millis(GAUGE_PERIOD_MS + 200));
     let (after, reported) = after_report(&read());
     let idle_seconds = (idle_to - idle_from).as_secs_f64().max(1e-3);
     let idle_rate: Vec<f64> = idle_after

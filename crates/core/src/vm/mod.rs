@@ -188,12 +188,15 @@ impl<H: VmHost> WorkerVm<H> {
     }
 
     /// The VM's memory and host calls to the stats, and Envoy's log level (a user may raise
-    /// it at run time), on the first tick and then once per [`GAUGE_PERIOD_MS`]: each is a
-    /// host call, and a replica ticks tens of times a second.
+    /// it at run time), on the first tick and then on the first tick of each clock period of
+    /// [`GAUGE_PERIOD_MS`]: each is a host call, and a replica ticks tens of times a second.
+    /// On the clock's periods, every VM of the Envoy reports within one tick of the others,
+    /// so counters read just after cover the same whole periods for all.
     fn report_vm(&mut self, now_ms: u64) {
+        let period = |ms: u64| ms / GAUGE_PERIOD_MS;
         let due = self
             .vm_reported_ms
-            .is_none_or(|at| now_ms.saturating_sub(at) >= GAUGE_PERIOD_MS);
+            .is_none_or(|at| period(now_ms) != period(at));
         if !due {
             return;
         }
