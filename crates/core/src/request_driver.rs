@@ -54,6 +54,8 @@ pub struct RequestDriver {
     pub outcome: Outcome,
     /// A request for the peer path, answered here: `Some(true)` when it was refused.
     pub peer_reply: Option<bool>,
+    /// A client's request, counted among the VM's open ones until its stream ends.
+    pub(crate) counted_open: bool,
     /// Set once the request ended, so a late callback cannot give its slot back twice.
     ended: bool,
     /// Bytes of body buffered so far.
@@ -75,6 +77,7 @@ impl Default for RequestDriver {
             request_id: String::new(),
             outcome: Outcome::Pending,
             peer_reply: None,
+            counted_open: false,
             ended: false,
             body_size: 0,
             pool: 0,

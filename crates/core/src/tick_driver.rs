@@ -46,6 +46,8 @@ pub struct TickDriver {
     peers: Option<Peers>,
     /// A peer's answer brought scrapes the other VMs have not been handed yet.
     peer_scrapes_unpublished: bool,
+    /// A catch-up took in new members since the last tick.
+    members_caught_up: bool,
     last_tick_ms: u64,
 }
 
@@ -55,6 +57,7 @@ impl TickDriver {
             coordinator,
             peers,
             peer_scrapes_unpublished: false,
+            members_caught_up: false,
             last_tick_ms: 0,
         }
     }
@@ -78,6 +81,35 @@ impl TickDriver {
         self.coordinator.as_ref()
     }
 
+    /// A follower that ticked slowly is about to route: it takes in the snapshot, the other
+    /// VMs' in-flight counts and their placements now, rather than decide on what it read up
+    /// to a slow tick ago. Shared data only: no callout leaves a request's callback.
+    pub fn catch_up(
+        &mut self,
+        host: &(impl SharedData + HttpCallouts + Clock),
+        slot: &mut PoolSlot,
+    ) {
+        if self.role() != Role::Follower {
+            return;
+        }
+        let Some(coordinator) = self.coordinator.as_mut() else {
+            return;
+        };
+        let now = host.now_ms().unwrap_or(self.last_tick_ms);
+        match coordinator.take_members(host) {
+            Ok(Some(members)) => {
+                slot.data.apply_members(&members);
+                // The next tick's report says so (the models follow the members there).
+                self.members_caught_up = true;
+            }
+            Ok(None) => {}
+            Err(error) => log::warn!("inference-picker: reading the pool: {error}"),
+        }
+        if let Err(error) = share_state(coordinator, host, slot, Role::Follower, None, now) {
+            log::warn!("inference-picker: sharing state: {error}");
+        }
+    }
+
     /// This VM's configuration is gone: it leaves the pool's shared state (see
     /// [`Coordinator::retire`]). Returns the keys it emptied.
     pub fn retire(&mut self, store: &impl SharedData) -> Result<usize, HostError> {
@@ -95,6 +127,7 @@ impl TickDriver {
         let now = host.now_ms().unwrap_or(self.last_tick_ms);
         self.last_tick_ms = now;
         let (role, members_changed) = self.coordinate(host, slot);
+        let members_changed = members_changed || std::mem::take(&mut self.members_caught_up);
         if let (Some(coordinator), Some(queue)) = (&self.coordinator, &mut slot.queue) {
             queue.control_mut().set_peers(coordinator.others());
         }
@@ -170,7 +203,14 @@ impl TickDriver {
             // What the peer scraped reaches this Envoy's other VMs with the next tick's
             // snapshot: one a tick, not one per peer's answer.
             self.peer_scrapes_unpublished |= peers.on_answer(slot, token, answer, now);
-            if let (true, Some(coordinator)) = (peers.round_done(), self.coordinator.as_mut()) {
+            let round_done = peers.round_done();
+            // A VM that lost the lease since it called stores nothing: the replica's state is
+            // its new holder's to store, with sequence numbers only it moves on.
+            let speaks = self
+                .coordinator
+                .as_mut()
+                .filter(|c| c.role() == Role::Scraper);
+            if let (true, Some(coordinator)) = (round_done, speaks) {
                 // The hub heard from every peer: what it relays is served from now, not from
                 // its next tick.
                 peers.publish_round(host, coordinator, slot, now);

@@ -11,6 +11,7 @@ use crate::host::{CalloutAnswer, HttpHost, VmHost};
 use crate::request::ApiKind;
 use crate::request_driver::{Next, Outcome, RequestDriver};
 use crate::router::PoolRouter;
+use crate::shared_state::Role;
 use crate::stats::{QueueExit, Stats, GAUGE_PERIOD_MS};
 use crate::vm::releases::{release_held, ticks_fast, Callback, FLOW_TICK_MS};
 use configure::PoolTicks;
@@ -19,6 +20,24 @@ pub mod configure;
 pub mod releases;
 #[cfg(test)]
 mod tests;
+
+/// A VM that routes nothing ticks this often while another VM holds every pool's lease: Envoy's
+/// main thread never sees a request, and a worker may sit without one for hours.
+pub const IDLE_TICK_MS: u32 = 1000;
+/// A VM counts as routing for this long after its last request (and while any of its requests
+/// is in flight): a lull between requests is not idleness.
+pub const ROUTING_MS: u64 = 10_000;
+
+/// How often the VM ticks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Pace {
+    /// At the configured period: the shortest pool interval.
+    Configured,
+    /// Every [`FLOW_TICK_MS`]: requests wait somewhere in this Envoy.
+    Flow,
+    /// Every [`IDLE_TICK_MS`]: this VM routes nothing and scrapes for no pool.
+    Idle,
+}
 
 /// One pool's timer side and when its next full tick is due.
 struct PoolClock {
@@ -35,8 +54,15 @@ pub struct WorkerVm<H: VmHost> {
     pools: Vec<PoolClock>,
     /// The configured period: the shortest pool interval.
     tick_ms: u32,
-    /// Ticking every [`FLOW_TICK_MS`] because requests wait somewhere in this Envoy.
-    fast_ticking: bool,
+    pace: Pace,
+    /// Client requests this VM has seen (counted on the request path, which reads no clock),
+    /// and how many of them the last tick had seen.
+    requests_seen: u64,
+    requests_seen_at_tick: u64,
+    /// Client requests of this VM whose streams have not ended.
+    requests_open: u64,
+    /// Until when this VM counts as routing (see [`ROUTING_MS`]).
+    routing_until_ms: u64,
     /// When this VM last reported its memory and host calls and read Envoy's log level
     /// (`None`: not yet).
     vm_reported_ms: Option<u64>,
@@ -84,7 +110,11 @@ impl<H: VmHost> WorkerVm<H> {
             stats,
             pools,
             tick_ms: configured.tick_ms,
-            fast_ticking: false,
+            pace: Pace::Configured,
+            requests_seen: 0,
+            requests_seen_at_tick: 0,
+            requests_open: 0,
+            routing_until_ms: 0,
             vm_reported_ms: None,
         })
     }
@@ -118,10 +148,10 @@ impl<H: VmHost> WorkerVm<H> {
 
     /// The tick period now.
     pub fn period_ms(&self) -> u32 {
-        if self.fast_ticking {
-            FLOW_TICK_MS
-        } else {
-            self.tick_ms
+        match self.pace {
+            Pace::Configured => self.tick_ms,
+            Pace::Flow => FLOW_TICK_MS,
+            Pace::Idle => IDLE_TICK_MS.max(self.tick_ms),
         }
     }
 
@@ -150,6 +180,7 @@ impl<H: VmHost> WorkerVm<H> {
     pub fn on_tick(&mut self) {
         let now_ms = self.host.now_ms().unwrap_or(0);
         self.report_vm(now_ms);
+        let routing = self.routing(now_ms);
         // A tick that arrives a little early must not skip a whole interval.
         let slack = u64::from(self.period_ms() / 2);
         let mut models_changed = false;
@@ -184,7 +215,36 @@ impl<H: VmHost> WorkerVm<H> {
         if models_changed {
             self.router.refresh_learned_models();
         }
-        self.pace_ticks(now_ms);
+        self.pace_ticks(now_ms, routing);
+    }
+
+    /// Whether this VM routes requests: it saw one within [`ROUTING_MS`], or one of its
+    /// requests is still in flight.
+    fn routing(&mut self, now_ms: u64) -> bool {
+        if self.requests_seen != self.requests_seen_at_tick {
+            self.requests_seen_at_tick = self.requests_seen;
+            self.routing_until_ms = now_ms.saturating_add(ROUTING_MS);
+        }
+        self.requests_open > 0 || now_ms < self.routing_until_ms
+    }
+
+    /// A client request arrived: an idle VM catches up with the shared state before the
+    /// request is decided, and ticks at the configured period again.
+    fn on_client_request(&mut self, request: &mut RequestDriver) {
+        self.requests_seen += 1;
+        if !request.counted_open {
+            request.counted_open = true;
+            self.requests_open += 1;
+        }
+        if self.pace != Pace::Idle {
+            return;
+        }
+        for (index, pool) in self.pools.iter_mut().enumerate() {
+            if let Some(slot) = self.router.slot_mut(index) {
+                pool.ticks.driver.catch_up(&self.host, slot);
+            }
+        }
+        self.set_pace(Pace::Configured);
     }
 
     /// The VM's memory and host calls to the stats, and Envoy's log level (a user may raise
@@ -254,10 +314,16 @@ impl<H: VmHost> WorkerVm<H> {
         let next = self.request_step(request, end_of_stream, |request, stream, router| {
             request.on_headers(stream, router, end_of_stream)
         });
-        if request.peer_reply == Some(true) {
-            if let Some(stats) = self.stats.first() {
-                stats.peer_caller_refused();
+        match request.peer_reply {
+            // A peer's call is answered from the shared state: it is not routing.
+            Some(refused) => {
+                if refused {
+                    if let Some(stats) = self.stats.first() {
+                        stats.peer_caller_refused();
+                    }
+                }
             }
+            None => self.on_client_request(request),
         }
         next
     }
@@ -288,6 +354,9 @@ impl<H: VmHost> WorkerVm<H> {
     /// The stream ended, however it ended: its slot (or its place in the queue) is given back,
     /// and the next held request may go.
     pub fn on_stream_done(&mut self, request: &mut RequestDriver) {
+        if std::mem::take(&mut request.counted_open) {
+            self.requests_open = self.requests_open.saturating_sub(1);
+        }
         // Only a request still held needs the time (it leaves the queue).
         let now_ms = if request.outcome == Outcome::Held {
             self.host.now_ms().unwrap_or(0)
@@ -368,17 +437,39 @@ impl<H: VmHost> WorkerVm<H> {
         }
     }
 
-    /// Ticks every [`FLOW_TICK_MS`] while requests wait anywhere in this Envoy, at the
-    /// configured period otherwise.
-    fn pace_ticks(&mut self, now_ms: u64) {
-        let fast = ticks_fast(self.router.slots(), now_ms, self.tick_ms);
-        if fast == self.fast_ticking {
+    /// Ticks every [`FLOW_TICK_MS`] while requests wait anywhere in this Envoy, every
+    /// [`IDLE_TICK_MS`] while this VM routes nothing and another VM holds every pool's lease
+    /// (it has nothing to release, scrape or publish), at the configured period otherwise.
+    fn pace_ticks(&mut self, now_ms: u64, routing: bool) {
+        let follows_everywhere = self
+            .pools
+            .iter()
+            .all(|pool| pool.ticks.driver.role() == Role::Follower);
+        let pace = if !routing && follows_everywhere {
+            Pace::Idle
+        } else if ticks_fast(self.router.slots(), now_ms, self.tick_ms) {
+            Pace::Flow
+        } else {
+            Pace::Configured
+        };
+        self.set_pace(pace);
+    }
+
+    fn set_pace(&mut self, pace: Pace) {
+        if pace == self.pace {
             return;
         }
-        let period = if fast { FLOW_TICK_MS } else { self.tick_ms };
-        match self.host.set_tick_period_ms(period) {
-            Ok(()) => self.fast_ticking = fast,
-            Err(error) => log::warn!("inference-picker: setting the tick period: {error}"),
+        let previous = self.pace;
+        self.pace = pace;
+        match self.host.set_tick_period_ms(self.period_ms()) {
+            Ok(()) => log::debug!(
+                "inference-picker: ticking every {}ms ({pace:?})",
+                self.period_ms()
+            ),
+            Err(error) => {
+                self.pace = previous;
+                log::warn!("inference-picker: setting the tick period: {error}");
+            }
         }
     }
 }

@@ -44,6 +44,11 @@ fn configured(config: &str) -> (FakeVm, WorkerVm<FakeVm>) {
 fn scrape_round(host: &FakeVm, vm: &mut WorkerVm<FakeVm>, waiting: &[u32]) {
     host.clock.advance(INTERVAL_MS);
     vm.on_tick();
+    answer_scrapes(host, vm, waiting);
+}
+
+/// Answers every scrape sent so far with the pod's waiting queue (in pool order).
+fn answer_scrapes(host: &FakeVm, vm: &mut WorkerVm<FakeVm>, waiting: &[u32]) {
     for call in host.callouts.take_sent() {
         let pod = call
             .authority()
@@ -316,4 +321,79 @@ fn a_configuration_update_adds_only_new_memory_to_the_shared_gauge() {
         Some(1),
         "still one VM"
     );
+}
+
+/// Envoy's main thread and one worker: the main VM takes the lease first (it ticks first), and
+/// routes nothing.
+fn main_and_worker() -> ((FakeVm, WorkerVm<FakeVm>), (FakeVm, WorkerVm<FakeVm>)) {
+    let (main_host, mut main) = configured(TWO_PODS);
+    let worker_host = main_host.beside();
+    let mut worker =
+        WorkerVm::configure(worker_host.clone(), ROOT + 1, TWO_PODS.as_bytes()).unwrap();
+    main.on_tick();
+    worker.on_tick();
+    ((main_host, main), (worker_host, worker))
+}
+
+#[test]
+fn a_vm_that_routes_nothing_ticks_slowly_and_catches_up_when_a_request_comes() {
+    let ((main_host, mut main), (worker_host, mut worker)) = main_and_worker();
+    let interval = Some(INTERVAL_MS as u32);
+    assert_eq!(
+        main_host.tick_period_ms.get(),
+        interval,
+        "the lease holder scrapes"
+    );
+    assert_eq!(
+        worker_host.tick_period_ms.get(),
+        Some(IDLE_TICK_MS),
+        "the follower idles"
+    );
+    // The holder's round (pod 1 queues 40 requests, pod 2 none) lands after the worker's tick.
+    answer_scrapes(&main_host, &mut main, &[40, 0]);
+
+    // A request before the worker's next slow tick: it is decided on the round just published.
+    worker_host.clock.advance(INTERVAL_MS);
+    let (mut request, _) = send(&worker_host, &mut worker, 7);
+    assert_eq!(
+        destination(&worker_host, 7).as_deref(),
+        Some("10.0.0.2:8000")
+    );
+    assert_eq!(
+        worker_host.tick_period_ms.get(),
+        interval,
+        "it ticks at the interval again"
+    );
+
+    // Quiet for ROUTING_MS after its request ended, it idles again; the holder never does.
+    worker.on_stream_done(&mut request);
+    for _ in 0..(ROUTING_MS / INTERVAL_MS) {
+        worker_host.clock.advance(INTERVAL_MS);
+        worker.on_tick();
+        main.on_tick();
+        assert_eq!(
+            worker_host.tick_period_ms.get(),
+            interval,
+            "a lull is not idleness"
+        );
+    }
+    worker_host.clock.advance(INTERVAL_MS);
+    worker.on_tick();
+    main.on_tick();
+    assert_eq!(worker_host.tick_period_ms.get(), Some(IDLE_TICK_MS));
+    assert_eq!(main_host.tick_period_ms.get(), interval);
+}
+
+#[test]
+fn a_vm_with_a_request_in_flight_keeps_ticking_at_the_interval() {
+    let ((main_host, mut main), (worker_host, mut worker)) = main_and_worker();
+    let (_request, _) = send(&worker_host, &mut worker, 7);
+    // Long after ROUTING_MS, the stream (a long generation) still runs: its in-flight count
+    // must stay fresh for the other VMs.
+    for _ in 0..=(ROUTING_MS / INTERVAL_MS) {
+        main_host.clock.advance(INTERVAL_MS);
+        main.on_tick();
+        worker.on_tick();
+    }
+    assert_eq!(worker_host.tick_period_ms.get(), Some(INTERVAL_MS as u32));
 }
