@@ -11,6 +11,7 @@ use crate::support::{
     repo, shipped_picker_config, static_cluster, with_endpoints, Edge, Envoy, EnvoyConfig, Sim,
 };
 use crate::workloads::padded_completion;
+use inference_picker_core::datalayer::IDLE_AFTER_MS;
 use inference_picker_core::host::HostCall;
 use inference_picker_core::stats::GAUGE_PERIOD_MS;
 use std::path::PathBuf;
@@ -64,7 +65,9 @@ fn streamed_intro() -> String {
 
 const IDLE: &str =
     "Envoy's CPU with no request in flight (3 s per gateway, 1 s quick): the timer side, \
-     which the per-request figures above also carry. (t1) and (t2) are the stage filter \
+     which the per-request figures above also carry; first right after the load, then once \
+     the pool counts as idle (no request for 10 s: the picker then scrapes each pod every \
+     `pool.idleRefreshMetricsInterval`, 1 s by default, until the next request). (t1) and (t2) are the stage filter \
      ticking every 50 ms with nothing to do, and fetching both pods' `/metrics` on every tick \
      in every VM (the body copied in, not parsed); the picker fetches them from one VM. (x) \
      is the central design between requests: an Envoy with `ext_proc` in the filter's place \
@@ -327,33 +330,44 @@ fn standard_error(values: &[f64]) -> f64 {
 
 /// Envoy's CPU per second with no request in flight: the filter's ticks (scrapes, shared
 /// state, stats), which every request's CPU figure above also carries; then the central
-/// design between requests: Envoy with `ext_proc` and the picker process, both counted.
+/// design between requests: Envoy with `ext_proc` and the picker process, both counted. Each
+/// row twice: between requests (right after the load), and once the pool counts as idle
+/// (no request for [`IDLE_AFTER_MS`]).
 fn idle_cpu_ms_per_s(steps: &[Step], sims: &[&Sim], quick: bool) -> String {
     let window = Duration::from_secs(if quick { 1 } else { 3 });
     let pods = sims.len().max(1) as f64;
-    let mut table =
-        String::from("| gateway | CPU ms per idle second | per pod |\n|---|---:|---:|\n");
-    let mut row = |name: &str, pids: &[u32]| {
+    let measure = |pids: &[u32]| {
         let used = || pids.iter().map(|&pid| cpu_seconds(pid)).sum::<f64>();
         let before = used();
         std::thread::sleep(window);
-        let per_second = (used() - before) * 1000.0 / window.as_secs_f64();
-        println!("  {name:<36} idle CPU {per_second:.1} ms/s");
-        table.push_str(&format!(
-            "| {name} | {per_second:.1} | {:.2} |\n",
-            per_second / pods
-        ));
+        (used() - before) * 1000.0 / window.as_secs_f64()
     };
-    for step in steps {
-        row(step.name, &[step.envoy.pid()]);
-    }
     let picker = ExtProcPicker::start(&with_endpoints(&shipped_picker_config(), sims));
     let envoy = ext_proc_envoy(sims, &picker, 2);
     for sim in sims {
         // Scraped by the picker process, as it scrapes in every row of part 2.
         sim.wait_for_scrapes(6);
     }
-    row(EXT_PROC_IDLE, &[envoy.pid(), picker.pid()]);
+    let mut rows: Vec<(&str, Vec<u32>)> = steps
+        .iter()
+        .map(|step| (step.name, vec![step.envoy.pid()]))
+        .collect();
+    rows.push((EXT_PROC_IDLE, vec![envoy.pid(), picker.pid()]));
+    let between: Vec<f64> = rows.iter().map(|(_, pids)| measure(pids)).collect();
+    // The last request went before the first row above was measured.
+    std::thread::sleep(Duration::from_millis(IDLE_AFTER_MS + 1000));
+    let mut table = String::from(
+        "| gateway | CPU ms per second between requests | per pod | CPU ms per second idle (no request for 10 s) | per pod |\n|---|---:|---:|---:|---:|\n",
+    );
+    for ((name, pids), between) in rows.iter().zip(between) {
+        let idle = measure(pids);
+        println!("  {name:<36} CPU {between:.1} ms/s between requests, {idle:.1} idle");
+        table.push_str(&format!(
+            "| {name} | {between:.1} | {:.2} | {idle:.1} | {:.2} |\n",
+            between / pods,
+            idle / pods
+        ));
+    }
     table
 }
 

@@ -41,6 +41,8 @@ impl Learned for PoolSlot {
     }
 
     fn merge_placement(&mut self, placement: &LearnedPrefix) {
+        // Another VM or a peer placed a request here: the pool is in use.
+        self.data.note_use();
         self.director.learn_remote(&self.data, placement);
     }
 

@@ -81,25 +81,26 @@ impl TickDriver {
         self.coordinator.as_ref()
     }
 
-    /// A follower that ticked slowly is about to route: it takes in the snapshot, the other
-    /// VMs' in-flight counts and their placements now, rather than decide on what it read up
-    /// to a slow tick ago. Shared data only: no callout leaves a request's callback.
+    /// A follower that ticked slowly is about to route: it takes in the members, the snapshot,
+    /// the other VMs' in-flight counts and placements and the pool's models now, rather than
+    /// decide on what it read up to a slow tick ago. Shared data only: no callout leaves a
+    /// request's callback. Returns whether the pool's models changed.
     pub fn catch_up(
         &mut self,
         host: &(impl SharedData + HttpCallouts + Clock),
         slot: &mut PoolSlot,
-    ) {
+    ) -> bool {
         if self.role() != Role::Follower {
-            return;
+            return false;
         }
         let Some(coordinator) = self.coordinator.as_mut() else {
-            return;
+            return false;
         };
         let now = host.now_ms().unwrap_or(self.last_tick_ms);
         match coordinator.take_members(host) {
             Ok(Some(members)) => {
                 slot.data.apply_members(&members);
-                // The next tick's report says so (the models follow the members there).
+                // The next tick's report says so.
                 self.members_caught_up = true;
             }
             Ok(None) => {}
@@ -108,6 +109,11 @@ impl TickDriver {
         if let Err(error) = share_state(coordinator, host, slot, Role::Follower, None, now) {
             log::warn!("inference-picker: sharing state: {error}");
         }
+        // The metrics' ages as of now (a follower logs no health change: the scraper does).
+        slot.data.refresh_health(now);
+        // Read whatever the last slow tick left: its once-per-`refreshInterval` pace would
+        // skip a list published since.
+        self.read_models(host, slot, true)
     }
 
     /// This VM's configuration is gone: it leaves the pool's shared state (see

@@ -52,6 +52,12 @@ pub struct PoolConfig {
     pub refresh_metrics_interval: Duration,
     #[serde(with = "serde_go")]
     pub metrics_staleness_threshold: Duration,
+    /// How often each pod is scraped while the pool is idle (no request placed or in flight
+    /// for [`crate::datalayer::IDLE_AFTER_MS`]), at most half the staleness threshold; the
+    /// first request puts the scrapes back on `refreshMetricsInterval`. Set it to
+    /// `refreshMetricsInterval` to scrape at one pace always.
+    #[serde(with = "serde_go")]
+    pub idle_refresh_metrics_interval: Duration,
     /// A `/metrics` callout that takes longer counts as a failed scrape.
     #[serde(with = "serde_go")]
     pub metrics_timeout: Duration,
@@ -105,6 +111,7 @@ impl Default for PoolConfig {
             metrics_path: "/metrics".into(),
             refresh_metrics_interval: Duration::from_millis(50),
             metrics_staleness_threshold: Duration::from_secs(2),
+            idle_refresh_metrics_interval: Duration::from_secs(1),
             metrics_timeout: Duration::from_secs(1),
             max_request_body_bytes: 4 << 20,
             max_metrics_bytes: 4 << 20,
@@ -187,6 +194,11 @@ impl PoolConfig {
                 limits::METRICS_STALENESS_THRESHOLD,
             ),
             (
+                "pool.idleRefreshMetricsInterval",
+                self.idle_refresh_metrics_interval,
+                limits::REFRESH_METRICS_INTERVAL,
+            ),
+            (
                 "pool.metricsTimeout",
                 self.metrics_timeout,
                 limits::METRICS_TIMEOUT,
@@ -249,6 +261,15 @@ impl PoolConfig {
     pub fn scrape_interval(&self) -> Duration {
         self.refresh_metrics_interval
             .saturating_mul(self.replicas.max(1))
+    }
+
+    /// How often this replica scrapes each pod while the pool is idle: never faster than
+    /// [`PoolConfig::scrape_interval`], and never so slowly that its metrics go stale.
+    pub fn idle_scrape_interval(&self) -> Duration {
+        self.idle_refresh_metrics_interval
+            .saturating_mul(self.replicas.max(1))
+            .min(self.metrics_staleness_threshold / 2)
+            .max(self.scrape_interval())
     }
 
     /// The priority of a named objective; requests naming none, or an unknown one, get 0.

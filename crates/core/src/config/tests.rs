@@ -211,6 +211,34 @@ fn pool_error(extra: &str) -> String {
 }
 
 #[test]
+fn an_idle_pool_is_scraped_once_a_second_within_the_staleness_threshold() {
+    let interval = |extra: &str| {
+        let text = format!("pool:\n  endpoints: [{{address: '10.0.0.1:8000'}}]\n{extra}");
+        let pool = load(&text, 1).unwrap().pool;
+        pool.idle_scrape_interval().as_millis()
+    };
+    assert_eq!(interval(""), 1000, "the default");
+    assert_eq!(
+        interval("  metricsStalenessThreshold: 1s\n"),
+        500,
+        "half the threshold"
+    );
+    assert_eq!(
+        interval("  refreshMetricsInterval: 5s\n  metricsStalenessThreshold: 60s\n"),
+        5000,
+        "never faster than the interval"
+    );
+    assert_eq!(interval("  idleRefreshMetricsInterval: 50ms\n"), 50, "off");
+    assert_eq!(
+        interval("  replicas: 8\n"),
+        1000,
+        "8 replicas: each its share"
+    );
+    let error = pool_error("  idleRefreshMetricsInterval: 2m\n");
+    assert!(error.contains("pool.idleRefreshMetricsInterval"), "{error}");
+}
+
+#[test]
 fn replicas_share_the_refresh_so_each_scrapes_less_often() {
     let text = "pool:\n  endpoints: [{address: '10.0.0.1:8000'}]\n  replicas: 8\n";
     let config = load(text, 1).unwrap();

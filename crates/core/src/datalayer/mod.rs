@@ -22,6 +22,10 @@ use discovery_calls::DiscoveryCalls;
 use scrapes::Scrapes;
 use std::collections::BTreeMap;
 
+/// A pool with no request placed or in flight for this long is idle: its pods are scraped every
+/// `pool.idleRefreshMetricsInterval` until the next request.
+pub const IDLE_AFTER_MS: u64 = 10_000;
+
 /// The pool's members in index order, as VMs share them: `(address, labels, removed)`.
 pub type Members = Vec<(String, BTreeMap<String, String>, bool)>;
 
@@ -59,6 +63,12 @@ pub struct DataLayer {
     models: ModelLists,
     /// No endpoint has fresh metrics (announced once per change).
     all_unfresh: bool,
+    /// A request was placed here since the last call-out (the request path reads no clock).
+    placed_since_call_out: bool,
+    /// Until when the pool counts as in use; set at the first call-out.
+    in_use_until_ms: Option<u64>,
+    /// The pods are scraped at the idle pace.
+    idle: bool,
 }
 
 impl DataLayer {
@@ -83,6 +93,9 @@ impl DataLayer {
             models: ModelLists::new(config.models_source.take()),
             // Nothing is scraped yet: not worth a warning until metrics were fresh once.
             all_unfresh: true,
+            placed_since_call_out: false,
+            in_use_until_ms: None,
+            idle: false,
         }
     }
 
@@ -97,6 +110,9 @@ impl DataLayer {
             discovery: DiscoveryCalls::default(),
             models: ModelLists::default(),
             all_unfresh: true,
+            placed_since_call_out: false,
+            in_use_until_ms: None,
+            idle: false,
         }
     }
 
@@ -159,12 +175,58 @@ impl DataLayer {
         if let Some(discovery) = &self.settings.discovery {
             self.discovery.send_when_due(host, discovery, now_ms);
         }
-        let mid_round =
-            self.scrapes
-                .start_or_continue_round(host, &mut self.pool, &self.settings, now_ms);
+        self.pace_scrapes(now_ms);
+        let mid_round = self.scrapes.start_or_continue_round(
+            host,
+            &mut self.pool,
+            &self.settings,
+            now_ms,
+            self.idle,
+        );
         self.models
             .send_when_due(host, &self.pool, &self.settings, now_ms);
         mid_round || self.scrapes.round_done(&self.settings, now_ms)
+    }
+
+    /// Whether this pool is idle: no request placed here since the last call-out, none in
+    /// flight anywhere this VM knows of (its own, the other VMs', the peers'), and none shared
+    /// with it (see [`DataLayer::note_use`]) for [`IDLE_AFTER_MS`]. An idle pool's pods are
+    /// scraped at the idle pace; the first sign of use brings every pod's next scrape forward
+    /// to this round.
+    fn pace_scrapes(&mut self, now_ms: u64) {
+        let used = std::mem::take(&mut self.placed_since_call_out)
+            || self.pool.endpoints.iter().any(|e| e.total_in_flight() > 0);
+        let in_use_until = self
+            .in_use_until_ms
+            .get_or_insert(now_ms.saturating_add(IDLE_AFTER_MS));
+        if used {
+            *in_use_until = now_ms.saturating_add(IDLE_AFTER_MS);
+        }
+        let slower = self.settings.idle_scrape_interval() > self.settings.scrape_interval();
+        let idle = slower && now_ms >= *in_use_until;
+        if idle == self.idle {
+            return;
+        }
+        self.idle = idle;
+        if idle {
+            log::info!(
+                "inference-picker: no request for {}s: scraping every {}ms until the next one",
+                IDLE_AFTER_MS / 1000,
+                duration_ms(self.settings.idle_scrape_interval())
+            );
+        } else {
+            self.scrapes.wake(&mut self.pool);
+            log::info!(
+                "inference-picker: requests again: scraping every {}ms",
+                duration_ms(self.settings.scrape_interval())
+            );
+        }
+    }
+
+    /// Another VM or a peer placed requests on this pool (their placements reached this VM):
+    /// it is in use, even if those requests ended before any tick saw them in flight.
+    pub fn note_use(&mut self) {
+        self.placed_since_call_out = true;
     }
 
     /// Which pods this replica scrapes (the others' metrics come from its peers), and how
@@ -350,6 +412,7 @@ impl DataLayer {
 
     /// A request of `tokens` was placed on `index`.
     pub fn add_in_flight(&mut self, index: usize, tokens: u64) {
+        self.placed_since_call_out = true;
         self.pool.add_in_flight(index, tokens);
     }
 

@@ -126,10 +126,11 @@ impl Scrapes {
         pool: &mut Pool,
         settings: &PoolConfig,
         now: u64,
+        idle: bool,
     ) -> bool {
         let carry_on = !self.queue.is_empty();
         if !carry_on {
-            self.start_round(pool, settings, now);
+            self.start_round(pool, settings, now, idle);
         }
         self.send(host, pool, settings);
         carry_on && self.unpublished
@@ -151,16 +152,28 @@ impl Scrapes {
         }
     }
 
+    /// An idle pool is in use again: every pod is due at the next round, not at the end of
+    /// its idle rest (a failing pod keeps its probe back-off).
+    pub fn wake(&mut self, pool: &mut Pool) {
+        for endpoint in &mut pool.endpoints {
+            endpoint.next_scrape_ms = 0;
+        }
+    }
+
     /// Endpoints due now (members without a scrape pending), marked pending.
-    fn start_round(&mut self, pool: &mut Pool, settings: &PoolConfig, now: u64) {
+    fn start_round(&mut self, pool: &mut Pool, settings: &PoolConfig, now: u64, idle: bool) {
         self.pending.resize(pool.len(), false);
-        // With several replicas each scrapes a pod once per `replicas` ticks (see
-        // `PoolConfig::replicas`); the ticks themselves keep the configured interval, so the
-        // workers still share their load and picks that often. Half a tick of slack: a tick
-        // may come a little early.
-        let rest_ms = if settings.replicas > 1 {
-            duration_ms(settings.scrape_interval())
-                .saturating_sub(duration_ms(settings.refresh_metrics_interval) / 2)
+        // With several replicas, or while the pool is idle, each pod rests longer than a tick
+        // between scrapes (see `PoolConfig::replicas`); the ticks themselves keep the
+        // configured interval, so the workers still share their load and picks that often.
+        // Half a tick of slack: a tick may come a little early.
+        let interval = if idle {
+            settings.idle_scrape_interval()
+        } else {
+            settings.scrape_interval()
+        };
+        let rest_ms = if interval > settings.refresh_metrics_interval {
+            duration_ms(interval).saturating_sub(duration_ms(settings.refresh_metrics_interval) / 2)
         } else {
             0
         };

@@ -698,3 +698,79 @@ pools:
 }
 
 mod models;
+
+/// Ticks `vm` every interval for `ms`, answering each scrape at once with an empty queue;
+/// returns how many scrapes it sent.
+fn run_idle(vm: &mut Vm, clock: &FakeClock, ms: u64) -> usize {
+    let mut sent = 0;
+    for _ in 0..ms / INTERVAL_MS {
+        clock.advance(INTERVAL_MS);
+        vm.tick();
+        for call in vm.host.callouts.take_sent() {
+            sent += 1;
+            vm.deliver(call.token, Some("200"), "vllm:num_requests_waiting 0\n");
+        }
+    }
+    sent
+}
+
+#[test]
+fn an_idle_pool_is_scraped_every_idle_interval_and_its_next_request_brings_every_pod_back() {
+    let (shared, clock) = (Rc::<FakeShared>::default(), Rc::<FakeClock>::default());
+    let mut vm = Vm::new(POOL, 1, &shared, &clock);
+    vm.tick();
+    // The first seconds count as in use: every pod every interval.
+    assert_eq!(run_idle(&mut vm, &clock, 1000), 3 * 20);
+    run_idle(&mut vm, &clock, crate::datalayer::IDLE_AFTER_MS);
+    // Idle: each pod once a second (`idleRefreshMetricsInterval`), and still fresh.
+    assert_eq!(run_idle(&mut vm, &clock, 2000), 3 * 2);
+    assert!((0..3).all(|i| vm.health(i) == Health::Fresh));
+
+    // A request placed on pod 2: the next tick scrapes every pod, and every interval after.
+    vm.slot.data.add_in_flight(1, 100);
+    clock.advance(INTERVAL_MS);
+    vm.tick();
+    let woken = vm.host.callouts.take_sent();
+    assert_eq!(woken.len(), 3);
+    for call in woken {
+        vm.deliver(call.token, Some("200"), "vllm:num_requests_waiting 0\n");
+    }
+    vm.slot.data.end_in_flight(1, 100);
+    assert_eq!(run_idle(&mut vm, &clock, 1000), 3 * 20);
+}
+
+#[test]
+fn a_pool_whose_requests_another_vm_places_is_not_idle() {
+    let (shared, clock) = (Rc::<FakeShared>::default(), Rc::<FakeClock>::default());
+    let mut scraper = Vm::new(POOL, 1, &shared, &clock);
+    let mut worker = Vm::new(POOL, 2, &shared, &clock);
+    scraper.tick();
+    worker.tick();
+    // The worker routes a request now and then, each over before any tick sees it in
+    // flight; its placements reach the scraper through the shared batches.
+    for _ in 0..(crate::datalayer::IDLE_AFTER_MS * 2 / 1000) {
+        let placed = crate::scheduling::LearnedPrefix {
+            endpoint: 0,
+            hashes: vec![1, 2, 3],
+        };
+        let coordinator = worker.flow.coordinator.as_mut().unwrap();
+        coordinator
+            .exchange_prefixes(&worker.host, &[placed])
+            .unwrap();
+        run_idle(&mut scraper, &clock, 1000);
+    }
+    assert_eq!(run_idle(&mut scraper, &clock, 1000), 3 * 20);
+}
+
+#[test]
+fn a_pool_that_says_so_is_scraped_at_one_pace_always() {
+    let config = POOL.replace(
+        "refreshMetricsInterval: 50ms",
+        "refreshMetricsInterval: 50ms\n  idleRefreshMetricsInterval: 50ms",
+    );
+    let (shared, clock) = (Rc::<FakeShared>::default(), Rc::<FakeClock>::default());
+    let mut vm = Vm::new(&config, 1, &shared, &clock);
+    vm.tick();
+    run_idle(&mut vm, &clock, crate::datalayer::IDLE_AFTER_MS + 1000);
+    assert_eq!(run_idle(&mut vm, &clock, 1000), 3 * 20);
+}

@@ -239,10 +239,14 @@ impl<H: VmHost> WorkerVm<H> {
         if self.pace != Pace::Idle {
             return;
         }
+        let mut models_changed = false;
         for (index, pool) in self.pools.iter_mut().enumerate() {
             if let Some(slot) = self.router.slot_mut(index) {
-                pool.ticks.driver.catch_up(&self.host, slot);
+                models_changed |= pool.ticks.driver.catch_up(&self.host, slot);
             }
+        }
+        if models_changed {
+            self.router.refresh_learned_models();
         }
         self.set_pace(Pace::Configured);
     }

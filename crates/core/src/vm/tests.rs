@@ -359,6 +359,10 @@ fn a_vm_that_routes_nothing_ticks_slowly_and_catches_up_when_a_request_comes() {
         destination(&worker_host, 7).as_deref(),
         Some("10.0.0.2:8000")
     );
+    let Outcome::Routed(routed) = &request.outcome else {
+        panic!("routed");
+    };
+    assert!(!routed.degraded, "the pods' metrics count as fresh");
     assert_eq!(
         worker_host.tick_period_ms.get(),
         interval,
