@@ -65,8 +65,8 @@ fn streamed_intro() -> String {
 
 const IDLE: &str =
     "Envoy's CPU with no request in flight (3 s per gateway, 1 s quick): the timer side, \
-     which the per-request figures above also carry; first right after the load, then once \
-     the pool counts as idle (no request for 10 s: the picker then scrapes each pod every \
+     which the per-request figures above also carry; first right after one request (the pool \
+     in use), then once the pool counts as idle (no request for 10 s: the picker then scrapes each pod every \
      `pool.idleRefreshMetricsInterval`, 1 s by default, until the next request). (t1) and (t2) are the stage filter \
      ticking every 50 ms with nothing to do, and fetching both pods' `/metrics` on every tick \
      in every VM (the body copied in, not parsed); the picker fetches them from one VM. (x) \
@@ -331,7 +331,7 @@ fn standard_error(values: &[f64]) -> f64 {
 /// Envoy's CPU per second with no request in flight: the filter's ticks (scrapes, shared
 /// state, stats), which every request's CPU figure above also carries; then the central
 /// design between requests: Envoy with `ext_proc` and the picker process, both counted. Each
-/// row twice: between requests (right after the load), and once the pool counts as idle
+/// row twice: between requests (one request just before), and once the pool counts as idle
 /// (no request for [`IDLE_AFTER_MS`]).
 fn idle_cpu_ms_per_s(steps: &[Step], sims: &[&Sim], quick: bool) -> String {
     let window = Duration::from_secs(if quick { 1 } else { 3 });
@@ -348,18 +348,30 @@ fn idle_cpu_ms_per_s(steps: &[Step], sims: &[&Sim], quick: bool) -> String {
         // Scraped by the picker process, as it scrapes in every row of part 2.
         sim.wait_for_scrapes(6);
     }
-    let mut rows: Vec<(&str, Vec<u32>)> = steps
+    let mut rows: Vec<(&str, String, Vec<u32>)> = steps
         .iter()
-        .map(|step| (step.name, vec![step.envoy.pid()]))
+        .map(|step| (step.name, step.envoy.address(), vec![step.envoy.pid()]))
         .collect();
-    rows.push((EXT_PROC_IDLE, vec![envoy.pid(), picker.pid()]));
-    let between: Vec<f64> = rows.iter().map(|(_, pids)| measure(pids)).collect();
+    rows.push((
+        EXT_PROC_IDLE,
+        envoy.address(),
+        vec![envoy.pid(), picker.pid()],
+    ));
+    // Between requests: one request just before, so the pool counts as in use.
+    let request = padded_completion(1024);
+    let between: Vec<f64> = rows
+        .iter()
+        .map(|(_, address, pids)| {
+            let _ = closed_loop(address, 1, 1, &request);
+            measure(pids)
+        })
+        .collect();
     // The last request went before the first row above was measured.
     std::thread::sleep(Duration::from_millis(IDLE_AFTER_MS + 1000));
     let mut table = String::from(
         "| gateway | CPU ms per second between requests | per pod | CPU ms per second idle (no request for 10 s) | per pod |\n|---|---:|---:|---:|---:|\n",
     );
-    for ((name, pids), between) in rows.iter().zip(between) {
+    for ((name, _, pids), between) in rows.iter().zip(between) {
         let idle = measure(pids);
         println!("  {name:<36} CPU {between:.1} ms/s between requests, {idle:.1} idle");
         table.push_str(&format!(
