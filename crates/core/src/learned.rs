@@ -21,4 +21,8 @@ pub trait Learned {
     fn merge_placement(&mut self, placement: &LearnedPrefix);
     /// Endpoints, in the order the counts are listed.
     fn endpoints(&self) -> usize;
+    /// Requests this VM placed since it started.
+    fn placed(&self) -> u64;
+    /// Another VM placed requests on this pool since the last exchange.
+    fn note_use(&mut self);
 }

@@ -49,6 +49,14 @@ impl Learned for PoolSlot {
     fn endpoints(&self) -> usize {
         self.data.pool().len()
     }
+
+    fn placed(&self) -> u64 {
+        self.data.placed()
+    }
+
+    fn note_use(&mut self) {
+        self.data.note_use();
+    }
 }
 
 /// What became of a prepared request.

@@ -55,6 +55,10 @@ struct Load {
     /// In the peers' relay: the live replicas, this one included (0 in a VM's own).
     #[serde(default)]
     replicas: u32,
+    /// Requests the VM placed since it started: when it grows, the pool is in use, even if
+    /// each of them ended between two ticks.
+    #[serde(default)]
+    placed: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -108,6 +112,8 @@ pub struct Coordinator {
     relay_seq: Option<u64>,
     /// See [`Coordinator::peer_replicas`].
     peer_replicas: Option<u32>,
+    /// Per other VM: its `placed` count at the last exchange.
+    placed_seen: Vec<(u64, u64)>,
 }
 
 /// A lease lasts this many scrape intervals, and at least [`MIN_LEASE_MS`]: its holder renews
@@ -137,6 +143,7 @@ impl Coordinator {
             envoy_in_flight: Vec::new(),
             relay_seq: None,
             peer_replicas: None,
+            placed_seen: Vec::new(),
             keys,
             lease_ms: interval_ms
                 .saturating_mul(LEASE_INTERVALS)
@@ -280,16 +287,25 @@ impl Coordinator {
             stamp_ms: now_ms,
             counts,
             replicas: 0,
+            placed: learned.placed(),
         };
         publish(store, &self.load_key, &own)?;
         let mut sums = vec![(0u32, 0u64); own.counts.len()];
         let fresh_after = now_ms.saturating_sub(self.load_fresh_ms);
+        let mut grew = false;
         for &vm in &self.others {
             if let Some(load) = read::<Load>(store, &self.keys.load(vm))? {
                 if load.stamp_ms >= fresh_after {
                     add_counts(&mut sums, &load.counts);
                 }
+                grew |= placed_grew(&mut self.placed_seen, vm, load.placed);
             }
+        }
+        // VMs gone from the registry are forgotten.
+        let others = &self.others;
+        self.placed_seen.retain(|(vm, _)| others.contains(vm));
+        if grew {
+            learned.note_use();
         }
         // The Envoy's own total (what its peers are told) before the peers' counts join it.
         self.envoy_in_flight.clone_from(&sums);
@@ -359,6 +375,8 @@ impl Coordinator {
             stamp_ms: now_ms,
             counts,
             replicas,
+            // Peers' placements reach this Envoy's VMs as placements and in-flight counts.
+            placed: 0,
         };
         publish(store, &self.keys.load(PEERS_RELAY), &load)
     }
@@ -614,6 +632,22 @@ fn batch_length(placements: &[LearnedPrefix]) -> usize {
         })
         .count();
     fitting.max(1)
+}
+
+/// Whether `vm`'s count of placed requests grew since the last exchange (a VM seen for the
+/// first time only sets the mark).
+fn placed_grew(seen: &mut Vec<(u64, u64)>, vm: u64, placed: u64) -> bool {
+    match seen.iter_mut().find(|(known, _)| *known == vm) {
+        Some((_, last)) => {
+            let grew = placed > *last;
+            *last = placed;
+            grew
+        }
+        None => {
+            seen.push((vm, placed));
+            false
+        }
+    }
 }
 
 fn add_counts(sums: &mut [(u32, u64)], counts: &[(u32, u64)]) {

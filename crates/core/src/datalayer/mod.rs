@@ -65,6 +65,8 @@ pub struct DataLayer {
     all_unfresh: bool,
     /// A request was placed here since the last call-out (the request path reads no clock).
     placed_since_call_out: bool,
+    /// Requests this VM placed here since it started (the other VMs see it grow).
+    placed: u64,
     /// Until when the pool counts as in use; set at the first call-out.
     in_use_until_ms: Option<u64>,
     /// The pods are scraped at the idle pace.
@@ -94,6 +96,7 @@ impl DataLayer {
             // Nothing is scraped yet: not worth a warning until metrics were fresh once.
             all_unfresh: true,
             placed_since_call_out: false,
+            placed: 0,
             in_use_until_ms: None,
             idle: false,
         }
@@ -111,6 +114,7 @@ impl DataLayer {
             models: ModelLists::default(),
             all_unfresh: true,
             placed_since_call_out: false,
+            placed: 0,
             in_use_until_ms: None,
             idle: false,
         }
@@ -221,6 +225,11 @@ impl DataLayer {
                 duration_ms(self.settings.scrape_interval())
             );
         }
+    }
+
+    /// Requests this VM placed here since it started.
+    pub fn placed(&self) -> u64 {
+        self.placed
     }
 
     /// Another VM or a peer placed requests on this pool (their placements reached this VM):
@@ -413,6 +422,7 @@ impl DataLayer {
     /// A request of `tokens` was placed on `index`.
     pub fn add_in_flight(&mut self, index: usize, tokens: u64) {
         self.placed_since_call_out = true;
+        self.placed += 1;
         self.pool.add_in_flight(index, tokens);
     }
 

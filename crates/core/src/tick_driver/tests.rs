@@ -774,3 +774,21 @@ fn a_pool_that_says_so_is_scraped_at_one_pace_always() {
     run_idle(&mut vm, &clock, crate::datalayer::IDLE_AFTER_MS + 1000);
     assert_eq!(run_idle(&mut vm, &clock, 1000), 3 * 20);
 }
+
+#[test]
+fn a_pool_whose_short_requests_another_vm_routes_without_prefixes_is_not_idle() {
+    let (shared, clock) = (Rc::<FakeShared>::default(), Rc::<FakeClock>::default());
+    let mut scraper = Vm::new(POOL, 1, &shared, &clock);
+    let mut worker = Vm::new(POOL, 2, &shared, &clock);
+    scraper.tick();
+    worker.tick();
+    // Each request starts and ends between two ticks, and no scorer shares a placement: only
+    // the worker's count of placed requests, in its published load, says the pool is used.
+    for _ in 0..(crate::datalayer::IDLE_AFTER_MS * 2 / 1000) {
+        worker.slot.data.add_in_flight(0, 10);
+        worker.slot.data.end_in_flight(0, 10);
+        worker.tick();
+        run_idle(&mut scraper, &clock, 1000);
+    }
+    assert_eq!(run_idle(&mut scraper, &clock, 1000), 3 * 20);
+}
