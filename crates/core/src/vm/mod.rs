@@ -228,8 +228,9 @@ impl<H: VmHost> WorkerVm<H> {
         self.requests_open > 0 || now_ms < self.routing_until_ms
     }
 
-    /// A client request arrived: an idle VM catches up with the shared state before the
-    /// request is decided, and ticks at the configured period again.
+    /// A client request's headers arrived: an idle VM catches up with the shared state before
+    /// the request is decided on its body (one decided on its headers alone went on what the
+    /// VM had), and ticks at the configured period again.
     fn on_client_request(&mut self, request: &mut RequestDriver) {
         self.requests_seen += 1;
         if !request.counted_open {
