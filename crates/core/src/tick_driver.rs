@@ -46,8 +46,6 @@ pub struct TickDriver {
     peers: Option<Peers>,
     /// A peer's answer brought scrapes the other VMs have not been handed yet.
     peer_scrapes_unpublished: bool,
-    /// A catch-up took in new members since the last tick.
-    members_caught_up: bool,
     last_tick_ms: u64,
 }
 
@@ -57,7 +55,6 @@ impl TickDriver {
             coordinator,
             peers,
             peer_scrapes_unpublished: false,
-            members_caught_up: false,
             last_tick_ms: 0,
         }
     }
@@ -97,22 +94,14 @@ impl TickDriver {
             return false;
         };
         let now = host.now_ms().unwrap_or(self.last_tick_ms);
-        match coordinator.take_members(host) {
-            Ok(Some(members)) => {
-                slot.data.apply_members(&members);
-                // The next tick's report says so.
-                self.members_caught_up = true;
-            }
-            Ok(None) => {}
-            Err(error) => log::warn!("inference-picker: reading the pool: {error}"),
-        }
+        take_members(coordinator, host, slot);
         if let Err(error) = share_state(coordinator, host, slot, Role::Follower, None, now) {
             log::warn!("inference-picker: sharing state: {error}");
         }
         // The metrics' ages as of now (a follower logs no health change: the scraper does).
         slot.data.refresh_health(now);
-        // Read whatever the last slow tick left: its once-per-`refreshInterval` pace would
-        // skip a list published since.
+        // Read whatever the last slow tick left (and for new members): its
+        // once-per-`refreshInterval` pace would skip a list published since.
         self.read_models(host, slot, true)
     }
 
@@ -133,7 +122,6 @@ impl TickDriver {
         let now = host.now_ms().unwrap_or(self.last_tick_ms);
         self.last_tick_ms = now;
         let (role, members_changed) = self.coordinate(host, slot);
-        let members_changed = members_changed || std::mem::take(&mut self.members_caught_up);
         if let (Some(coordinator), Some(queue)) = (&self.coordinator, &mut slot.queue) {
             queue.control_mut().set_peers(coordinator.others());
         }
@@ -269,17 +257,7 @@ impl TickDriver {
                 return (Role::Scraper, false);
             }
         };
-        let members_changed = match coordinator.take_members(store) {
-            Ok(Some(members)) => {
-                slot.data.apply_members(&members);
-                true
-            }
-            Ok(None) => false,
-            Err(error) => {
-                log::warn!("inference-picker: reading the pool: {error}");
-                false
-            }
-        };
+        let members_changed = take_members(coordinator, store, slot);
         let peers = self.peers.as_mut().filter(|_| role == Role::Scraper);
         if let Err(error) = share_state(coordinator, store, slot, role, peers, now) {
             log::warn!("inference-picker: sharing state: {error}");
@@ -337,6 +315,25 @@ fn share_state(
         }
     }
     Ok(())
+}
+
+/// Applies the members another VM discovered, if they changed; returns whether they did.
+fn take_members(
+    coordinator: &mut Coordinator,
+    store: &impl SharedData,
+    slot: &mut PoolSlot,
+) -> bool {
+    match coordinator.take_members(store) {
+        Ok(Some(members)) => {
+            slot.data.apply_members(&members);
+            true
+        }
+        Ok(None) => false,
+        Err(error) => {
+            log::warn!("inference-picker: reading the pool: {error}");
+            false
+        }
+    }
 }
 
 fn log_health(report: &TickReport) {

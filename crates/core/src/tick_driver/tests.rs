@@ -739,16 +739,26 @@ fn an_idle_pool_is_scraped_every_idle_interval_and_its_next_request_brings_every
     assert_eq!(run_idle(&mut vm, &clock, 1000), 3 * 20);
 }
 
-#[test]
-fn a_pool_whose_requests_another_vm_places_is_not_idle() {
+/// A scraper and a worker VM; each second for twice [`crate::datalayer::IDLE_AFTER_MS`] the
+/// worker uses the pool as `use_pool` says (never with a request in flight at a tick). Returns
+/// the scrapes the scraper sends in the second after.
+fn scrapes_while_another_vm_uses_the_pool(use_pool: impl Fn(&mut Vm)) -> usize {
     let (shared, clock) = (Rc::<FakeShared>::default(), Rc::<FakeClock>::default());
     let mut scraper = Vm::new(POOL, 1, &shared, &clock);
     let mut worker = Vm::new(POOL, 2, &shared, &clock);
     scraper.tick();
     worker.tick();
-    // The worker routes a request now and then, each over before any tick sees it in
-    // flight; its placements reach the scraper through the shared batches.
     for _ in 0..(crate::datalayer::IDLE_AFTER_MS * 2 / 1000) {
+        use_pool(&mut worker);
+        run_idle(&mut scraper, &clock, 1000);
+    }
+    run_idle(&mut scraper, &clock, 1000)
+}
+
+#[test]
+fn a_pool_whose_requests_another_vm_places_is_not_idle() {
+    // Its placements reach the scraper through the shared batches.
+    let scrapes = scrapes_while_another_vm_uses_the_pool(|worker| {
         let placed = crate::scheduling::LearnedPrefix {
             endpoint: 0,
             hashes: vec![1, 2, 3],
@@ -757,9 +767,8 @@ fn a_pool_whose_requests_another_vm_places_is_not_idle() {
         coordinator
             .exchange_prefixes(&worker.host, &[placed])
             .unwrap();
-        run_idle(&mut scraper, &clock, 1000);
-    }
-    assert_eq!(run_idle(&mut scraper, &clock, 1000), 3 * 20);
+    });
+    assert_eq!(scrapes, 3 * 20);
 }
 
 #[test]
@@ -777,18 +786,12 @@ fn a_pool_that_says_so_is_scraped_at_one_pace_always() {
 
 #[test]
 fn a_pool_whose_short_requests_another_vm_routes_without_prefixes_is_not_idle() {
-    let (shared, clock) = (Rc::<FakeShared>::default(), Rc::<FakeClock>::default());
-    let mut scraper = Vm::new(POOL, 1, &shared, &clock);
-    let mut worker = Vm::new(POOL, 2, &shared, &clock);
-    scraper.tick();
-    worker.tick();
     // Each request starts and ends between two ticks, and no scorer shares a placement: only
     // the worker's count of placed requests, in its published load, says the pool is used.
-    for _ in 0..(crate::datalayer::IDLE_AFTER_MS * 2 / 1000) {
+    let scrapes = scrapes_while_another_vm_uses_the_pool(|worker| {
         worker.slot.data.add_in_flight(0, 10);
         worker.slot.data.end_in_flight(0, 10);
         worker.tick();
-        run_idle(&mut scraper, &clock, 1000);
-    }
-    assert_eq!(run_idle(&mut scraper, &clock, 1000), 3 * 20);
+    });
+    assert_eq!(scrapes, 3 * 20);
 }

@@ -320,14 +320,13 @@ impl<H: VmHost> WorkerVm<H> {
             request.on_headers(stream, router, end_of_stream)
         });
         match request.peer_reply {
-            // A peer's call is answered from the shared state: it is not routing.
-            Some(refused) => {
-                if refused {
-                    if let Some(stats) = self.stats.first() {
-                        stats.peer_caller_refused();
-                    }
+            Some(true) => {
+                if let Some(stats) = self.stats.first() {
+                    stats.peer_caller_refused();
                 }
             }
+            // A peer's call is answered from the shared state: it is not routing.
+            Some(false) => {}
             None => self.on_client_request(request),
         }
         next
